@@ -1,0 +1,120 @@
+"""Run the schema migrations from Python (what ``alkstore db ...`` calls).
+
+>>> from alkstore_sa import migrate
+>>> migrate.upgrade(engine, schema="pgboss")          # doctest: +SKIP
+
+Every function takes an :class:`~sqlalchemy.engine.Engine`, a
+:class:`~sqlalchemy.engine.Connection` or a database URL.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy.engine import Connection
+
+from .errors import SchemaNotInstalledError, SchemaVersionError
+from .migrations import SCHEMA_OPTION, VERSION_TABLE
+from .models import Version
+from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
+
+HEAD = "alkstore@head"
+BASE = "alkstore@base"
+
+Bind = Engine | Connection | str
+
+
+def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Config:
+    """An Alembic :class:`~alembic.config.Config` for the standalone environment."""
+    cfg = Config()
+    cfg.set_main_option("script_location", "alkstore_sa:migrations")
+    cfg.set_main_option("version_locations", "alkstore_sa:migrations/versions")
+    cfg.attributes[SCHEMA_OPTION] = validate_schema(schema)
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+@contextmanager
+def _connection(bind: Bind) -> Iterator[Connection]:
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    engine = create_engine(bind) if isinstance(bind, str) else bind
+    try:
+        with engine.connect() as conn:
+            yield conn
+            conn.commit()
+    finally:
+        if isinstance(bind, str):
+            engine.dispose()
+
+
+def upgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> None:
+    """Create (or adopt) the schema-26 objects in ``schema``."""
+    with _connection(bind) as conn:
+        cfg = alembic_config(schema)
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = BASE) -> None:
+    """Remove what :func:`upgrade` created (jobs included)."""
+    with _connection(bind) as conn:
+        cfg = alembic_config(schema)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
+def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
+    """The alkstore revision recorded in ``schema``, or ``None``."""
+    validate_schema(schema)
+    with _connection(bind) as conn:
+        ctx = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
+        )
+        return ctx.get_current_revision()
+
+
+def offline_sql(schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> str:
+    """The SQL script that :func:`upgrade` runs, for review or for a DBA."""
+    cfg = alembic_config(schema, url="postgresql+psycopg://")
+    buf = io.StringIO()
+    cfg.output_buffer = buf
+    command.upgrade(cfg, revision, sql=True)
+    return buf.getvalue()
+
+
+def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The pg-boss schema version found in ``schema`` (``None`` if not installed).
+
+    Like Node pg-boss, only the existence of ``<schema>.version`` and its row are
+    inspected.
+    """
+    validate_schema(schema)
+    exists = conn.execute(
+        text("SELECT to_regclass(:t) IS NOT NULL"), {"t": f'"{schema}".version'}
+    ).scalar_one()
+    if not exists:
+        return None
+    stmt = select(Version.version).limit(1)
+    found = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema}).execute(stmt)
+    value = found.scalar()
+    return -1 if value is None else int(value)
+
+
+def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
+    """Raise unless ``schema`` holds pg-boss schema version 26; return the version."""
+    with _connection(bind) as conn:
+        version = installed_version(conn, schema)
+    if version is None:
+        raise SchemaNotInstalledError(schema)
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(schema, None if version < 0 else version, SCHEMA_VERSION)
+    return version
