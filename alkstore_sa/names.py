@@ -54,8 +54,7 @@ def validate_queue(name: object, option: str = "name") -> str:
     if not name or len(name) > QUEUE_NAME_MAX or not _QUEUE_RE.match(name):
         raise InvalidNameError(
             option,
-            f"{name!r} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits "
-            "and _ . : / -",
+            f"{name!r} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits and _ . : / -",
         )
     return name
 

@@ -31,8 +31,9 @@ def _configure(**kwargs: object) -> None:
 
 
 def run_offline() -> None:
-    _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True,
-               dialect_name="postgresql")
+    _configure(
+        url=config.get_main_option("sqlalchemy.url"), literal_binds=True, dialect_name="postgresql"
+    )
     with context.begin_transaction():
         context.execute(CreateSchema(schema, if_not_exists=True))
         context.run_migrations()
@@ -52,7 +53,8 @@ def run_online() -> None:
         _run(connection)
         return
     engine = engine_from_config(
-        config.get_section(config.config_ini_section) or {}, prefix="sqlalchemy.",
+        config.get_section(config.config_ini_section) or {},
+        prefix="sqlalchemy.",
         poolclass=pool.NullPool,
     )
     with engine.connect() as conn:

@@ -9,7 +9,7 @@ from sqlalchemy.dialects.postgresql import ENUM
 from ..names import DEFAULT_SCHEMA
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """The states of a job, **in lifecycle order**.
 
     The order is semantic: the SQL compares states with ``<`` and ``>``
@@ -25,7 +25,7 @@ class JobState(str, enum.Enum):
     FAILED = "failed"
 
 
-class QueuePolicy(str, enum.Enum):
+class QueuePolicy(enum.StrEnum):
     """How a queue treats jobs that share a ``singleton_key``.
 
     * ``standard`` - no restriction (only throttling slots apply).

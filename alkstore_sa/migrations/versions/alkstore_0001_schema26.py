@@ -263,26 +263,32 @@ def upgrade() -> None:
         schema=schema,
     )
     for table, first in (("schedule", "name"), ("subscription", "event")):
-        keyed = [
-            sa.Column("name", sa.Text(), nullable=False),
-            sa.Column("key", sa.Text(), server_default=sa.text("''"), nullable=False),
-            sa.Column("cron", sa.Text(), nullable=False),
-            sa.Column("timezone", sa.Text()),
-            sa.Column("data", postgresql.JSONB()),
-            sa.Column("options", postgresql.JSONB()),
-        ] if table == "schedule" else [
-            sa.Column("event", sa.Text(), nullable=False),
-            sa.Column("name", sa.Text(), nullable=False),
-        ]
+        keyed = (
+            [
+                sa.Column("name", sa.Text(), nullable=False),
+                sa.Column("key", sa.Text(), server_default=sa.text("''"), nullable=False),
+                sa.Column("cron", sa.Text(), nullable=False),
+                sa.Column("timezone", sa.Text()),
+                sa.Column("data", postgresql.JSONB()),
+                sa.Column("options", postgresql.JSONB()),
+            ]
+            if table == "schedule"
+            else [
+                sa.Column("event", sa.Text(), nullable=False),
+                sa.Column("name", sa.Text(), nullable=False),
+            ]
+        )
         op.create_table(
             table,
             *keyed,
             sa.Column("created_on", TZ, server_default=sa.text("now()"), nullable=False),
             sa.Column("updated_on", TZ, server_default=sa.text("now()"), nullable=False),
-            sa.PrimaryKeyConstraint(first, "key" if table == "schedule" else "name",
-                                    name=f"{table}_pkey"),
-            sa.ForeignKeyConstraint(["name"], [f"{schema}.queue.name"], ondelete="CASCADE",
-                                    name=f"{table}_name_fkey"),
+            sa.PrimaryKeyConstraint(
+                first, "key" if table == "schedule" else "name", name=f"{table}_pkey"
+            ),
+            sa.ForeignKeyConstraint(
+                ["name"], [f"{schema}.queue.name"], ondelete="CASCADE", name=f"{table}_name_fkey"
+            ),
             schema=schema,
         )
 
@@ -297,10 +303,22 @@ def upgrade() -> None:
         "job_common",
         *_job_columns(state_type),
         sa.PrimaryKeyConstraint("name", "id", name="job_common_pkey"),
-        sa.ForeignKeyConstraint(["name"], [f"{schema}.queue.name"], name="q_fkey",
-                                ondelete="RESTRICT", deferrable=True, initially="DEFERRED"),
-        sa.ForeignKeyConstraint(["dead_letter"], [f"{schema}.queue.name"], name="dlq_fkey",
-                                ondelete="RESTRICT", deferrable=True, initially="DEFERRED"),
+        sa.ForeignKeyConstraint(
+            ["name"],
+            [f"{schema}.queue.name"],
+            name="q_fkey",
+            ondelete="RESTRICT",
+            deferrable=True,
+            initially="DEFERRED",
+        ),
+        sa.ForeignKeyConstraint(
+            ["dead_letter"],
+            [f"{schema}.queue.name"],
+            name="dlq_fkey",
+            ondelete="RESTRICT",
+            deferrable=True,
+            initially="DEFERRED",
+        ),
         schema=schema,
     )
     key = sa.text("COALESCE(singleton_key, '')")
@@ -309,14 +327,23 @@ def upgrade() -> None:
         ("job_i2", ["name", key], "state = 'active' AND policy = 'singleton'"),
         ("job_i3", ["name", "state", key], "state <= 'active' AND policy = 'stately'"),
         ("job_i6", ["name", key], "state <= 'active' AND policy = 'exclusive'"),
-        ("job_i4", ["name", "singleton_on", key],
-         "state <> 'cancelled' AND singleton_on IS NOT NULL"),
+        (
+            "job_i4",
+            ["name", "singleton_on", key],
+            "state <> 'cancelled' AND singleton_on IS NOT NULL",
+        ),
     ):
-        op.create_index(name, "job_common", cols, unique=True, schema=schema,
-                        postgresql_where=sa.text(where))
-    op.create_index("job_i5", "job_common", ["name", "start_after"], schema=schema,
-                    postgresql_include=["priority", "created_on", "id"],
-                    postgresql_where=sa.text("state < 'active'"))
+        op.create_index(
+            name, "job_common", cols, unique=True, schema=schema, postgresql_where=sa.text(where)
+        )
+    op.create_index(
+        "job_i5",
+        "job_common",
+        ["name", "start_after"],
+        schema=schema,
+        postgresql_include=["priority", "created_on", "id"],
+        postgresql_where=sa.text("state < 'active'"),
+    )
     preparer = op.get_context().dialect.identifier_preparer
     op.execute(
         sa.text(

@@ -1,0 +1,301 @@
+"""Validation of queue and send options, done in Python before any SQL runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import traceback
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from .errors import InvalidOptionsError
+from .models.enums import QueuePolicy
+from .names import validate_queue
+
+INT32_MAX = 2_147_483_647
+EXPIRE_MAX = 86_399  # pg-boss: expireInSeconds must be below 24 hours
+
+
+class QueueOptions(TypedDict, total=False):
+    """Options of :meth:`~alkstore_sa.QueueService.create_queue` (all optional)."""
+
+    policy: QueuePolicy | str
+    partition: bool
+    dead_letter: str | None
+    retry_limit: int
+    retry_delay: int
+    retry_backoff: bool
+    retry_delay_max: int | None
+    expire_seconds: int
+    retention_seconds: int
+    deletion_seconds: int
+    warning_queued: int
+
+
+class SendOptions(TypedDict, total=False):
+    """Per-job options of :meth:`~alkstore_sa.QueueService.send` (all optional).
+
+    Each one overrides the queue's value for this job only.
+    """
+
+    id: uuid.UUID | str
+    priority: int
+    start_after: dt.datetime | dt.timedelta | int | float | str
+    singleton_key: str
+    singleton_seconds: int
+    expire_seconds: int
+    retention_seconds: int
+    deletion_seconds: int
+    retry_limit: int
+    retry_delay: int
+    retry_backoff: bool
+    retry_delay_max: int
+    dead_letter: str
+
+
+class JobSpec(SendOptions, total=False):
+    """One job of :meth:`~alkstore_sa.QueueService.send_many`: its data plus options."""
+
+    data: Any
+
+
+QUEUE_OPTION_NAMES = frozenset(QueueOptions.__annotations__)
+SEND_OPTION_NAMES = frozenset(SendOptions.__annotations__)
+UPDATABLE_QUEUE_OPTIONS = QUEUE_OPTION_NAMES - {"policy", "partition"}
+
+
+def check_int(option: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptionsError(option, f"must be an integer, not {value!r}")
+    if value < minimum or value > maximum:
+        raise InvalidOptionsError(option, f"must be between {minimum} and {maximum}, not {value}")
+    return value
+
+
+def check_bool(option: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidOptionsError(option, f"must be True or False, not {value!r}")
+    return value
+
+
+def check_unknown(given: Mapping[str, object], allowed: frozenset[str], what: str) -> None:
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise InvalidOptionsError(
+            unknown[0], f"unknown {what} option (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+_INT_RULES: dict[str, tuple[int, int]] = {
+    "retry_limit": (0, INT32_MAX),
+    "retry_delay": (0, INT32_MAX),
+    "retry_delay_max": (0, INT32_MAX),
+    "expire_seconds": (1, EXPIRE_MAX),
+    "retention_seconds": (1, INT32_MAX),
+    "deletion_seconds": (1, INT32_MAX),
+    "warning_queued": (0, INT32_MAX),
+    "singleton_seconds": (1, INT32_MAX),
+    "priority": (-INT32_MAX - 1, INT32_MAX),
+}
+
+
+def _check_common(opts: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        if value is None and key in ("retry_delay_max", "dead_letter"):
+            out[key] = None
+        elif key in _INT_RULES:
+            lo, hi = _INT_RULES[key]
+            out[key] = check_int(key, value, minimum=lo, maximum=hi)
+        elif key in ("retry_backoff", "partition"):
+            out[key] = check_bool(key, value)
+        else:
+            out[key] = value
+    if out.get("retry_delay_max") is not None and out.get("retry_backoff") is False:
+        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
+    return out
+
+
+def queue_options(name: str, opts: Mapping[str, Any], *, update: bool = False) -> dict[str, Any]:
+    """Validate queue options; returns a normalised copy."""
+    check_unknown(
+        opts,
+        UPDATABLE_QUEUE_OPTIONS if update else QUEUE_OPTION_NAMES,
+        "update_queue" if update else "queue",
+    )
+    out = _check_common(opts)
+    if "policy" in out:
+        try:
+            out["policy"] = QueuePolicy(out["policy"]).value
+        except ValueError:
+            raise InvalidOptionsError(
+                "policy",
+                f"{out['policy']!r} is not one of " + ", ".join(p.value for p in QueuePolicy),
+            ) from None
+    if out.get("dead_letter") is not None:
+        validate_queue(out["dead_letter"], "dead_letter")
+        if out["dead_letter"] == name:
+            raise InvalidOptionsError("dead_letter", "a queue cannot be its own dead letter queue")
+    if out.get("retry_delay_max") is not None and not update and not out.get("retry_backoff"):
+        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
+    return out
+
+
+def pgboss_queue_json(name: str, opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The options object the ``create_queue`` SQL function reads (pg-boss's names)."""
+    mapping = {
+        "policy": "policy",
+        "partition": "partition",
+        "dead_letter": "deadLetter",
+        "retry_limit": "retryLimit",
+        "retry_delay": "retryDelay",
+        "retry_backoff": "retryBackoff",
+        "retry_delay_max": "retryDelayMax",
+        "expire_seconds": "expireInSeconds",
+        "retention_seconds": "retentionSeconds",
+        "deletion_seconds": "deleteAfterSeconds",
+        "warning_queued": "warningQueueSize",
+    }
+    out = {mapping[k]: v for k, v in opts.items() if v is not None}
+    out.setdefault("policy", QueuePolicy.STANDARD.value)
+    return out
+
+
+def encode_json(option: str, value: Any) -> str | None:
+    """JSON text for a jsonb column, or ``None`` for SQL NULL; raises on unencodable data."""
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidOptionsError(option, f"cannot be encoded as JSON: {exc}") from None
+
+
+def error_output(exc: BaseException) -> dict[str, Any]:
+    """The ``{name, message, stack}`` object stored as a failed job's output."""
+    return {
+        "name": type(exc).__name__,
+        "message": str(exc),
+        "stack": "".join(traceback.format_exception(exc)),
+    }
+
+
+def output_value(value: Any) -> Any:
+    """Map a handler result or error to the stored output, as pg-boss does.
+
+    ``None`` stays NULL, a mapping is stored as it is, an exception becomes
+    ``{name, message, stack}`` and anything else is wrapped as ``{"value": ...}``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, BaseException):
+        return error_output(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {"value": value}
+
+
+@dataclass(frozen=True, slots=True)
+class StartAfter:
+    absolute: dt.datetime | None
+    relative: dt.timedelta | None
+
+
+def start_after(value: object) -> StartAfter:
+    """Normalise ``start_after``: aware datetime, timedelta, seconds, or ISO-8601 text.
+
+    Relative values are added to the database clock, not the local one.
+    """
+    if value is None:
+        return StartAfter(None, None)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise InvalidOptionsError("start_after", "a datetime must be timezone-aware")
+        return StartAfter(value, None)
+    if isinstance(value, dt.timedelta):
+        return StartAfter(None, value if value > dt.timedelta(0) else None)
+    if isinstance(value, bool):
+        raise InvalidOptionsError("start_after", f"unsupported value {value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise InvalidOptionsError("start_after", f"must be finite, not {value!r}")
+        return StartAfter(None, dt.timedelta(seconds=value) if value > 0 else None)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return start_after(float(text))
+        except ValueError:
+            pass
+        try:
+            parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidOptionsError(
+                "start_after", f"{value!r} is neither a number of seconds nor an ISO-8601 time"
+            ) from None
+        return start_after(parsed)
+    raise InvalidOptionsError("start_after", f"unsupported type {type(value).__name__}")
+
+
+def job_id(value: object) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise InvalidOptionsError("id", f"{value!r} is not a UUID")
+
+
+def job_ids(ids: object) -> list[uuid.UUID]:
+    """Accept one id or an iterable of ids."""
+    if isinstance(ids, uuid.UUID | str):
+        return [job_id(ids)]
+    if isinstance(ids, list | tuple | set | frozenset):
+        return [job_id(i) for i in ids]
+    raise InvalidOptionsError("ids", f"expected a UUID or a list of UUIDs, not {ids!r}")
+
+
+SEND_TO_PGBOSS = {
+    "id": "id",
+    "priority": "priority",
+    "start_after": "startAfter",
+    "singleton_key": "singletonKey",
+    "singleton_seconds": "singletonSeconds",
+    "expire_seconds": "expireInSeconds",
+    "retention_seconds": "retentionSeconds",
+    "deletion_seconds": "deleteAfterSeconds",
+    "retry_limit": "retryLimit",
+    "retry_delay": "retryDelay",
+    "retry_backoff": "retryBackoff",
+    "retry_delay_max": "retryDelayMax",
+    "dead_letter": "deadLetter",
+}
+"""Our send option names and pg-boss's, for options stored where Node reads them."""
+
+PGBOSS_TO_SEND = {v: k for k, v in SEND_TO_PGBOSS.items()}
+
+
+def to_pgboss_send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        if key == "start_after" and isinstance(value, dt.timedelta):
+            value = value.total_seconds()
+        elif key == "start_after" and isinstance(value, dt.datetime):
+            value = value.isoformat()
+        elif key == "id":
+            value = str(value)
+        out[SEND_TO_PGBOSS[key]] = value
+    return out
+
+
+def from_pgboss_send_options(opts: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Send options stored by Node pg-boss or by us, in our names (unknown keys dropped)."""
+    out: dict[str, Any] = {}
+    for key, value in (opts or {}).items():
+        if key in PGBOSS_TO_SEND and value is not None:
+            out[PGBOSS_TO_SEND[key]] = value
+    return out

@@ -1,0 +1,325 @@
+"""QueueService: the whole job lifecycle on the caller's :class:`~sqlalchemy.orm.Session`.
+
+The service never commits and never rolls back: every statement runs in the
+caller's transaction, so a job sent next to a business write exists if and only
+if that transaction commits.
+
+:mod:`alkstore_sa.service_async` is generated from this module by
+``tools/gen_async.py``; edit this file and run the tool.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar, Unpack
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from . import _ops as ops
+from ._driver import execution_options, make_context
+from .names import DEFAULT_SCHEMA
+from .options import JobSpec, QueueOptions, SendOptions
+from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
+
+T = TypeVar("T")
+
+
+class QueueService:
+    """Queue operations bound to one Session and one schema.
+
+    >>> with Session(engine) as session, session.begin():
+    ...     session.add(order)
+    ...     QueueService(session).send("emails", {"order": 42})   # doctest: +SKIP
+
+    :param session: the caller's session; its transaction is the job's transaction.
+    :param schema: the queue schema (default ``pgboss``, as Node pg-boss).
+    :param notify: announce new jobs with ``pg_notify`` (delivered on commit), so
+        that listening workers wake at once.
+    """
+
+    def __init__(self, session: Session, *, schema: str = DEFAULT_SCHEMA, notify: bool = True):
+        self.session = session
+        bind = session.get_bind()
+        engine = getattr(bind, "engine", None)
+        self._ctx, self._state = make_context(schema, notify, engine)
+        self._options = execution_options(schema)
+
+    @property
+    def schema(self) -> str:
+        """The schema this service works in."""
+        return self._ctx.schema
+
+    def _run(self, op: ops.Op[T]) -> T:
+        if self._state is not None and self._ctx.schema not in self._state.checked:
+            self._drive(ops.check_schema(self._ctx))
+            self._state.checked.add(self._ctx.schema)
+        return self._drive(op)
+
+    def _drive(self, op: ops.Op[T]) -> T:
+        session, opts = self.session, self._options
+        try:
+            call = next(op)
+            while True:
+                if call.savepoint:
+                    try:
+                        with session.begin_nested():
+                            executed = session.execute(
+                                call.statement, call.params, execution_options=opts
+                            )
+                            result = executed.freeze()()
+                    except IntegrityError:
+                        call = op.throw(ops._Conflict())
+                        continue
+                else:
+                    result = session.execute(call.statement, call.params, execution_options=opts)
+                call = op.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------ queues
+
+    def create_queue(
+        self, name: str, *, exist_ok: bool = True, **options: Unpack[QueueOptions]
+    ) -> QueueInfo:
+        """Create a queue (idempotent unless ``exist_ok=False``) and return it.
+
+        Options: ``policy`` (standard, short, singleton, stately, exclusive),
+        ``partition`` (a dedicated partition table), ``dead_letter``,
+        ``retry_limit`` (2), ``retry_delay`` (0 s), ``retry_backoff`` (False),
+        ``retry_delay_max``, ``expire_seconds`` (900), ``retention_seconds``
+        (14 days), ``deletion_seconds`` (7 days), ``warning_queued`` (0 = global).
+        An existing queue is returned unchanged, as pg-boss does.
+
+        :raises QueueExistsError: if ``exist_ok`` is false and the queue exists.
+        :raises InvalidOptionsError: for a bad option, before any write.
+        """
+        return self._run(ops.create_queue(self._ctx, name, exist_ok, options))
+
+    def update_queue(self, name: str, **options: Unpack[QueueOptions]) -> QueueInfo:
+        """Change a queue's options (all but ``policy`` and ``partition``).
+
+        New values apply to jobs sent afterwards; existing jobs keep theirs.
+        """
+        return self._run(ops.update_queue(self._ctx, name, options))
+
+    def delete_queue(self, name: str) -> bool:
+        """Delete a queue with all its jobs, schedules and subscriptions.
+
+        Returns ``False`` if there was no such queue.
+
+        :raises InvalidOptionsError: if another queue dead-letters into it.
+        """
+        return self._run(ops.delete_queue(self._ctx, name))
+
+    def get_queue(self, name: str) -> QueueInfo | None:
+        """The queue's settings and cached counters, or ``None``."""
+        return self._run(ops.get_queue(self._ctx, name))
+
+    def get_queues(self, names: Sequence[str] | None = None) -> list[QueueInfo]:
+        """All queues (or those named), ordered by name."""
+        return self._run(ops.get_queues(self._ctx, names))
+
+    def get_queue_stats(self, name: str) -> QueueStats:
+        """Live counts of the queue's jobs (deferred, queued, active, total)."""
+        return self._run(ops.get_queue_stats(self._ctx, name))
+
+    # ------------------------------------------------------------ sending
+
+    def send(self, name: str, data: Any = None, **options: Unpack[SendOptions]) -> uuid.UUID | None:
+        """Enqueue one job in the caller's transaction; return its id.
+
+        Returns ``None`` when the queue's policy or a throttle slot rejects the job
+        (or ``id`` is taken); the transaction stays usable. ``start_after`` takes an
+        aware datetime, a timedelta, seconds, or ISO-8601 text; relative values
+        count from the database clock.
+
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises InvalidOptionsError: for a bad option or data JSON cannot encode.
+        """
+        return self._run(ops.send(self._ctx, name, data, options))
+
+    def send_many(self, name: str, jobs: Iterable[JobSpec]) -> list[uuid.UUID | None]:
+        """Enqueue many jobs with one statement; ids in input order (``None`` = rejected).
+
+        Each item is a mapping with ``data`` and any :meth:`send` option.
+        """
+        return self._run(ops.send_many(self._ctx, name, jobs))
+
+    def send_after(
+        self, name: str, data: Any, start_after: Any, **options: Unpack[SendOptions]
+    ) -> uuid.UUID | None:
+        """:meth:`send` with ``start_after``."""
+        return self._run(ops.send(self._ctx, name, data, {**options, "start_after": start_after}))
+
+    def send_throttled(
+        self,
+        name: str,
+        data: Any,
+        seconds: int,
+        key: str | None = None,
+        **options: Unpack[SendOptions],
+    ) -> uuid.UUID | None:
+        """At most one job per ``key`` per ``seconds``-long slot; ``None`` if taken."""
+        extra: dict[str, Any] = {"singleton_seconds": seconds}
+        if key is not None:
+            extra["singleton_key"] = key
+        return self._run(ops.send(self._ctx, name, data, {**options, **extra}))
+
+    def send_debounced(
+        self,
+        name: str,
+        data: Any,
+        seconds: int,
+        key: str | None = None,
+        **options: Unpack[SendOptions],
+    ) -> uuid.UUID | None:
+        """Like :meth:`send_throttled`, but a job refused by the current slot is
+        placed in the next one (starting when it opens); ``None`` if both are taken."""
+        return self._run(ops.send_debounced(self._ctx, name, data, seconds, key, options))
+
+    def publish(
+        self, event: str, data: Any = None, **options: Unpack[SendOptions]
+    ) -> list[uuid.UUID | None]:
+        """Send ``data`` to every queue subscribed to ``event``."""
+        return self._run(ops.publish(self._ctx, event, data, options))
+
+    def subscribe(self, event: str, name: str) -> None:
+        """Deliver jobs published for ``event`` to queue ``name``."""
+        return self._run(ops.subscribe(self._ctx, event, name))
+
+    def unsubscribe(self, event: str, name: str) -> bool:
+        """Stop delivering ``event`` to ``name``; ``False`` if it was not subscribed."""
+        return self._run(ops.unsubscribe(self._ctx, event, name))
+
+    # ------------------------------------------------------------ working
+
+    def fetch(
+        self,
+        name: str,
+        batch_size: int = 1,
+        *,
+        priority: bool = True,
+        ignore_start_after: bool = False,
+    ) -> list[Job]:
+        """Claim up to ``batch_size`` jobs (``FOR UPDATE SKIP LOCKED``) and return them active.
+
+        Order: highest ``priority`` first (unless ``priority=False``), then oldest.
+        On singleton and stately queues at most one job per key is activated.
+        """
+        return self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after))
+
+    def complete(
+        self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str], output: Any = None
+    ) -> Settled:
+        """Mark active jobs completed, storing ``output``."""
+        items = [ops.Settlement(i, output) for i in ops.opt.job_ids(ids)]
+        return self._run(ops.complete_many(self._ctx, name, items))
+
+    def fail(
+        self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str], output: Any = None
+    ) -> Settled:
+        """Fail unfinished jobs: retry with the job's delay/backoff while retries
+        remain, else ``failed`` and a copy to the dead letter queue."""
+        items = [ops.Settlement(i, output) for i in ops.opt.job_ids(ids)]
+        result = self._run(ops.fail_many(self._ctx, name, items))
+        return result.settled
+
+    def complete_many(self, name: str, items: Sequence[ops.Settlement]) -> Settled:
+        """Complete jobs with per-job outputs and fencing tokens in one statement."""
+        return self._run(ops.complete_many(self._ctx, name, items))
+
+    def fail_many(self, name: str, items: Sequence[ops.Settlement]) -> ops.FailResult:
+        """Fail jobs with per-job outputs and fencing tokens in one statement."""
+        return self._run(ops.fail_many(self._ctx, name, items))
+
+    def extend_leases(
+        self, name: str, items: Sequence[ops.Settlement], extend_by: int
+    ) -> list[uuid.UUID]:
+        """Push the expiry of active jobs to ``extend_by`` seconds from now (fenced)."""
+        return self._run(ops.extend_leases(self._ctx, name, items, extend_by))
+
+    def cancel(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:
+        """Cancel jobs that are not finished."""
+        return self._run(ops.cancel(self._ctx, name, ids))
+
+    def resume(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:
+        """Put cancelled jobs back in the queue."""
+        return self._run(ops.resume(self._ctx, name, ids))
+
+    def retry(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:
+        """Give failed jobs one more attempt."""
+        return self._run(ops.retry(self._ctx, name, ids))
+
+    def delete_job(self, name: str, id: uuid.UUID | str) -> bool:
+        """Delete one job, whatever its state."""
+        settled = self._run(ops.delete_jobs(self._ctx, name, id))
+        return settled.count == 1
+
+    def delete_jobs(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:
+        """Delete jobs, whatever their state."""
+        return self._run(ops.delete_jobs(self._ctx, name, ids))
+
+    def delete_queued_jobs(self, name: str) -> int:
+        """Delete the queue's created and retry jobs; return how many."""
+        return self._run(ops.delete_by_state(self._ctx, name, "queued"))
+
+    def delete_stored_jobs(self, name: str) -> int:
+        """Delete the queue's completed, cancelled and failed jobs; return how many."""
+        return self._run(ops.delete_by_state(self._ctx, name, "stored"))
+
+    def delete_all_jobs(self, name: str) -> int:
+        """Delete every job of the queue; return how many."""
+        return self._run(ops.delete_by_state(self._ctx, name, "all"))
+
+    def get_job(self, name: str, id: uuid.UUID | str) -> Job | None:
+        """One job by id, or ``None``."""
+        jobs = self._run(ops.get_jobs(self._ctx, name, id))
+        return jobs[0] if jobs else None
+
+    def get_jobs(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> list[Job]:
+        """Jobs by id (missing ones are left out)."""
+        return self._run(ops.get_jobs(self._ctx, name, ids))
+
+    def redrive(
+        self,
+        dead_letter: str,
+        to: str,
+        ids: uuid.UUID | str | Sequence[uuid.UUID | str] | None = None,
+        *,
+        limit: int = 1000,
+    ) -> list[uuid.UUID]:
+        """Move waiting or failed jobs out of ``dead_letter`` into queue ``to``.
+
+        Each becomes a new job of ``to`` (with ``to``'s settings and its original
+        data); returns the new ids. Oldest first, at most ``limit``.
+        """
+        return self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit))
+
+    # ------------------------------------------------------------ schedules
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        data: Any = None,
+        *,
+        key: str = "",
+        tz: str = "UTC",
+        **options: Unpack[SendOptions],
+    ) -> None:
+        """Store a cron schedule that sends ``data`` to ``name``.
+
+        ``cron`` has 5 fields, or 6 with seconds first; ``tz`` is an IANA zone.
+        Schedules fire through the supervisor's timekeeper, at most once a minute.
+        """
+        return self._run(ops.schedule(self._ctx, name, cron, data, key, tz, options))
+
+    def unschedule(self, name: str, key: str = "") -> bool:
+        """Remove a schedule; ``False`` if there was none."""
+        return self._run(ops.unschedule(self._ctx, name, key))
+
+    def get_schedules(self, name: str | None = None, key: str | None = None) -> list[ScheduleInfo]:
+        """Stored schedules, optionally of one queue and key."""
+        return self._run(ops.get_schedules(self._ctx, name, key))

@@ -1,0 +1,94 @@
+"""Shared pieces of the builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Interval,
+    LargeBinary,
+    Table,
+    Text,
+    cast,
+    func,
+    literal_column,
+)
+from sqlalchemy.dialects.postgresql import BIT
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import NullType
+
+from ..models import Job, Queue, Schedule, Subscription, Version, job_state_type
+from ..models.enums import JobState
+
+JOB: Table = Job.__table__  # type: ignore[assignment]
+QUEUE: Table = Queue.__table__  # type: ignore[assignment]
+SCHEDULE: Table = Schedule.__table__  # type: ignore[assignment]
+SUBSCRIPTION: Table = Subscription.__table__  # type: ignore[assignment]
+VERSION: Table = Version.__table__  # type: ignore[assignment]
+
+JOB_COLUMNS = [c.name for c in JOB.columns]
+
+ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'", Interval)
+
+
+def state(value: JobState) -> ColumnElement[Any]:
+    """A state as a SQL literal (not a bind parameter).
+
+    Literals let the planner match the partial indexes (``WHERE state < 'active'``),
+    which a bind parameter in a generic plan cannot prove.
+    """
+    return cast(literal_column(f"'{JobState(value).value}'"), job_state_type)
+
+
+def state_text(value: JobState) -> ColumnElement[Any]:
+    """A state literal left untyped, for comparisons with the ``state`` column."""
+    return literal_column(f"'{JobState(value).value}'", job_state_type)
+
+
+def seconds(expr: ColumnElement[Any]) -> ColumnElement[Any]:
+    """An integer number of seconds as an interval."""
+    return expr * ONE_SECOND
+
+
+def advisory_key(schema_and_key: ColumnElement[str]) -> ColumnElement[int]:
+    """pg-boss's advisory lock key: first 64 bits of sha224(db || '.pgboss.' || schema || key)."""
+    digest = func.encode(
+        func.sha224(
+            cast(func.current_database(type_=Text) + ".pgboss." + schema_and_key, LargeBinary)
+        ),
+        "hex",
+    )
+    return cast(cast(literal_column("'x'", Text) + digest, BIT(64)), BigInteger)
+
+
+class _SchemaFunction(FunctionElement[Any]):
+    """A call to one of the schema's own SQL functions (``<schema>.<fn_name>(...)``).
+
+    ``schema_translate_map`` covers tables and types but not function names, so
+    the schema is rendered through the same translation the tables get.
+    """
+
+    fn_name = ""
+    inherit_cache = True
+    type = NullType()
+
+
+class create_queue_fn(_SchemaFunction):
+    fn_name = "create_queue"
+    inherit_cache = True
+
+
+class delete_queue_fn(_SchemaFunction):
+    fn_name = "delete_queue"
+    inherit_cache = True
+
+
+@compiles(_SchemaFunction)
+def _compile_schema_function(element: _SchemaFunction, compiler: Any, **kw: Any) -> str:
+    preparer = compiler.preparer
+    schema = preparer.schema_for_object(QUEUE)
+    arguments = compiler.process(element.clauses, **kw)
+    return f"{preparer.quote_schema(schema)}.{element.fn_name}({arguments})"

@@ -1,0 +1,28 @@
+"""Advisory locks shared with Node pg-boss (reference §2.9)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Select, Text, bindparam, func, select
+
+from ._common import advisory_key
+
+CREATE_QUEUE = "create-queue"
+DELETE_QUEUE = "delete-queue"
+QUEUE_STATS = "queue-stats"
+
+
+def table_key(table: str, step: str) -> str:
+    """Per-table keys: ``<table>failJobsByTimeout`` and ``<table>deletion``."""
+    return f"{table}{step}"
+
+
+def xact_lock() -> Select[tuple[None]]:
+    """Take the transaction-scoped lock for ``:lock_schema`` + ``:lock_key``."""
+    key = bindparam("lock_schema", type_=Text) + bindparam("lock_key", type_=Text)
+    return select(func.pg_advisory_xact_lock(advisory_key(key)))
+
+
+def try_xact_lock() -> Select[tuple[bool]]:
+    """Like :func:`xact_lock` but answers ``false`` instead of waiting."""
+    key = bindparam("lock_schema", type_=Text) + bindparam("lock_key", type_=Text)
+    return select(func.pg_try_advisory_xact_lock(advisory_key(key)))

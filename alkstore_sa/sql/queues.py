@@ -1,0 +1,200 @@
+"""Queue, schedule and subscription statements (reference §2.7, §7, §12)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Select,
+    Text,
+    Update,
+    bindparam,
+    delete,
+    func,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+
+from ..models.enums import JobState
+from ._common import (
+    JOB,
+    QUEUE,
+    SCHEDULE,
+    SUBSCRIPTION,
+    create_queue_fn,
+    delete_queue_fn,
+    state_text,
+)
+
+
+@functools.cache
+def create_queue() -> Select[Any]:
+    """Call the schema's ``create_queue(:qname, :options)``, as Node pg-boss does."""
+    return select(
+        create_queue_fn(
+            bindparam("qname", type_=Text), func.cast(bindparam("options", type_=Text), JSONB)
+        )
+    )
+
+
+@functools.cache
+def delete_queue() -> Select[Any]:
+    """Call the schema's ``delete_queue(:qname)``."""
+    return select(delete_queue_fn(bindparam("qname", type_=Text)))
+
+
+@functools.cache
+def get_queues(*, by_name: bool) -> Select[Any]:
+    """All queues, or those in ``:names``, ordered by name."""
+    stmt = select(*QUEUE.c).order_by(QUEUE.c.name)
+    if by_name:
+        stmt = stmt.where(QUEUE.c.name == func.any(bindparam("names", type_=ARRAY(Text))))
+    return stmt
+
+
+@functools.cache
+def update_queue(columns: tuple[str, ...]) -> Update:
+    """Set ``columns`` (bound by their own names) and ``updated_on`` on queue ``:qname``."""
+    values: dict[str, Any] = {c: bindparam(f"v_{c}", type_=QUEUE.c[c].type) for c in columns}
+    values["updated_on"] = func.now()
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == bindparam("qname", type_=Text))
+        .values(values)
+        .returning(QUEUE.c.name)
+    )
+
+
+@functools.cache
+def queue_references() -> Select[Any]:
+    """Queues that name ``:qname`` as dead letter queue, and whether any job does."""
+    other = QUEUE.alias("other")
+    uses = (
+        select(func.array_agg(other.c.name))
+        .where(other.c.dead_letter == bindparam("qname", type_=Text))
+        .scalar_subquery()
+    )
+    jobs = (
+        select(JOB.c.id)
+        .where(
+            JOB.c.dead_letter == bindparam("qname", type_=Text),
+            JOB.c.name != bindparam("qname", type_=Text),
+        )
+        .limit(1)
+        .exists()
+    )
+    return select(uses.label("queues"), jobs.label("jobs"))
+
+
+@functools.cache
+def live_stats(*, by_name: bool) -> Select[Any]:
+    """Live counts per queue (all queues, or ``:names``); zero for a queue with no jobs.
+
+    Counts: deferred = ``start_after > now()``, queued = created/retry,
+    active, total, and the keys of active singleton/stately jobs.
+    """
+    j = JOB
+    names = bindparam("names", type_=ARRAY(Text))
+    counts_query = select(
+        j.c.name,
+        func.count().filter(j.c.start_after > func.now()).label("deferred_count"),
+        func.count().filter(j.c.state < state_text(JobState.ACTIVE)).label("queued_count"),
+        func.count().filter(j.c.state == state_text(JobState.ACTIVE)).label("active_count"),
+        func.count().label("total_count"),
+        func.array_remove(
+            func.array_agg(func.distinct(j.c.singleton_key)).filter(
+                j.c.state == state_text(JobState.ACTIVE),
+                j.c.policy.in_(("singleton", "stately")),
+            ),
+            None,
+        ).label("singletons_active"),
+    ).group_by(j.c.name)
+    if by_name:
+        counts_query = counts_query.where(j.c.name == func.any(names))
+    counts = counts_query.subquery("counts")
+    q = QUEUE
+    stmt = (
+        select(
+            q.c.name,
+            func.coalesce(counts.c.deferred_count, 0).label("deferred_count"),
+            func.coalesce(counts.c.queued_count, 0).label("queued_count"),
+            func.coalesce(counts.c.active_count, 0).label("active_count"),
+            func.coalesce(counts.c.total_count, 0).label("total_count"),
+            counts.c.singletons_active,
+        )
+        .select_from(q.outerjoin(counts, counts.c.name == q.c.name))
+        .order_by(q.c.name)
+    )
+    if by_name:
+        stmt = stmt.where(q.c.name == func.any(names))
+    return stmt
+
+
+@functools.cache
+def upsert_schedule() -> Any:
+    """Insert or replace the schedule ``(:qname, :key)``."""
+    stmt = insert(SCHEDULE).values(
+        name=bindparam("qname", type_=Text),
+        key=bindparam("key", type_=Text),
+        cron=bindparam("cron", type_=Text),
+        timezone=bindparam("timezone", type_=Text),
+        data=func.cast(bindparam("data", type_=Text), JSONB),
+        options=func.cast(bindparam("options", type_=Text), JSONB),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[SCHEDULE.c.name, SCHEDULE.c.key],
+        set_={
+            "cron": stmt.excluded.cron,
+            "timezone": stmt.excluded.timezone,
+            "data": stmt.excluded.data,
+            "options": stmt.excluded.options,
+            "updated_on": func.now(),
+        },
+    )
+
+
+@functools.cache
+def delete_schedule() -> Any:
+    return delete(SCHEDULE).where(
+        SCHEDULE.c.name == bindparam("qname", type_=Text),
+        SCHEDULE.c.key == bindparam("key", type_=Text),
+    )
+
+
+@functools.cache
+def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
+    stmt = select(*SCHEDULE.c).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+    if by_name:
+        stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
+    if by_key:
+        stmt = stmt.where(SCHEDULE.c.key == bindparam("key", type_=Text))
+    return stmt
+
+
+@functools.cache
+def subscribe() -> Any:
+    stmt = insert(SUBSCRIPTION).values(
+        event=bindparam("event", type_=Text), name=bindparam("qname", type_=Text)
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[SUBSCRIPTION.c.event, SUBSCRIPTION.c.name],
+        set_={"updated_on": func.now()},
+    )
+
+
+@functools.cache
+def unsubscribe() -> Any:
+    return delete(SUBSCRIPTION).where(
+        SUBSCRIPTION.c.event == bindparam("event", type_=Text),
+        SUBSCRIPTION.c.name == bindparam("qname", type_=Text),
+    )
+
+
+@functools.cache
+def subscribers() -> Select[Any]:
+    return (
+        select(SUBSCRIPTION.c.name)
+        .where(SUBSCRIPTION.c.event == bindparam("event", type_=Text))
+        .order_by(SUBSCRIPTION.c.name)
+    )

@@ -1,0 +1,169 @@
+"""The insert statement behind ``send``, ``send_many`` and friends.
+
+One statement for one job or thousands: the jobs arrive as parallel arrays that
+``unnest`` turns into rows, and every option missing on a job falls back to the
+queue's value in SQL, exactly as pg-boss derives its job columns (reference §4).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    Uuid,
+    bindparam,
+    case,
+    cast,
+    column,
+    exists,
+    func,
+    literal_column,
+    select,
+    true,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
+
+from ._common import JOB, ONE_SECOND, QUEUE, seconds
+
+# Per-job input columns, in the order of the bound arrays.
+INPUT_COLUMNS: list[tuple[str, Any]] = [
+    ("id", Uuid()),
+    ("priority", Integer()),
+    ("data", Text()),
+    ("start_at", TIMESTAMP(timezone=True)),
+    ("start_in", Interval()),
+    ("singleton_key", Text()),
+    ("singleton_seconds", Integer()),
+    ("singleton_offset", Integer()),
+    ("expire_seconds", Integer()),
+    ("deletion_seconds", Integer()),
+    ("retention_seconds", Integer()),
+    ("retry_limit", Integer()),
+    ("retry_delay", Integer()),
+    ("retry_backoff", Boolean()),
+    ("retry_delay_max", Integer()),
+    ("dead_letter", Text()),
+]
+
+
+@functools.cache
+def insert_jobs(*, notify: bool) -> Select[Any]:
+    """Insert the jobs of ``:ids`` ... into queue ``:qname``.
+
+    Returns one row per inserted job ``(found, id)``, or a single row with a NULL
+    id when nothing was inserted; ``found`` is false when the queue does not exist.
+    Jobs that hit a unique index (policy, throttle slot, duplicate id) are skipped
+    by ``ON CONFLICT DO NOTHING``, so a conflict never aborts the caller's
+    transaction. With ``notify`` the statement also issues ``pg_notify`` on
+    ``:channel`` when a job is ready now; PostgreSQL delivers it on commit and
+    folds duplicates within one transaction.
+    """
+    arrays = [bindparam(f"in_{n}", type_=ARRAY(t)) for n, t in INPUT_COLUMNS]
+    src = (
+        func.unnest(*arrays)
+        .table_valued(*[column(n, t) for n, t in INPUT_COLUMNS], name="src")
+        .render_derived()
+    )
+    q = QUEUE.alias("q")
+
+    start_after = func.coalesce(
+        src.c.start_at,
+        func.now() + func.coalesce(src.c.start_in, literal_column("interval '0'", Interval)),
+    )
+    slot = src.c.singleton_seconds
+    # Start of the current (or, with an offset, a later) slot of `slot` seconds,
+    # stored as UTC-naive like pg-boss does: the i4 index keys on it.
+    singleton_on = case(
+        (
+            slot.is_not(None),
+            literal_column("'epoch'::timestamp")
+            + ONE_SECOND
+            * (
+                slot
+                * func.floor(
+                    (func.extract("epoch", func.now()) + func.coalesce(src.c.singleton_offset, 0))
+                    / slot
+                )
+            ),
+        ),
+    )
+    rows = (
+        select(
+            src.c.id,
+            q.c.name,
+            func.coalesce(src.c.priority, 0),
+            cast(src.c.data, JSONB),
+            func.coalesce(src.c.retry_limit, q.c.retry_limit),
+            func.coalesce(src.c.retry_delay, q.c.retry_delay),
+            func.coalesce(src.c.retry_backoff, q.c.retry_backoff, False),
+            func.coalesce(src.c.retry_delay_max, q.c.retry_delay_max),
+            func.coalesce(src.c.expire_seconds, q.c.expire_seconds),
+            func.coalesce(src.c.deletion_seconds, q.c.deletion_seconds),
+            src.c.singleton_key,
+            singleton_on,
+            start_after,
+            # Retention counts from start_after, so deferred jobs are not cut short.
+            start_after + seconds(func.coalesce(src.c.retention_seconds, q.c.retention_seconds)),
+            func.coalesce(src.c.dead_letter, q.c.dead_letter),
+            q.c.policy,
+        )
+        .select_from(src.join(q, true()))
+        .where(q.c.name == bindparam("qname", type_=Text))
+    )
+
+    target_columns = [
+        "id",
+        "name",
+        "priority",
+        "data",
+        "retry_limit",
+        "retry_delay",
+        "retry_backoff",
+        "retry_delay_max",
+        "expire_seconds",
+        "deletion_seconds",
+        "singleton_key",
+        "singleton_on",
+        "start_after",
+        "keep_until",
+        "dead_letter",
+        "policy",
+    ]
+    ins = (
+        insert(JOB)
+        .from_select(target_columns, rows)
+        .on_conflict_do_nothing()
+        .returning(JOB.c.id, JOB.c.start_after)
+        .cte("ins")
+    )
+    found = exists(select(QUEUE.c.name).where(QUEUE.c.name == bindparam("qname", type_=Text)))
+    header = select(found.label("found")).subquery("hdr")
+    columns: list[ColumnElement[Any]] = [header.c.found, ins.c.id]
+    if notify:
+        ready = exists(select(ins.c.id).where(ins.c.start_after <= func.now()))
+        announce = (
+            select(func.pg_notify(bindparam("channel", type_=Text), bindparam("qname", type_=Text)))
+            .where(ready)
+            .scalar_subquery()
+        )
+        columns.append(announce.label("notified"))
+    return select(*columns).select_from(header.outerjoin(ins, true()))
+
+
+def queue_exists() -> Select[tuple[bool]]:
+    """Does queue ``:qname`` exist?"""
+    return select(exists(select(QUEUE.c.name).where(QUEUE.c.name == bindparam("qname"))))
+
+
+def queues_exist() -> Select[tuple[str]]:
+    """Which of the queues ``:names`` exist?"""
+    return select(QUEUE.c.name).where(
+        QUEUE.c.name == func.any(bindparam("names", type_=ARRAY(Text)))
+    )
