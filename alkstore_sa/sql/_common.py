@@ -14,6 +14,7 @@ from sqlalchemy import (
     cast,
     func,
     literal_column,
+    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import BIT
 from sqlalchemy.ext.compiler import compiles
@@ -31,7 +32,7 @@ VERSION: Table = Version.__table__  # type: ignore[assignment]
 
 JOB_COLUMNS = [c.name for c in JOB.columns]
 
-ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'", Interval)
+_ONE_SECOND = literal_column("interval '1 second'")
 
 
 def state(value: JobState) -> ColumnElement[Any]:
@@ -49,8 +50,8 @@ def state_text(value: JobState) -> ColumnElement[Any]:
 
 
 def seconds(expr: ColumnElement[Any]) -> ColumnElement[Any]:
-    """An integer number of seconds as an interval."""
-    return expr * ONE_SECOND
+    """A number of seconds (integer or not) as an interval: ``expr * interval '1 second'``."""
+    return type_coerce(expr * _ONE_SECOND, Interval)
 
 
 def advisory_key(schema_and_key: ColumnElement[str]) -> ColumnElement[int]:

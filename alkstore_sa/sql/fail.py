@@ -21,7 +21,6 @@ from sqlalchemy import (
     cast,
     delete,
     func,
-    literal_column,
     or_,
     select,
     union_all,
@@ -29,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ..models.enums import JobState
-from ._common import JOB, JOB_COLUMNS, QUEUE, state, state_text
+from ._common import JOB, JOB_COLUMNS, QUEUE, seconds, state, state_text
 from .settle import settle_input
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
@@ -53,9 +52,9 @@ def _fail_from(deleted: CTE) -> Select[Any]:
         (d.retry_count == d.retry_limit, d.start_after),
         (
             d.retry_backoff.is_(False),
-            func.now() + d.retry_delay * literal_column("interval '1 second'"),
+            func.now() + seconds(d.retry_delay),
         ),
-        else_=func.now() + backoff * literal_column("interval '1 second'"),
+        else_=func.now() + seconds(backoff),
     )
     overrides: dict[str, Any] = {
         "state": case((retrying, state(JobState.RETRY)), else_=state(JobState.FAILED)),
@@ -126,7 +125,7 @@ def _fail_from(deleted: CTE) -> Select[Any]:
                 q.c.retry_limit,
                 q.c.retry_backoff,
                 q.c.retry_delay,
-                func.now() + q.c.retention_seconds * literal_column("interval '1 second'"),
+                func.now() + seconds(q.c.retention_seconds),
                 q.c.deletion_seconds,
             )
             .select_from(results.join(q, q.c.name == results.c.dead_letter))
@@ -181,8 +180,7 @@ def expire_jobs() -> Select[Any]:
         .where(
             j.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
             j.c.state == state_text(JobState.ACTIVE),
-            j.c.started_on + j.c.expire_seconds * literal_column("interval '1 second'")
-            < func.now(),
+            j.c.started_on + seconds(j.c.expire_seconds) < func.now(),
         )
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)

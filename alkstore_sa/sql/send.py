@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
-from ._common import JOB, ONE_SECOND, QUEUE, seconds
+from ._common import JOB, QUEUE, seconds
 
 # Per-job input columns, in the order of the bound arrays.
 INPUT_COLUMNS: list[tuple[str, Any]] = [
@@ -84,8 +84,7 @@ def insert_jobs(*, notify: bool) -> Select[Any]:
         (
             slot.is_not(None),
             literal_column("'epoch'::timestamp")
-            + ONE_SECOND
-            * (
+            + seconds(
                 slot
                 * func.floor(
                     (func.extract("epoch", func.now()) + func.coalesce(src.c.singleton_offset, 0))

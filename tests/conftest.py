@@ -1,0 +1,206 @@
+"""Test fixtures: a real PostgreSQL, a fresh schema per test, sync and async services.
+
+Database resolution (DESIGN §6): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
+PostgreSQL when a Docker engine answers -> the embedded server of the ``embedded``
+extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from alkstore_sa import AsyncQueueService, QueueService, migrate
+
+
+def _normalise(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _docker_url() -> str | None:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+    except Exception:
+        return None
+    from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+
+    container = PostgresContainer("postgres:15", driver="psycopg")
+    container.start()
+    import atexit
+
+    atexit.register(container.stop)
+    return str(container.get_connection_url())
+
+
+def _embedded_url() -> str | None:
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    server = pgserver.get_server(tempfile.mkdtemp(prefix="alkstore-test-"), cleanup_mode="delete")
+    return _normalise(server.get_uri())
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """URL of the PostgreSQL the tests run against."""
+    url = os.environ.get("ALKSTORE_TEST_DATABASE_URL")
+    if url:
+        return _normalise(url)
+    url = _docker_url() or _embedded_url()
+    if url:
+        return url
+    if os.environ.get("CI") == "true":
+        pytest.fail("no PostgreSQL for the tests: set ALKSTORE_TEST_DATABASE_URL")
+    pytest.skip("no PostgreSQL: set ALKSTORE_TEST_DATABASE_URL or install the embedded extra")
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = create_engine(database_url, pool_size=10, max_overflow=20)
+    yield eng
+    eng.dispose()
+
+
+def new_schema_name() -> str:
+    return "t_" + uuid.uuid4().hex[:12]
+
+
+def drop_schema(engine: Engine, schema: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+
+
+@pytest.fixture
+def schema(engine: Engine) -> Iterator[str]:
+    """A fresh schema with the schema-26 objects, installed by our migration."""
+    name = new_schema_name()
+    migrate.upgrade(engine, name)
+    yield name
+    drop_schema(engine, name)
+
+
+class Runner:
+    """Runs coroutines for the sync-looking test suite (one loop per test)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, value: Any) -> Any:
+        if inspect.isawaitable(value):
+            return self.loop.run_until_complete(value)
+        return value
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+class Blocking:
+    """Wraps an async object so every coroutine method is run to completion."""
+
+    def __init__(self, target: Any, runner: Runner) -> None:
+        self._target = target
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._runner.run(attr(*args, **kwargs))
+
+        return call
+
+
+class Env:
+    """One flavour (sync or async) of the service, for a parametrized suite.
+
+    ``env.service()`` opens a session with a transaction and returns a service
+    whose methods are called synchronously in both flavours; ``env.commit()`` and
+    ``env.rollback()`` end that transaction; ``env.tx(fn)`` runs ``fn(service)`` in
+    its own committed transaction.
+    """
+
+    def __init__(self, flavour: str, engine: Engine, schema: str, database_url: str) -> None:
+        self.flavour = flavour
+        self.engine = engine
+        self.schema = schema
+        self.runner = Runner()
+        self.async_engine: AsyncEngine | None = None
+        if flavour == "async":
+            self.async_engine = create_async_engine(database_url)
+        self._session: Any = None
+
+    def service(self, **kwargs: Any) -> Any:
+        self.close_session()
+        if self.async_engine is None:
+            session = Session(self.engine)
+            session.begin()
+            self._session = session
+            return QueueService(session, schema=self.schema, **kwargs)
+        asession = AsyncSession(self.async_engine)
+        self.runner.run(asession.begin())
+        self._session = Blocking(asession, self.runner)
+        return Blocking(AsyncQueueService(asession, schema=self.schema, **kwargs), self.runner)
+
+    @property
+    def session(self) -> Any:
+        return self._session
+
+    def commit(self) -> None:
+        self._session.commit()
+        self.close_session()
+
+    def rollback(self) -> None:
+        self._session.rollback()
+        self.close_session()
+
+    def close_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def tx(self, fn: Callable[[Any], Any], **kwargs: Any) -> Any:
+        svc = self.service(**kwargs)
+        try:
+            result = fn(svc)
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+        return result
+
+    def sql(self, statement: str, **params: Any) -> list[Any]:
+        """Run raw SQL (with ``{s}`` standing for the quoted schema) in its own transaction."""
+        with self.engine.begin() as conn:
+            result = conn.execute(text(statement.replace("{s}", f'"{self.schema}"')), params)
+            return list(result.all()) if result.returns_rows else []
+
+    def close(self) -> None:
+        self.close_session()
+        if self.async_engine is not None:
+            self.runner.run(self.async_engine.dispose())
+        self.runner.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def env(request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str) -> Iterator[Env]:
+    """The service suite runs once with QueueService and once with AsyncQueueService."""
+    e = Env(request.param, engine, schema, database_url)
+    yield e
+    e.close()
