@@ -1,0 +1,166 @@
+"""What the sub-commands share: global options, connections, output, errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+
+from ..errors import AlkstoreError
+from ..names import DEFAULT_SCHEMA, validate_schema
+
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """A one-line reason for a non-zero exit."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """The options every command takes, before or after the command's name."""
+
+    def default(value: Any) -> Any:
+        # Leaf parsers must not overwrite what was given before the command name.
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--database-url",
+        default=default(os.environ.get("ALKSTORE_DATABASE_URL") or os.environ.get("DATABASE_URL")),
+        help="SQLAlchemy or libpq URL (env ALKSTORE_DATABASE_URL, then DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--schema",
+        default=default(os.environ.get("ALKSTORE_SCHEMA", DEFAULT_SCHEMA)),
+        help="queue schema (env ALKSTORE_SCHEMA; default pgboss)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(os.environ.get("ALKSTORE_JSON", "") not in ("", "0")),
+        help="machine-readable output (env ALKSTORE_JSON=1)",
+    )
+
+
+def leaf(actions: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A sub-command parser that also accepts the global options."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_global_options(parent, suppress=True)
+    parser: argparse.ArgumentParser = actions.add_parser(name, help=help, parents=[parent])
+    return parser
+
+
+def normalise_url(url: str) -> str:
+    """Accept libpq-style URLs and select the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def schema_of(args: argparse.Namespace) -> str:
+    try:
+        return validate_schema(args.schema)
+    except AlkstoreError as exc:
+        raise CommandError(str(exc)) from None
+
+
+@contextmanager
+def engine_from(args: argparse.Namespace, *, required: bool = True) -> Iterator[Engine]:
+    """An engine for ``--database-url``; errors become one-line reasons."""
+    url = args.database_url
+    if not url:
+        raise CommandError("no database: pass --database-url or set ALKSTORE_DATABASE_URL")
+    try:
+        engine = create_engine(normalise_url(url))
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise CommandError(f"bad database URL: {exc}") from None
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    """Run ``fn``, turning our errors and connection failures into CommandError."""
+    try:
+        return fn()
+    except AlkstoreError as exc:
+        raise CommandError(str(exc)) from None
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise CommandError(f"cannot reach the database: {reason}") from None
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise CommandError(f"database error: {reason}") from None
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def emit(args: argparse.Namespace, value: Any, *, columns: Sequence[str] | None = None) -> None:
+    """Print ``value``: JSON with ``--json``, else a table (rows) or ``key: value`` lines."""
+    plain = _plain(value)
+    if args.json:
+        json.dump(plain, sys.stdout, default=str, indent=2)
+        sys.stdout.write("\n")
+        return
+    if isinstance(plain, list):
+        print_table(plain, columns)
+    elif isinstance(plain, dict):
+        width = max((len(k) for k in plain), default=0)
+        for key, val in plain.items():
+            print(f"{key:<{width}}  {_cell(val)}")
+    elif plain is not None:
+        print(plain)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def print_table(rows: list[Any], columns: Sequence[str] | None) -> None:
+    if not rows:
+        print("(none)")
+        return
+    if not isinstance(rows[0], dict):
+        for row in rows:
+            print(_cell(row))
+        return
+    cols = list(columns or rows[0].keys())
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def parse_json(option: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{option} is not valid JSON: {exc}") from None
