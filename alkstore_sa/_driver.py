@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from ._ops import Context, PolicyCache
 from .names import DEFAULT_SCHEMA, validate_schema
+from .ops import Context, PolicyCache
 
 
 class _EngineState:

@@ -13,10 +13,10 @@ from typing import Any, TypeVar, Unpack
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from . import _ops as ops
+from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
-from .options import JobSpec, QueueOptions, SendOptions
+from .options import JobSpec, QueueOptions, SendOptions, job_ids
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class AsyncQueueService:
                             )
                             result = executed.freeze()()
                     except IntegrityError:
-                        call = op.throw(ops._Conflict())
+                        call = op.throw(ops.Conflict())
                         continue
                 else:
                     result = await session.execute(
@@ -216,7 +216,7 @@ class AsyncQueueService:
         self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str], output: Any = None
     ) -> Settled:
         """Mark active jobs completed, storing ``output``."""
-        items = [ops.Settlement(i, output) for i in ops.opt.job_ids(ids)]
+        items = [ops.Settlement(i, output) for i in job_ids(ids)]
         return await self._run(ops.complete_many(self._ctx, name, items))
 
     async def fail(
@@ -224,7 +224,7 @@ class AsyncQueueService:
     ) -> Settled:
         """Fail unfinished jobs: retry with the job's delay/backoff while retries
         remain, else ``failed`` and a copy to the dead letter queue."""
-        items = [ops.Settlement(i, output) for i in ops.opt.job_ids(ids)]
+        items = [ops.Settlement(i, output) for i in job_ids(ids)]
         result = await self._run(ops.fail_many(self._ctx, name, items))
         return result.settled
 

@@ -1,0 +1,71 @@
+"""Every service operation, written once as a generator of statements.
+
+An operation yields :class:`Call` objects and receives each one's buffered
+``Result``; it never touches a session. ``QueueService`` drives it with a
+``Session`` and ``AsyncQueueService`` with an ``AsyncSession``, so the two cannot
+drift apart: they run the very same code.
+"""
+
+from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema
+from .queues import (
+    create_queue,
+    delete_queue,
+    get_queue,
+    get_queue_stats,
+    get_queues,
+    update_queue,
+)
+from .schedules import get_schedules, schedule, unschedule
+from .sending import publish, send, send_debounced, send_many, subscribe, unsubscribe
+from .working import (
+    FailResult,
+    Settlement,
+    cancel,
+    complete_many,
+    delete_by_state,
+    delete_jobs,
+    extend_leases,
+    fail_many,
+    fetch,
+    get_jobs,
+    redrive,
+    resume,
+    retry,
+)
+
+__all__ = [
+    "Call",
+    "Conflict",
+    "Context",
+    "FailResult",
+    "Op",
+    "PolicyCache",
+    "Settlement",
+    "cancel",
+    "check_schema",
+    "complete_many",
+    "create_queue",
+    "delete_by_state",
+    "delete_jobs",
+    "delete_queue",
+    "extend_leases",
+    "fail_many",
+    "fetch",
+    "get_jobs",
+    "get_queue",
+    "get_queue_stats",
+    "get_queues",
+    "get_schedules",
+    "publish",
+    "redrive",
+    "resume",
+    "retry",
+    "schedule",
+    "send",
+    "send_debounced",
+    "send_many",
+    "subscribe",
+    "unschedule",
+    "unsubscribe",
+    "update_queue",
+]

@@ -1,0 +1,121 @@
+"""Queue operations: create, update, delete, read, stats."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import options as opt
+from ..errors import InvalidOptionsError, QueueExistsError, QueueNotFoundError
+from ..names import validate_queue
+from ..records import QueueInfo, QueueStats
+from ..sql import locks
+from ..sql import queues as queue_sql
+from ._core import Call, Context, Op
+
+
+def get_queue(ctx: Context, name: str) -> Op[QueueInfo | None]:
+    validate_queue(name)
+    result = yield Call(queue_sql.get_queues(by_name=True), {"names": [name]})
+    row = result.mappings().first()
+    return None if row is None else QueueInfo.from_row(row)
+
+
+def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]:
+    if names is None:
+        result = yield Call(queue_sql.get_queues(by_name=False))
+    else:
+        for n in names:
+            validate_queue(n)
+        result = yield Call(queue_sql.get_queues(by_name=True), {"names": list(names)})
+    return [QueueInfo.from_row(r) for r in result.mappings().all()]
+
+
+def _require_queue(ctx: Context, name: str) -> Op[QueueInfo]:
+    info = yield from get_queue(ctx, name)
+    if info is None:
+        raise QueueNotFoundError(name, ctx.schema)
+    return info
+
+
+def _lock(ctx: Context, key: str) -> Call:
+    return Call(locks.xact_lock(), {"lock_schema": ctx.schema, "lock_key": key})
+
+
+def create_queue(
+    ctx: Context, name: str, exist_ok: bool, options: Mapping[str, Any]
+) -> Op[QueueInfo]:
+    validate_queue(name)
+    checked = opt.queue_options(name, options)
+    dead = checked.get("dead_letter")
+    if dead is not None:
+        found = yield from get_queue(ctx, dead)
+        if found is None:
+            raise InvalidOptionsError("dead_letter", f"queue {dead!r} does not exist")
+    # Same lock as Node's createQueue: concurrent creators queue up behind it.
+    yield _lock(ctx, locks.CREATE_QUEUE)
+    before = yield from get_queue(ctx, name)
+    if before is not None:
+        if not exist_ok:
+            raise QueueExistsError(name)
+        return before
+    yield Call(
+        queue_sql.create_queue(),
+        {
+            "qname": name,
+            "options": opt.encode_json("options", opt.pgboss_queue_json(name, checked)),
+        },
+    )
+    created = yield from _require_queue(ctx, name)
+    ctx.policies.put(ctx.schema, name, created.policy.value)
+    return created
+
+
+def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
+    validate_queue(name)
+    checked = opt.queue_options(name, options, update=True)
+    current = yield from _require_queue(ctx, name)
+    backoff = checked.get("retry_backoff", current.retry_backoff)
+    if checked.get("retry_delay_max", current.retry_delay_max) is not None and not backoff:
+        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
+    dead = checked.get("dead_letter")
+    if dead is not None:
+        found = yield from get_queue(ctx, dead)
+        if found is None:
+            raise InvalidOptionsError("dead_letter", f"queue {dead!r} does not exist")
+    if not checked:
+        return current
+    columns = tuple(sorted(checked))
+    params = {"qname": name, **{f"v_{c}": checked[c] for c in columns}}
+    yield Call(queue_sql.update_queue(columns), params)
+    return (yield from _require_queue(ctx, name))
+
+
+def delete_queue(ctx: Context, name: str) -> Op[bool]:
+    validate_queue(name)
+    yield _lock(ctx, locks.DELETE_QUEUE)
+    info = yield from get_queue(ctx, name)
+    if info is None:
+        return False
+    refs = yield Call(queue_sql.queue_references(), {"qname": name})
+    row = refs.one()
+    if row.queues:
+        raise InvalidOptionsError(
+            "name", f"queue {name!r} is the dead letter queue of {', '.join(sorted(row.queues))}"
+        )
+    if row.jobs:
+        raise InvalidOptionsError("name", f"jobs of other queues dead-letter into {name!r}")
+    yield Call(queue_sql.delete_queue(), {"qname": name})
+    ctx.policies.drop(ctx.schema, name)
+    return True
+
+
+def get_queue_stats(ctx: Context, name: str) -> Op[QueueStats]:
+    validate_queue(name)
+    result = yield Call(queue_sql.live_stats(by_name=True), {"names": [name]})
+    row = result.mappings().first()
+    if row is None:
+        raise QueueNotFoundError(name, ctx.schema)
+    values = dict(row)
+    values["singletons_active"] = list(values["singletons_active"] or [])
+    return QueueStats(**values)

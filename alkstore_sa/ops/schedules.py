@@ -1,0 +1,63 @@
+"""Cron schedule storage (firing belongs to the supervisor)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import options as opt
+from ..errors import InvalidOptionsError
+from ..names import validate_queue
+from ..records import ScheduleInfo
+from ..sql import queues as queue_sql
+from ._core import Call, Context, Op
+from .queues import _require_queue
+from .sending import _send_row
+
+
+def validate_cron(cron: object, tz: object) -> tuple[str, str]:
+    from ..cron import validate
+
+    return validate(cron, tz)
+
+
+def schedule(
+    ctx: Context, name: str, cron: str, data: Any, key: str, tz: str, options: Mapping[str, Any]
+) -> Op[None]:
+    validate_queue(name)
+    if not isinstance(key, str):
+        raise InvalidOptionsError("key", f"must be a string, not {key!r}")
+    cron, tz = validate_cron(cron, tz)
+    # Validate the send options now, so that a schedule never fires bad jobs.
+    _send_row(options, data, None)
+    yield from _require_queue(ctx, name)
+    stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}
+    yield Call(
+        queue_sql.upsert_schedule(),
+        {
+            "qname": name,
+            "key": key,
+            "cron": cron,
+            "timezone": tz,
+            "data": opt.encode_json("data", data),
+            "options": opt.encode_json("options", stored),
+        },
+    )
+
+
+def unschedule(ctx: Context, name: str, key: str) -> Op[bool]:
+    validate_queue(name)
+    result = yield Call(queue_sql.delete_schedule(), {"qname": name, "key": key})
+    return bool(getattr(result, "rowcount", 0))
+
+
+def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[ScheduleInfo]]:
+    params: dict[str, Any] = {}
+    if name is not None:
+        params["qname"] = validate_queue(name)
+    if key is not None:
+        params["key"] = key
+    result = yield Call(
+        queue_sql.get_schedules(by_name=name is not None, by_key=key is not None), params
+    )
+    return [ScheduleInfo(**r) for r in result.mappings().all()]

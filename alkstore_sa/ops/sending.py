@@ -1,0 +1,152 @@
+"""Operations that create jobs: send, send_many, debounce, publish/subscribe."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from .. import options as opt
+from ..errors import InvalidOptionsError, QueueNotFoundError
+from ..names import validate_queue
+from ..sql import queues as queue_sql
+from ..sql import send as send_sql
+from ._core import Call, Context, Op
+from .queues import _require_queue
+
+
+def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
+    arrays: dict[str, list[Any]] = {f"in_{n}": [] for n, _ in send_sql.INPUT_COLUMNS}
+    ids: list[uuid.UUID] = []
+    for index, spec in enumerate(specs):
+        data = spec.get("data")
+        options = {k: v for k, v in spec.items() if k != "data"}
+        row = _send_row(options, data, index if len(specs) > 1 else None)
+        ids.append(row["id"])
+        for key, value in row.items():
+            arrays[f"in_{key}"].append(value)
+    return arrays, ids
+
+
+def _send_row(options: Mapping[str, Any], data: Any, index: int | None) -> dict[str, Any]:
+    try:
+        opt.check_unknown(options, opt.SEND_OPTION_NAMES | {"singleton_offset"}, "send")
+        checked = opt._check_common(options)
+    except InvalidOptionsError as exc:
+        if index is None:
+            raise
+        raise InvalidOptionsError(f"jobs[{index}].{exc.option}", exc.problem) from None
+    when = opt.start_after(checked.get("start_after"))
+    if checked.get("dead_letter") is not None:
+        validate_queue(checked["dead_letter"], "dead_letter")
+    key = checked.get("singleton_key")
+    if key is not None and not isinstance(key, str):
+        raise InvalidOptionsError("singleton_key", f"must be a string, not {key!r}")
+    return {
+        "id": opt.job_id(checked["id"]) if checked.get("id") is not None else uuid.uuid4(),
+        "priority": checked.get("priority"),
+        "data": opt.encode_json("data", data),
+        "start_at": when.absolute,
+        "start_in": when.relative,
+        "singleton_key": key,
+        "singleton_seconds": checked.get("singleton_seconds"),
+        "singleton_offset": checked.get("singleton_offset"),
+        "expire_seconds": checked.get("expire_seconds"),
+        "deletion_seconds": checked.get("deletion_seconds"),
+        "retention_seconds": checked.get("retention_seconds"),
+        "retry_limit": checked.get("retry_limit"),
+        "retry_delay": checked.get("retry_delay"),
+        "retry_backoff": checked.get("retry_backoff"),
+        "retry_delay_max": checked.get("retry_delay_max"),
+        "dead_letter": checked.get("dead_letter"),
+    }
+
+
+def _check_dead_letters(name: str, specs: Sequence[Mapping[str, Any]]) -> Op[None]:
+    wanted = {s["dead_letter"] for s in specs if s.get("dead_letter") is not None}
+    if not wanted:
+        return
+    if name in wanted:
+        raise InvalidOptionsError("dead_letter", "a job cannot dead-letter into its own queue")
+    # The job's dead_letter foreign key is deferred: a missing queue would only
+    # fail at COMMIT, so it is checked here, before anything is written.
+    result = yield Call(send_sql.queues_exist(), {"names": sorted(wanted)})
+    missing = wanted - set(result.scalars().all())
+    if missing:
+        raise InvalidOptionsError("dead_letter", f"queue {sorted(missing)[0]!r} does not exist")
+
+
+def send_many(
+    ctx: Context, name: str, jobs: Iterable[Mapping[str, Any]]
+) -> Op[list[uuid.UUID | None]]:
+    validate_queue(name)
+    specs = list(jobs)
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, Mapping):
+            raise InvalidOptionsError(f"jobs[{index}]", "each job must be a mapping")
+    if not specs:
+        return []
+    arrays, ids = _job_arrays(specs)
+    yield from _check_dead_letters(name, specs)
+    params: dict[str, Any] = {"qname": name, "channel": ctx.channel, **arrays}
+    result = yield Call(send_sql.insert_jobs(notify=ctx.notify), params)
+    rows = result.all()
+    if not rows[0].found:
+        raise QueueNotFoundError(name, ctx.schema)
+    inserted = {row.id for row in rows if row.id is not None}
+    return [i if i in inserted else None for i in ids]
+
+
+def send(ctx: Context, name: str, data: Any, options: Mapping[str, Any]) -> Op[uuid.UUID | None]:
+    ids = yield from send_many(ctx, name, [{**options, "data": data}])
+    return ids[0]
+
+
+def send_debounced(
+    ctx: Context, name: str, data: Any, seconds: int, key: str | None, options: Mapping[str, Any]
+) -> Op[uuid.UUID | None]:
+    opt.check_int("seconds", seconds, minimum=1)
+    base = {**options, "singleton_seconds": seconds}
+    if key is not None:
+        base["singleton_key"] = key
+    first = yield from send(ctx, name, data, base)
+    if first is not None:
+        return first
+    # The current slot is taken: claim the next one, starting when it opens
+    # (pg-boss: one more attempt with the slot offset by one period).
+    result = yield Call(select(func.extract("epoch", func.now())))
+    epoch = float(result.scalar_one())
+    wait = seconds - math.floor(epoch % seconds)
+    if seconds > 1:
+        wait += 1
+    later = {**base, "singleton_offset": seconds, "start_after": timedelta(seconds=wait)}
+    return (yield from send(ctx, name, data, later))
+
+
+def publish(
+    ctx: Context, event: str, data: Any, options: Mapping[str, Any]
+) -> Op[list[uuid.UUID | None]]:
+    if not isinstance(event, str) or not event:
+        raise InvalidOptionsError("event", "must be a non-empty string")
+    result = yield Call(queue_sql.subscribers(), {"event": event})
+    ids: list[uuid.UUID | None] = []
+    for queue in result.scalars().all():
+        ids.append((yield from send(ctx, queue, data, options)))
+    return ids
+
+
+def subscribe(ctx: Context, event: str, name: str) -> Op[None]:
+    if not isinstance(event, str) or not event:
+        raise InvalidOptionsError("event", "must be a non-empty string")
+    yield from _require_queue(ctx, name)
+    yield Call(queue_sql.subscribe(), {"event": event, "qname": name})
+
+
+def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:
+    validate_queue(name)
+    result = yield Call(queue_sql.unsubscribe(), {"event": event, "qname": name})
+    return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,189 @@
+"""Operations of workers: fetch, complete, fail, and moving jobs by id."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Executable
+
+from .. import options as opt
+from ..errors import QueueNotFoundError
+from ..names import validate_queue
+from ..records import Job, Settled
+from ..sql import fail as fail_sql
+from ..sql import fetch as fetch_sql
+from ..sql import settle as settle_sql
+from ._core import Call, Conflict, Context, Op
+from .queues import _require_queue, get_queue
+from .sending import send_many
+
+
+def _policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
+    policy = None if refresh else ctx.policies.get(ctx.schema, name)
+    if policy is None:
+        info = yield from get_queue(ctx, name)
+        if info is None:
+            ctx.policies.drop(ctx.schema, name)
+            raise QueueNotFoundError(name, ctx.schema)
+        policy = info.policy.value
+        ctx.policies.put(ctx.schema, name, policy)
+    return policy
+
+
+def fetch(
+    ctx: Context, name: str, batch_size: int, priority: bool, ignore_start_after: bool
+) -> Op[list[Job]]:
+    validate_queue(name)
+    opt.check_int("batch_size", batch_size, minimum=1, maximum=100_000)
+    opt.check_bool("priority", priority)
+    opt.check_bool("ignore_start_after", ignore_start_after)
+    cached = ctx.policies.get(ctx.schema, name) is not None
+    policy = yield from _policy(ctx, name)
+    jobs = yield from _claim(ctx, name, policy, batch_size, priority, ignore_start_after)
+    if not jobs and cached:
+        # An empty answer from a cached policy: make sure the queue still exists
+        # and still has that policy before believing it.
+        fresh = yield from _policy(ctx, name, refresh=True)
+        if fresh != policy:
+            jobs = yield from _claim(ctx, name, fresh, batch_size, priority, ignore_start_after)
+    return jobs
+
+
+def _claim(
+    ctx: Context, name: str, policy: str, batch_size: int, priority: bool, ignore_start_after: bool
+) -> Op[list[Job]]:
+    aware = policy in fetch_sql.RACY_POLICIES
+    stmt = fetch_sql.fetch_jobs(
+        priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
+    )
+    try:
+        result = yield Call(stmt, {"qname": name, "limit": batch_size}, savepoint=aware)
+    except Conflict:
+        # Another session activated a job of the same key first (i2/i3):
+        # pg-boss answers with no jobs, and so do we.
+        return []
+    return [Job.from_row(row) for row in result.mappings().all()]
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One job to complete or fail: its output and, for workers, the fencing token."""
+
+    id: uuid.UUID
+    output: Any = None
+    started_on: datetime | None = None
+
+
+def _settle_params(name: str, items: Sequence[Settlement]) -> dict[str, Any]:
+    return {
+        "qname": name,
+        "ids": [i.id for i in items],
+        "outputs": [opt.encode_json("output", opt.output_value(i.output)) for i in items],
+        "fences": [i.started_on for i in items],
+    }
+
+
+def complete_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[Settled]:
+    validate_queue(name)
+    if not items:
+        return Settled(0, [])
+    result = yield Call(settle_sql.complete_jobs(), _settle_params(name, items))
+    return Settled(len(items), list(result.scalars().all()))
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult:
+    """What the fail statement did to each job it found."""
+
+    settled: Settled
+    states: dict[uuid.UUID, str]
+    dead_lettered: int
+
+
+def fail_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[FailResult]:
+    validate_queue(name)
+    if not items:
+        return FailResult(Settled(0, []), {}, 0)
+    result = yield Call(fail_sql.fail_jobs(), _settle_params(name, items))
+    rows = result.all()
+    return FailResult(
+        Settled(len(items), [r.id for r in rows]),
+        {r.id: r.state for r in rows},
+        int(rows[0].dead_lettered) if rows else 0,
+    )
+
+
+def _by_ids(stmt: Executable, name: str, ids: object) -> Op[Settled]:
+    validate_queue(name)
+    id_list = opt.job_ids(ids)
+    result = yield Call(stmt, {"qname": name, "ids": id_list})
+    return Settled(len(id_list), list(result.scalars().all()))
+
+
+def cancel(ctx: Context, name: str, ids: object) -> Op[Settled]:
+    return (yield from _by_ids(settle_sql.cancel_jobs(), name, ids))
+
+
+def resume(ctx: Context, name: str, ids: object) -> Op[Settled]:
+    return (yield from _by_ids(settle_sql.resume_jobs(), name, ids))
+
+
+def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
+    return (yield from _by_ids(settle_sql.retry_jobs(), name, ids))
+
+
+def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
+    return (yield from _by_ids(settle_sql.delete_jobs(), name, ids))
+
+
+def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
+    yield from _require_queue(ctx, name)
+    result = yield Call(settle_sql.delete_by_state(which), {"qname": name})
+    return int(getattr(result, "rowcount", 0))
+
+
+def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
+    validate_queue(name)
+    result = yield Call(settle_sql.get_jobs(), {"qname": name, "ids": opt.job_ids(ids)})
+    return [Job.from_row(r) for r in result.mappings().all()]
+
+
+def extend_leases(
+    ctx: Context, name: str, items: Sequence[Settlement], extend_by: int
+) -> Op[list[uuid.UUID]]:
+    result = yield Call(
+        settle_sql.extend_lease(),
+        {
+            "qname": name,
+            "ids": [i.id for i in items],
+            "fences": [i.started_on for i in items],
+            "extend_by": extend_by,
+        },
+    )
+    return list(result.scalars().all())
+
+
+def redrive(
+    ctx: Context, dead_letter: str, to: str, ids: object | None, limit: int
+) -> Op[list[uuid.UUID]]:
+    """Move jobs waiting or failed in ``dead_letter`` into queue ``to`` as new jobs."""
+    from ..sql import redrive as redrive_sql
+
+    validate_queue(dead_letter, "dead_letter")
+    validate_queue(to, "to")
+    opt.check_int("limit", limit, minimum=1)
+    yield from _require_queue(ctx, to)
+    yield from _require_queue(ctx, dead_letter)
+    params: dict[str, Any] = {"qname": dead_letter, "limit": limit}
+    if ids is not None:
+        params["ids"] = opt.job_ids(ids)
+    result = yield Call(redrive_sql.take(by_id=ids is not None), params)
+    taken = result.all()
+    if not taken:
+        return []
+    new_ids = yield from send_many(ctx, to, [{"data": row.data} for row in taken])
+    return [i for i in new_ids if i is not None]
