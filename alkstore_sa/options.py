@@ -35,15 +35,11 @@ class QueueOptions(TypedDict, total=False):
     warning_queued: int
 
 
-class SendOptions(TypedDict, total=False):
-    """Per-job options of :meth:`~alkstore_sa.QueueService.send` (all optional).
-
-    Each one overrides the queue's value for this job only.
-    """
+class TimedSendOptions(TypedDict, total=False):
+    """The options of :class:`SendOptions` other than ``start_after``."""
 
     id: uuid.UUID | str
     priority: int
-    start_after: dt.datetime | dt.timedelta | int | float | str
     singleton_key: str
     singleton_seconds: int
     expire_seconds: int
@@ -54,6 +50,15 @@ class SendOptions(TypedDict, total=False):
     retry_backoff: bool
     retry_delay_max: int
     dead_letter: str
+
+
+class SendOptions(TimedSendOptions, total=False):
+    """Per-job options of :meth:`~alkstore_sa.QueueService.send` (all optional).
+
+    Each one overrides the queue's value for this job only.
+    """
+
+    start_after: dt.datetime | dt.timedelta | int | float | str
 
 
 class JobSpec(SendOptions, total=False):

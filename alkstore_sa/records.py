@@ -44,7 +44,7 @@ class Job:
         return self.name
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Job:
+    def from_row(cls, row: Mapping[Any, Any]) -> Job:
         values = dict(row)
         values["state"] = JobState(values["state"])
         return cls(**values)
@@ -78,7 +78,7 @@ class QueueInfo:
     updated_on: dt.datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> QueueInfo:
+    def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:
         values = dict(row)
         values["policy"] = QueuePolicy(values["policy"])
         return cls(**values)

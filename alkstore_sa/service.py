@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
-from .options import JobSpec, QueueOptions, SendOptions, job_ids
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, job_ids
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ class QueueService:
         return self._run(ops.send_many(self._ctx, name, jobs))
 
     def send_after(
-        self, name: str, data: Any, start_after: Any, **options: Unpack[SendOptions]
+        self, name: str, data: Any, start_after: Any, **options: Unpack[TimedSendOptions]
     ) -> uuid.UUID | None:
         """:meth:`send` with ``start_after``."""
         return self._run(ops.send(self._ctx, name, data, {**options, "start_after": start_after}))

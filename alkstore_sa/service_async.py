@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
-from .options import JobSpec, QueueOptions, SendOptions, job_ids
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, job_ids
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ class AsyncQueueService:
         return await self._run(ops.send_many(self._ctx, name, jobs))
 
     async def send_after(
-        self, name: str, data: Any, start_after: Any, **options: Unpack[SendOptions]
+        self, name: str, data: Any, start_after: Any, **options: Unpack[TimedSendOptions]
     ) -> uuid.UUID | None:
         """:meth:`send` with ``start_after``."""
         return await self._run(

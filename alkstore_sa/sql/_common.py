@@ -32,7 +32,7 @@ VERSION: Table = Version.__table__  # type: ignore[assignment]
 
 JOB_COLUMNS = [c.name for c in JOB.columns]
 
-_ONE_SECOND = literal_column("interval '1 second'")
+_ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 
 
 def state(value: JobState) -> ColumnElement[Any]:

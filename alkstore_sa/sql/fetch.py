@@ -49,7 +49,7 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     else:
         conditions.append(or_(j.c.policy.is_(None), j.c.policy.not_in(RACY_POLICIES)))
 
-    order = [j.c.created_on, j.c.id]
+    order: list[Any] = [j.c.created_on, j.c.id]
     if priority:
         order.insert(0, j.c.priority.desc())
     candidates = (
@@ -84,7 +84,7 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
         .returning(*j.c)
         .cte("claimed")
     )
-    order_out = [claimed.c.created_on, claimed.c.id]
+    order_out: list[Any] = [claimed.c.created_on, claimed.c.id]
     if priority:
         order_out.insert(0, claimed.c.priority.desc())
     return select(*claimed.c).order_by(*order_out)

@@ -322,7 +322,7 @@ def upgrade() -> None:
         schema=schema,
     )
     key = sa.text("COALESCE(singleton_key, '')")
-    for name, cols, where in (
+    unique_indexes: list[tuple[str, list[str | sa.TextClause], str]] = [
         ("job_i1", ["name", key], "state = 'created' AND policy = 'short'"),
         ("job_i2", ["name", key], "state = 'active' AND policy = 'singleton'"),
         ("job_i3", ["name", "state", key], "state <= 'active' AND policy = 'stately'"),
@@ -332,7 +332,8 @@ def upgrade() -> None:
             ["name", "singleton_on", key],
             "state <> 'cancelled' AND singleton_on IS NOT NULL",
         ),
-    ):
+    ]
+    for name, cols, where in unique_indexes:
         op.create_index(
             name, "job_common", cols, unique=True, schema=schema, postgresql_where=sa.text(where)
         )
