@@ -1,0 +1,1 @@
+"""Helpers shared by the schema, migration and CLI tests."""

@@ -1,0 +1,73 @@
+"""The SQL Node ``pg-boss@11.1.2`` runs itself, printed by ``interop/construction_plan.js``.
+
+Node and the npm package are test prerequisites: without them the tests that need
+them skip locally and fail under ``CI=true``, like the database fixture.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+INTEROP = Path(__file__).resolve().parent.parent / "interop"
+PLAN_SCRIPT = INTEROP / "construction_plan.js"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@functools.cache
+def _node() -> str | None:
+    node = shutil.which("node")
+    if node is None:
+        return None
+    if not (INTEROP / "node_modules" / "pg-boss").is_dir():
+        npm = shutil.which("npm")
+        if npm is None:
+            return None
+        subprocess.run(
+            [npm, "ci", "--prefix", str(INTEROP), "--no-audit", "--no-fund"],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return node
+
+
+def _run(*args: str) -> str:
+    node = _node()
+    if node is None:
+        _unavailable("Node.js and npm are needed to run pg-boss 11.1.2")
+    done = subprocess.run(
+        [node, str(PLAN_SCRIPT), *args], cwd=INTEROP, capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{PLAN_SCRIPT.name} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+@functools.cache
+def construction_plan(schema: str) -> str:
+    """``PgBoss.getConstructionPlans(schema)``: the whole install script (one transaction)."""
+    return _run(schema)
+
+
+def client_statements(schema: str, calls: list[list[Any]]) -> list[str]:
+    """The statements Node pg-boss sends for ``createQueue``/``deleteQueue`` calls.
+
+    ``calls`` items are ``["create-queue", name, options]`` or ``["delete-queue", name]``,
+    options with pg-boss's own keys (``retryLimit``, ``deadLetter``, ...). Each
+    statement is a whole locked transaction, as the client sends it.
+    """
+    statements: list[str] = json.loads(_run(schema, json.dumps(calls)))
+    return statements
