@@ -2,8 +2,8 @@
 //
 //   node construction_plan.js SCHEMA
 //       the construction plan (getConstructionPlans), as text
-//   node construction_plan.js SCHEMA '[["create-queue", NAME, OPTIONS], ["delete-queue", NAME]]'
-//       a JSON array with the statements the client sends for those calls
+//   node construction_plan.js SCHEMA[,SCHEMA...] '[["create-queue", NAME, OPTIONS], ["delete-queue", NAME]]'
+//       a JSON object: for each schema, the statements the client sends for those calls
 'use strict'
 
 const PgBoss = require('pg-boss')
@@ -18,14 +18,17 @@ if (!schema) {
 if (calls === undefined) {
   process.stdout.write(PgBoss.getConstructionPlans(schema))
 } else {
-  const statements = JSON.parse(calls).map(([action, name, options]) => {
-    if (action === 'create-queue') {
-      // The manager fills in the policy before building the statement.
-      const filled = { ...options, policy: (options && options.policy) || 'standard' }
-      return plans.createQueue(schema, name, filled)
-    }
-    if (action === 'delete-queue') return plans.deleteQueue(schema, name)
-    throw new Error(`unknown action ${action}`)
-  })
+  const statements = {}
+  for (const one of schema.split(',')) {
+    statements[one] = JSON.parse(calls).map(([action, name, options]) => {
+      if (action === 'create-queue') {
+        // The manager fills in the policy before building the statement.
+        const filled = { ...options, policy: (options && options.policy) || 'standard' }
+        return plans.createQueue(one, name, filled)
+      }
+      if (action === 'delete-queue') return plans.deleteQueue(one, name)
+      throw new Error(`unknown action ${action}`)
+    })
+  }
   process.stdout.write(JSON.stringify(statements))
 }

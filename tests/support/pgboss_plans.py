@@ -62,12 +62,13 @@ def construction_plan(schema: str) -> str:
     return _run(schema)
 
 
-def client_statements(schema: str, calls: list[list[Any]]) -> list[str]:
+def client_statements(schemas: list[str], calls: list[list[Any]]) -> dict[str, list[str]]:
     """The statements Node pg-boss sends for ``createQueue``/``deleteQueue`` calls.
 
     ``calls`` items are ``["create-queue", name, options]`` or ``["delete-queue", name]``,
     options with pg-boss's own keys (``retryLimit``, ``deadLetter``, ...). Each
-    statement is a whole locked transaction, as the client sends it.
+    statement is a whole locked transaction, as the client sends it. One list per
+    schema, from a single Node run.
     """
-    statements: list[str] = json.loads(_run(schema, json.dumps(calls)))
+    statements: dict[str, list[str]] = json.loads(_run(",".join(schemas), json.dumps(calls)))
     return statements

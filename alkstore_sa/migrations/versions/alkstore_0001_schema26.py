@@ -189,7 +189,10 @@ BEGIN
     RETURN;
   END IF;
 
-  IF v_partitioned THEN
+  -- A queue row can claim partition = true while naming job_common (options with
+  -- "partition": 1 cast to true but are not the JSON value true); dropping the
+  -- shared partition would take every other queue's jobs with it.
+  IF v_partitioned AND v_table <> 'job_common' THEN
     EXECUTE format('DROP TABLE IF EXISTS %I.%I', v_schema, v_table);
   ELSE
     EXECUTE format('DELETE FROM %I.%I WHERE name = $1', v_schema, v_table) USING queue_name;
