@@ -61,7 +61,9 @@ def _claim(
         priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
     )
     try:
-        result = yield Call(stmt, {"qname": name, "limit": batch_size}, savepoint=aware)
+        result = yield Call(
+            stmt, {"qname": name, "limit": batch_size, "cached_policy": policy}, savepoint=aware
+        )
     except Conflict:
         # Another session activated a job of the same key first (i2/i3):
         # pg-boss answers with no jobs, and so do we.

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Integer, Select, Text, and_, bindparam, case, func, not_, or_, select
 
 from ..models.enums import JobState
-from ._common import JOB, state, state_text
+from ._common import JOB, QUEUE, state, state_text
 
 RACY_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers the ``active`` state: activating a job can conflict."""
@@ -22,14 +22,30 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     ``created_on``, ``id``. ``start_after < now()`` is strict, as in pg-boss.
 
     ``singleton_aware`` is for singleton and stately queues: it skips keys that
-    already have an active job and activates at most one job per key per call.
-    Otherwise rows of those two policies are left alone, so the statement can
-    never hit their unique indexes; running it needs no savepoint.
+    already have an active job and activates at most one job per key per call
+    (the first of each key in fetch order). Otherwise rows of those two policies
+    are left alone, so the statement can never hit their unique indexes; running
+    it needs no savepoint.
+
+    ``:cached_policy`` is the policy the caller believes the queue has (it is cached on
+    the client side): if the queue row says otherwise, or is gone, nothing is
+    claimed, and the caller refreshes its belief and asks again.
     """
     j = JOB
+    # An uncorrelated EXISTS is evaluated once per statement (a one-time filter),
+    # so guarding the cached policy costs one primary-key probe.
+    policy_holds = (
+        select(QUEUE.c.name)
+        .where(
+            QUEUE.c.name == bindparam("qname", type_=Text),
+            QUEUE.c.policy == bindparam("cached_policy", type_=Text),
+        )
+        .exists()
+    )
     conditions = [
         j.c.name == bindparam("qname", type_=Text),
         j.c.state < state_text(JobState.ACTIVE),
+        policy_holds,
     ]
     if not ignore_start_after:
         conditions.append(j.c.start_after < func.now())
@@ -53,7 +69,7 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     if priority:
         order.insert(0, j.c.priority.desc())
     candidates = (
-        select(j.c.id, j.c.singleton_key)
+        select(j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on)
         .where(and_(*conditions))
         .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
@@ -62,10 +78,18 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     )
     chosen = candidates
     if singleton_aware:
-        # One job per key per call; the other locked rows stay queued.
+        # One job per key per call, the first in fetch order; the other locked
+        # rows stay queued. Keys compare through COALESCE like the unique
+        # indexes do, so "no key" and "" are the same key.
+        c = candidates.c
+        window_order: list[Any] = [c.created_on, c.id]
+        if priority:
+            window_order.insert(0, c.priority.desc())
         ranked = select(
-            candidates.c.id,
-            func.row_number().over(partition_by=candidates.c.singleton_key).label("rn"),
+            c.id,
+            func.row_number()
+            .over(partition_by=func.coalesce(c.singleton_key, ""), order_by=window_order)
+            .label("rn"),
         ).cte("ranked")
         chosen = select(ranked.c.id).where(ranked.c.rn == 1).cte("chosen")
 
