@@ -1,0 +1,359 @@
+"""Drive Node pg-boss 11.1.2 from the interop tests.
+
+Each :class:`NodeBoss` is one ``node tests/interop/rpc.js`` process holding one
+started ``PgBoss`` instance. Calls go over stdin as JSON lines and come back on
+stdout; unprompted lines (``error``/``warning`` events, jobs seen by a Node
+worker) are kept in :attr:`NodeBoss.events`.
+
+The fixtures here are imported by the ``test_interop*`` modules:
+
+- ``node_modules`` (session): installs ``tests/interop/node_modules`` with
+  ``npm ci`` when it is missing; skips when Node is absent, fails under ``CI=true``.
+- ``node_url``: the libpq URL Node connects with, derived from ``database_url``.
+- ``node``: a factory ``node(schema, **options)`` returning a started
+  :class:`NodeBoss`; every instance is stopped at the end of the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from alkstore_sa import QueueService
+
+INTEROP_DIR = Path(__file__).resolve().parents[1] / "interop"
+RPC_SCRIPT = INTEROP_DIR / "rpc.js"
+PGBOSS_VERSION = "11.1.2"
+
+
+class NodeError(RuntimeError):
+    """Node pg-boss refused a call (the message is Node's), or the process died."""
+
+
+def node_connection_string(database_url: str) -> str:
+    """The ``postgres://`` URL for Node's ``pg`` driver (no SQLAlchemy driver suffix)."""
+    url = make_url(database_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def installed_pgboss_version() -> str | None:
+    package = INTEROP_DIR / "node_modules" / "pg-boss" / "package.json"
+    if not package.exists():
+        return None
+    return str(json.loads(package.read_text())["version"])
+
+
+def ensure_node_modules() -> None:
+    """Install the pinned ``pg-boss`` with ``npm ci`` unless it is already there."""
+    if installed_pgboss_version() == PGBOSS_VERSION:
+        return
+    subprocess.run(
+        ["npm", "ci", "--prefix", str(INTEROP_DIR), "--no-audit", "--no-fund"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    found = installed_pgboss_version()
+    if found != PGBOSS_VERSION:
+        raise NodeError(f"npm ci installed pg-boss {found}, expected {PGBOSS_VERSION}")
+
+
+def run_script(script: str, *args: str, timeout: float = 60) -> str:
+    """Run ``node tests/interop/<script> ARGS...`` and return its standard output.
+
+    :raises NodeError: if the script exits with a non-zero status.
+    """
+    done = subprocess.run(
+        ["node", str(INTEROP_DIR / script), *args],
+        cwd=INTEROP_DIR,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise NodeError(f"{script} exited with {done.returncode}: {done.stderr[-4000:]}")
+    return done.stdout
+
+
+def iso(value: dt.datetime) -> dict[str, str]:
+    """A Python datetime as an argument Node turns into a ``Date``."""
+    return {"$date": value.isoformat()}
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    """A timestamp as Node's JSON prints it (ISO-8601, ``Z``)."""
+    if value is None:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class NodeBoss:
+    """One Node pg-boss instance in a child process.
+
+    >>> boss = NodeBoss(url, "pgboss", supervise=False)       # doctest: +SKIP
+    >>> boss.call("send", "emails", {"to": "a@example.com"})  # doctest: +SKIP
+    '6f1c...'
+    """
+
+    def __init__(
+        self, connection_string: str, schema: str, *, start: bool = True, **options: Any
+    ) -> None:
+        config = {
+            "connectionString": connection_string,
+            "schema": schema,
+            "options": options,
+            "start": start,
+        }
+        self.schema = schema
+        self.events: list[dict[str, Any]] = []
+        self._replies: dict[int, queue.Queue[dict[str, Any]]] = {}
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._ready: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stderr: list[str] = []
+        self._proc = subprocess.Popen(
+            ["node", str(RPC_SCRIPT), json.dumps(config)],
+            cwd=INTEROP_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        try:
+            first = self._ready.get(timeout=30)
+        except queue.Empty:
+            self.kill()
+            raise NodeError(f"pg-boss did not start in 30 s: {self.stderr}") from None
+        if "fatal" in first:
+            self._proc.wait(timeout=10)
+            raise NodeError(first["fatal"])
+
+    # ------------------------------------------------------------ plumbing
+
+    def _read_stdout(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                self._stderr.append(line)
+                continue
+            if "ready" in message or "fatal" in message:
+                self._ready.put(message)
+            elif "event" in message:
+                with self._lock:
+                    self.events.append(message)
+            elif "id" in message:
+                with self._lock:
+                    box = self._replies.get(message["id"])
+                if box is not None:
+                    box.put(message)
+        self._ready.put({"fatal": f"node exited: {self.stderr}"})
+        with self._lock:
+            boxes = list(self._replies.values())
+        for box in boxes:
+            box.put({"error": f"node exited: {self.stderr}"})
+
+    def _read_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._stderr.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)[-4000:]
+
+    # ------------------------------------------------------------ calls
+
+    def call(self, method: str, *args: Any, timeout: float = 30) -> Any:
+        """Call ``boss.<method>(*args)`` in Node and return its JSON result.
+
+        :raises NodeError: with Node's message if the call threw.
+        """
+        box: queue.Queue[dict[str, Any]] = queue.Queue()
+        with self._lock:
+            self._next_id += 1
+            request_id = self._next_id
+            self._replies[request_id] = box
+        assert self._proc.stdin is not None
+        if self._proc.poll() is not None:
+            raise NodeError(f"node is not running: {self.stderr}")
+        line = json.dumps({"id": request_id, "method": method, "args": list(args)}, default=str)
+        self._proc.stdin.write(line + "\n")
+        self._proc.stdin.flush()
+        try:
+            reply = box.get(timeout=timeout)
+        except queue.Empty:
+            raise NodeError(f"{method} did not answer in {timeout} s: {self.stderr}") from None
+        finally:
+            with self._lock:
+                self._replies.pop(request_id, None)
+        if "error" in reply:
+            raise NodeError(reply["error"])
+        return reply.get("result")
+
+    def errors(self) -> list[dict[str, Any]]:
+        """``error`` events emitted so far."""
+        return self.events_of("error")
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e["event"] == kind]
+
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 10, interval: float = 0.05
+    ) -> bool:
+        """Poll ``predicate`` until it holds or ``timeout`` passes; return the last answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(interval)
+
+    # ------------------------------------------------------------ shutdown
+
+    def close(self, timeout: float = 15) -> int:
+        """Stop pg-boss gracefully (closing stdin) and wait for the process to end."""
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self._proc.returncode
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+
+    def __enter__(self) -> NodeBoss:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+NodeFactory = Callable[..., NodeBoss]
+
+
+def in_tx(engine: Engine, schema: str, fn: Callable[[QueueService], Any]) -> Any:
+    """Run ``fn(service)`` in its own committed transaction (the Python side)."""
+    with Session(engine) as session, session.begin():
+        return fn(QueueService(session, schema=schema))
+
+
+def catalog_snapshot(engine: Engine, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Everything in ``schema`` that a migration could add, drop or alter.
+
+    Relations, columns with types and defaults, index and constraint definitions,
+    function signatures and bodies, enum labels in order, and the version row.
+    """
+    queries = {
+        "relations": """
+            SELECT c.relname, c.relkind, c.relispartition,
+                   pg_get_expr(c.relpartbound, c.oid), pg_get_partkeydef(c.oid)
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = :s ORDER BY 1""",
+        "columns": """
+            SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+                   a.attnotnull, pg_get_expr(d.adbin, d.adrelid)
+            FROM pg_attribute a
+            JOIN pg_class c ON c.oid = a.attrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE n.nspname = :s AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY 1, 2""",
+        "indexes": """
+            SELECT c.relname, pg_get_indexdef(c.oid)
+            FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = :s ORDER BY 1""",
+        "constraints": """
+            SELECT t.relname, k.conname, k.contype, pg_get_constraintdef(k.oid),
+                   k.condeferrable, k.condeferred
+            FROM pg_constraint k JOIN pg_class t ON t.oid = k.conrelid
+            JOIN pg_namespace n ON n.oid = k.connamespace
+            WHERE n.nspname = :s ORDER BY 1, 2""",
+        "functions": """
+            SELECT p.proname, pg_get_function_identity_arguments(p.oid),
+                   pg_get_function_result(p.oid), md5(p.prosrc)
+            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = :s ORDER BY 1, 2""",
+        "enums": """
+            SELECT t.typname, e.enumsortorder, e.enumlabel
+            FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+            JOIN pg_namespace n ON n.oid = t.typnamespace
+            WHERE n.nspname = :s ORDER BY 1, 2""",
+    }
+    snapshot: dict[str, list[tuple[Any, ...]]] = {}
+    with engine.connect() as conn:
+        for key, sql in queries.items():
+            snapshot[key] = [tuple(row) for row in conn.execute(text(sql), {"s": schema})]
+        version = conn.execute(text(f'SELECT version FROM "{schema}".version'))
+        snapshot["version"] = [tuple(row) for row in version]
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> None:
+    """Node and the pinned pg-boss, installed if needed (skip without Node unless CI)."""
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        reason = f"interop tests need Node.js: {' and '.join(missing)} not found on PATH"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    ensure_node_modules()
+
+
+@pytest.fixture
+def node_url(database_url: str) -> str:
+    """The connection string Node pg-boss uses for the test database."""
+    return node_connection_string(database_url)
+
+
+@pytest.fixture
+def node(node_modules: None, node_url: str) -> Iterator[NodeFactory]:
+    """Start Node pg-boss instances: ``node(schema, **constructor_options)``.
+
+    Unless given, ``supervise`` and ``schedule`` are off, so a test only gets the
+    background work it asks for. All instances are stopped after the test.
+    """
+    started: list[NodeBoss] = []
+
+    def start(schema: str, **options: Any) -> NodeBoss:
+        options.setdefault("supervise", False)
+        options.setdefault("schedule", False)
+        boss = NodeBoss(node_url, schema, **options)
+        started.append(boss)
+        return boss
+
+    yield start
+    for boss in started:
+        boss.close()
