@@ -22,6 +22,7 @@ from .options import JobSpec, QueueOptions, SendOptions
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 from .service import QueueService
 from .service_async import AsyncQueueService
+from .worker import AsyncWorker, Worker
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AlkstoreError",
     "AsyncQueueService",
+    "AsyncWorker",
     "InvalidNameError",
     "InvalidOptionsError",
     "Job",
@@ -48,4 +50,5 @@ __all__ = [
     "SchemaVersionError",
     "SendOptions",
     "Settled",
+    "Worker",
 ]

@@ -10,3 +10,19 @@
 See ``docs/how-to/workers.md`` for the full picture: wake-ups, fencing,
 leases, timeouts and graceful shutdown.
 """
+
+from ._base import QueueCounts, shutdown_output, timeout_output
+from .aio import AsyncWorker
+from .config import HandlerSpec
+from .listener import Listener
+from .threaded import Worker
+
+__all__ = [
+    "AsyncWorker",
+    "HandlerSpec",
+    "Listener",
+    "QueueCounts",
+    "Worker",
+    "shutdown_output",
+    "timeout_output",
+]

@@ -1,0 +1,203 @@
+"""Handler registration and per-queue settings, shared by both worker flavours."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from ..errors import InvalidOptionsError
+from ..names import validate_queue
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CONCURRENCY = 1
+DEFAULT_BATCH_SIZE = 1
+DEFAULT_POLL_INTERVAL = 2.0
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+LEASE_FRACTION = 0.5
+"""A job's lease is renewed once this fraction of it has elapsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One queue's handler and the settings the worker runs it with.
+
+    :param queue: the queue name.
+    :param fn: ``fn(job)``, or ``fn(job, session)`` when ``transactional``.
+    :param concurrency: at most this many jobs of the queue run at once.
+    :param batch_size: at most this many jobs are claimed per fetch statement
+        (never more than the free concurrency slots).
+    :param poll_interval: seconds between fetches when no notification arrives.
+    :param transactional: give the handler a session whose writes commit in the
+        same transaction as the job's completion.
+    :param extend_lease: renew ``expire_seconds`` while the handler runs, so a
+        live worker's long job does not expire.
+    :param timeout: seconds after which the job is failed with a ``JobTimeout``
+        output (async handlers are cancelled, sync ones abandoned). Without it,
+        and with ``extend_lease=False``, the job's ``expire_seconds`` is the timeout.
+    :param priority: claim higher ``priority`` first (pg-boss's default).
+    """
+
+    queue: str
+    fn: Callable[..., Any]
+    concurrency: int = DEFAULT_CONCURRENCY
+    batch_size: int = DEFAULT_BATCH_SIZE
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    transactional: bool = False
+    extend_lease: bool = True
+    timeout: float | None = None
+    priority: bool = True
+
+    def __post_init__(self) -> None:
+        validate_queue(self.queue, "queue")
+        if not callable(self.fn):
+            raise InvalidOptionsError("handler", f"{self.fn!r} is not callable")
+        _positive_int("concurrency", self.concurrency, 10_000)
+        _positive_int("batch_size", self.batch_size, 100_000)
+        _positive_float("poll_interval", self.poll_interval)
+        for flag in ("transactional", "extend_lease", "priority"):
+            if not isinstance(getattr(self, flag), bool):
+                value = getattr(self, flag)
+                raise InvalidOptionsError(flag, f"must be True or False, not {value!r}")
+        if self.timeout is not None:
+            _positive_float("timeout", self.timeout)
+
+    def job_timeout(self, expire_seconds: int) -> float | None:
+        """Seconds this handler may run on a job with the given ``expire_seconds``."""
+        if self.timeout is not None:
+            return self.timeout
+        return None if self.extend_lease else float(expire_seconds)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether calling ``fn`` gives an awaitable."""
+        return is_async_callable(self.fn)
+
+
+def is_async_callable(fn: object) -> bool:
+    """``async def`` functions, partials of them and objects with an async ``__call__``."""
+    call = type(fn).__call__ if callable(fn) and not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _positive_int(option: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidOptionsError(option, f"must be an integer from 1 to {maximum}, not {value!r}")
+
+
+def _positive_float(option: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidOptionsError(option, f"must be a positive number of seconds, not {value!r}")
+
+
+_SPEC_OPTIONS = frozenset(HandlerSpec.__dataclass_fields__) - {"queue", "fn"}
+
+
+class Registry:
+    """Handlers by queue, with defaults for the settings a handler leaves out.
+
+    Workers inherit from it, so ``worker.handler(...)`` and ``worker.register(...)``
+    are methods of the worker.
+    """
+
+    _async_handlers: bool = False
+
+    def __init__(
+        self,
+        handlers: Mapping[str, Callable[..., Any] | HandlerSpec] | None = None,
+        **defaults: Any,
+    ) -> None:
+        unknown = set(defaults) - _SPEC_OPTIONS
+        if unknown:
+            raise InvalidOptionsError(sorted(unknown)[0], "unknown worker option")
+        self._defaults = {k: v for k, v in defaults.items() if v is not None}
+        # Validate the defaults once, with a stand-in handler.
+        HandlerSpec("defaults", print, **self._defaults)
+        self._specs: dict[str, HandlerSpec] = {}
+        for queue, target in (handlers or {}).items():
+            if isinstance(target, HandlerSpec):
+                self._add(replace(target, queue=queue))
+            else:
+                self.register(queue, target)
+
+    def register(self, queue: str, fn: Callable[..., Any], **options: Any) -> HandlerSpec:
+        """Register ``fn`` as the handler of ``queue``; returns its settings.
+
+        Options are those of :class:`HandlerSpec`; the ones left out take the
+        worker's defaults.
+
+        :raises InvalidOptionsError: for a bad option, a second handler for the
+            same queue, or a handler of the wrong flavour (sync vs async).
+        """
+        unknown = set(options) - _SPEC_OPTIONS
+        if unknown:
+            raise InvalidOptionsError(sorted(unknown)[0], "unknown handler option")
+        merged = {**self._defaults, **{k: v for k, v in options.items() if v is not None}}
+        if "timeout" in options:
+            merged["timeout"] = options["timeout"]
+        return self._add(HandlerSpec(queue, fn, **merged))
+
+    def handler(self, queue: str, **options: Any) -> Callable[[F], F]:
+        """Decorator form of :meth:`register`.
+
+        >>> @worker.handler("emails", concurrency=5, batch_size=5)
+        ... def send_email(job):
+        ...     return {"sent": True}
+        """
+
+        def decorate(fn: F) -> F:
+            self.register(queue, fn, **options)
+            return fn
+
+        return decorate
+
+    def _add(self, spec: HandlerSpec) -> HandlerSpec:
+        if spec.queue in self._specs:
+            raise InvalidOptionsError("queue", f"{spec.queue!r} already has a handler")
+        if spec.is_async != self._async_handlers:
+            wanted = "an async" if self._async_handlers else "a plain (sync)"
+            other = "Worker" if self._async_handlers else "AsyncWorker"
+            raise InvalidOptionsError(
+                "handler",
+                f"{spec.queue!r}: this worker runs {wanted} function; "
+                f"use {other} for the other kind",
+            )
+        self._specs[spec.queue] = spec
+        return spec
+
+    @property
+    def specs(self) -> dict[str, HandlerSpec]:
+        """The registered handlers by queue (a copy)."""
+        return dict(self._specs)
+
+    def configure(
+        self, *, queues: Iterable[str] | None = None, concurrency: int | None = None
+    ) -> None:
+        """Narrow the worker to ``queues`` and/or set every queue's ``concurrency``.
+
+        Used by ``alkstore worker --queue/--concurrency``; call it before starting.
+
+        :raises InvalidOptionsError: if a queue has no handler.
+        """
+        if queues is not None:
+            wanted = list(queues)
+            missing = [q for q in wanted if q not in self._specs]
+            if missing:
+                raise InvalidOptionsError(
+                    "queue",
+                    f"no handler registered for {missing[0]!r} "
+                    f"(registered: {', '.join(sorted(self._specs)) or 'none'})",
+                )
+            self._specs = {q: self._specs[q] for q in wanted}
+        if concurrency is not None:
+            _positive_int("concurrency", concurrency, 10_000)
+            self._specs = {q: replace(s, concurrency=concurrency) for q, s in self._specs.items()}
