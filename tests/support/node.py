@@ -129,6 +129,9 @@ class NodeBoss:
         self._proc = subprocess.Popen(
             ["node", str(RPC_SCRIPT), json.dumps(config)],
             cwd=INTEROP_DIR,
+            # Node's pg driver reads `timestamp without time zone` (singleton_on) as
+            # local time; UTC makes it print the stored value.
+            env={**os.environ, "TZ": "UTC"},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
