@@ -61,6 +61,11 @@ def test_fetch_breaks_created_on_ties_by_id(env: Any, queue: str) -> None:
     assert [j.id for j in env.tx(lambda q: q.fetch(queue, 10))] == given
 
 
+def test_jobs_of_one_send_many_are_fetched_in_input_order(env: Any, queue: str) -> None:
+    ids = env.tx(lambda q: q.send_many(queue, [{"data": n} for n in range(30)]))
+    assert [j.id for j in env.tx(lambda q: q.fetch(queue, 30))] == ids
+
+
 def test_fetch_one_at_a_time_is_fifo(env: Any, queue: str) -> None:
     ids = send_each(env, queue, [{} for _ in range(4)])
     fetched = [env.tx(lambda q: q.fetch(queue))[0].id for _ in ids]

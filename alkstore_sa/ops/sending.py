@@ -22,17 +22,22 @@ from .queues import _require_queue
 def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
     arrays: dict[str, list[Any]] = {f"in_{n}": [] for n, _ in send_sql.INPUT_COLUMNS}
     ids: list[uuid.UUID] = []
+    # The jobs of one statement share created_on, and fetch breaks that tie by
+    # id: ascending ids keep a batch first-in, first-out.
+    fresh = iter(sorted(uuid.uuid4() for _ in specs))
     for index, spec in enumerate(specs):
         data = spec.get("data")
         options = {k: v for k, v in spec.items() if k != "data"}
-        row = _send_row(options, data, index if len(specs) > 1 else None)
+        row = _send_row(options, data, index if len(specs) > 1 else None, next(fresh))
         ids.append(row["id"])
         for key, value in row.items():
             arrays[f"in_{key}"].append(value)
     return arrays, ids
 
 
-def _send_row(options: Mapping[str, Any], data: Any, index: int | None) -> dict[str, Any]:
+def _send_row(
+    options: Mapping[str, Any], data: Any, index: int | None, fresh_id: uuid.UUID | None = None
+) -> dict[str, Any]:
     try:
         opt.check_unknown(options, opt.SEND_OPTION_NAMES | {"singleton_offset"}, "send")
         checked = opt._check_common(options)
@@ -47,7 +52,9 @@ def _send_row(options: Mapping[str, Any], data: Any, index: int | None) -> dict[
     if key is not None and not isinstance(key, str):
         raise InvalidOptionsError("singleton_key", f"must be a string, not {key!r}")
     return {
-        "id": opt.job_id(checked["id"]) if checked.get("id") is not None else uuid.uuid4(),
+        "id": opt.job_id(checked["id"])
+        if checked.get("id") is not None
+        else (fresh_id or uuid.uuid4()),
         "priority": checked.get("priority"),
         "data": opt.encode_json("data", data),
         "start_at": when.absolute,

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import QueueNotFoundError
+from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..names import validate_queue
 from ..records import Job, Settled
 from ..sql import fail as fail_sql
@@ -172,20 +172,30 @@ def extend_leases(
 def redrive(
     ctx: Context, dead_letter: str, to: str, ids: object | None, limit: int
 ) -> Op[list[uuid.UUID]]:
-    """Move jobs waiting or failed in ``dead_letter`` into queue ``to`` as new jobs."""
+    """Move jobs waiting or failed in ``dead_letter`` into queue ``to`` as new jobs.
+
+    Jobs that ``to`` refuses (its policy or a taken id) stay in ``dead_letter``.
+    """
     from ..sql import redrive as redrive_sql
 
     validate_queue(dead_letter, "dead_letter")
     validate_queue(to, "to")
+    if to == dead_letter:
+        raise InvalidOptionsError("to", "must differ from the dead letter queue")
     opt.check_int("limit", limit, minimum=1)
-    yield from _require_queue(ctx, to)
-    yield from _require_queue(ctx, dead_letter)
     params: dict[str, Any] = {"qname": dead_letter, "limit": limit}
     if ids is not None:
         params["ids"] = opt.job_ids(ids)
-    result = yield Call(redrive_sql.take(by_id=ids is not None), params)
-    taken = result.all()
-    if not taken:
+    yield from _require_queue(ctx, to)
+    yield from _require_queue(ctx, dead_letter)
+    result = yield Call(redrive_sql.pick(by_id=ids is not None), params)
+    picked = result.all()
+    if not picked:
         return []
-    new_ids = yield from send_many(ctx, to, [{"data": row.data} for row in taken])
+    # send_many gives a batch ascending ids, so the new jobs (which share one
+    # created_on) are fetched in the order they were dead-lettered.
+    new_ids = yield from send_many(ctx, to, [{"data": row.data} for row in picked])
+    moved = [row.id for row, new in zip(picked, new_ids, strict=True) if new is not None]
+    if moved:
+        yield Call(redrive_sql.remove(), {"qname": dead_letter, "ids": moved})
     return [i for i in new_ids if i is not None]

@@ -1,4 +1,5 @@
-"""Taking jobs out of a dead-letter queue so they can be sent again."""
+"""Picking jobs out of a dead-letter queue so they can be sent again, and removing
+them once they are."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from ._common import JOB, state_text
 
 
 @functools.cache
-def take(*, by_id: bool) -> Any:
-    """Delete up to ``:limit`` waiting or failed jobs of ``:qname`` (optionally ``:ids``),
-    oldest first, returning their ids and data. Active jobs are never taken."""
+def pick(*, by_id: bool) -> Any:
+    """Lock up to ``:limit`` waiting or failed jobs of ``:qname`` (optionally ``:ids``),
+    oldest first, returning their ids and data. Active jobs are never taken.
+
+    The rows stay where they are, locked, until :func:`remove` deletes those that
+    reached their new queue: a job the new queue refuses is not lost.
+    """
     conditions = [
         JOB.c.name == bindparam("qname", type_=Text),
         JOB.c.state.in_(
@@ -24,16 +29,19 @@ def take(*, by_id: bool) -> Any:
     ]
     if by_id:
         conditions.append(JOB.c.id == func.any(bindparam("ids", type_=ARRAY(Uuid()))))
-    victims = (
-        select(JOB.c.name, JOB.c.id)
+    return (
+        select(JOB.c.id, JOB.c.data)
         .where(*conditions)
         .order_by(JOB.c.created_on, JOB.c.id)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
-        .cte("victims")
     )
-    return (
-        delete(JOB)
-        .where(JOB.c.name == victims.c.name, JOB.c.id == victims.c.id)
-        .returning(JOB.c.id, JOB.c.data)
+
+
+@functools.cache
+def remove() -> Any:
+    """Delete jobs ``:ids`` of ``:qname`` (those that were sent on)."""
+    return delete(JOB).where(
+        JOB.c.name == bindparam("qname", type_=Text),
+        JOB.c.id == func.any(bindparam("ids", type_=ARRAY(Uuid()))),
     )
