@@ -88,8 +88,8 @@ class Schedule(Base):
     key: Mapped[str] = mapped_column(Text, server_default=text("''"))
     cron: Mapped[str] = mapped_column(Text)
     timezone: Mapped[str | None] = mapped_column(Text)
-    data: Mapped[Any] = mapped_column(JSONB)
-    options: Mapped[Any] = mapped_column(JSONB)
+    data: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    options: Mapped[Any] = mapped_column(JSONB, nullable=True)
     created_on: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
     updated_on: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
