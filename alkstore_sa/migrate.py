@@ -10,19 +10,35 @@ Every function takes an :class:`~sqlalchemy.engine.Engine`, a
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import (
+    Column,
+    Engine,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    func,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import DropSchema
 
-from .errors import SchemaNotInstalledError, SchemaVersionError
-from .migrations import SCHEMA_OPTION, VERSION_TABLE
+from .errors import SchemaNotInstalledError
+from .migrations import SCHEMA_OPTION, VERSION_TABLE, UnsupportedSchemaVersionError
 from .models import Version
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
+
+log = logging.getLogger(__name__)
 
 HEAD = "alkstore@head"
 BASE = "alkstore@base"
@@ -34,6 +50,8 @@ def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Conf
     """An Alembic :class:`~alembic.config.Config` for the standalone environment."""
     cfg = Config()
     cfg.set_main_option("script_location", "alkstore_sa:migrations")
+    # "os" would split on ":" on POSIX, and the package location contains one.
+    cfg.set_main_option("path_separator", "space")
     cfg.set_main_option("version_locations", "alkstore_sa:migrations/versions")
     cfg.attributes[SCHEMA_OPTION] = validate_schema(schema)
     if url:
@@ -41,12 +59,20 @@ def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Conf
     return cfg
 
 
+def normalise_url(url: str) -> str:
+    """Pick the psycopg 3 driver for plain ``postgresql://`` (libpq-style) URLs."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
 @contextmanager
 def _connection(bind: Bind) -> Iterator[Connection]:
     if isinstance(bind, Connection):
         yield bind
         return
-    engine = create_engine(bind) if isinstance(bind, str) else bind
+    engine = create_engine(normalise_url(bind)) if isinstance(bind, str) else bind
     try:
         with engine.connect() as conn:
             yield conn
@@ -65,11 +91,35 @@ def upgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> N
 
 
 def downgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = BASE) -> None:
-    """Remove what :func:`upgrade` created (jobs included)."""
+    """Remove what :func:`upgrade` created (jobs included).
+
+    Down to the base, this also drops the revision table and then the schema itself,
+    unless something else still lives in it.
+    """
     with _connection(bind) as conn:
         cfg = alembic_config(schema)
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
+        if revision == BASE:
+            _drop_leftovers(conn, schema)
+
+
+def _drop_leftovers(conn: Connection, schema: str) -> None:
+    version_table = Table(VERSION_TABLE, MetaData(), Column("version_num", String), schema=schema)
+    if inspect(conn).has_table(VERSION_TABLE, schema=schema):
+        if conn.execute(select(func.count()).select_from(version_table)).scalar_one():
+            return  # other alkstore revisions are still recorded here
+        version_table.drop(conn)
+    try:
+        # RESTRICT: the schema goes only if nothing at all is left in it.
+        with conn.begin_nested():
+            conn.execute(DropSchema(schema, if_exists=True))
+    except DBAPIError:
+        log.info(
+            "schema %s kept: it still holds other objects",
+            schema,
+            extra={"action": "downgrade_keep_schema", "schema": schema},
+        )
 
 
 def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
@@ -116,5 +166,5 @@ def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
     if version is None:
         raise SchemaNotInstalledError(schema)
     if version != SCHEMA_VERSION:
-        raise SchemaVersionError(schema, None if version < 0 else version, SCHEMA_VERSION)
+        raise UnsupportedSchemaVersionError(schema, None if version < 0 else version)
     return version
