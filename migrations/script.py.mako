@@ -1,0 +1,1 @@
+../alkstore_sa/migrations/script.py.mako

@@ -1,0 +1,526 @@
+"""The three ways to run the migrations, adoption of Node's schema, downgrade, autogenerate.
+
+(A) inside an application's own Alembic environment (a throw-away project per test),
+(B) standalone through ``alkstore db upgrade``, (C) offline SQL. Each way must give
+the catalog of Node pg-boss 11.1.2's construction plan (the golden reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, text
+from support import catalog
+from support.pgboss_plans import client_statements
+from support.schemas import (
+    drop_schema,
+    install_with_node_plan,
+    random_schema,
+    run_script,
+    schema_exists,
+    throwaway,
+)
+
+from alkstore_sa import SchemaNotInstalledError, SchemaVersionError, alembic_filters, migrate
+from alkstore_sa.cli import main
+from alkstore_sa.models import metadata as alkstore_metadata
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Engine, database_url: str) -> catalog.Catalog:
+    """The catalog of Node pg-boss 11.1.2's construction plan."""
+    schema = random_schema()
+    with throwaway(engine, schema):
+        install_with_node_plan(database_url, schema)
+        return catalog.snapshot(engine, schema)
+
+
+@pytest.fixture
+def fresh(engine: Engine) -> Iterator[str]:
+    """A schema name, dropped after the test whatever created it."""
+    name = random_schema()
+    with throwaway(engine, name):
+        yield name
+
+
+# --------------------------------------------------------------------- (A) user env
+
+USER_ENV = """
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table, Text, engine_from_config, pool
+
+from alkstore_sa import alembic_filters
+
+APP = {app!r}
+config = context.config
+target_metadata = MetaData(schema=APP)
+Table("customer", target_metadata, Column("id", Integer, primary_key=True), Column("name", Text))
+
+common = dict(target_metadata=target_metadata, version_table={version_table!r},
+              include_schemas=True, **alembic_filters.combine())
+
+if context.is_offline_mode():
+    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True, **common)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    engine = engine_from_config(config.get_section(config.config_ini_section, {{}}),
+                                prefix="sqlalchemy.", poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, **common)
+        with context.begin_transaction():
+            context.run_migrations()
+"""
+
+USER_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "app_0001"
+down_revision = None
+branch_labels = ("app",)
+depends_on = None
+
+
+def upgrade():
+    op.execute(sa.schema.CreateSchema({app!r}, if_not_exists=True))
+    op.create_table("customer", sa.Column("id", sa.Integer, primary_key=True),
+                    sa.Column("name", sa.Text), schema={app!r})
+
+
+def downgrade():
+    op.drop_table("customer", schema={app!r})
+    op.execute(sa.schema.DropSchema({app!r}))
+"""
+
+USER_INI = """
+[alembic]
+script_location = %(here)s/migrations
+version_locations = %(here)s/migrations/versions alkstore_sa:migrations/versions
+path_separator = space
+"""
+
+
+@dataclass
+class UserProject:
+    """An application with its own Alembic environment, table and revision."""
+
+    root: Path
+    app_schema: str
+    version_table: str
+    database_url: str
+
+    def config(self, schema: str | None = None, *, via: str = "x") -> Config:
+        cfg = Config(str(self.root / "alembic.ini"))
+        cfg.set_main_option("sqlalchemy.url", self.database_url)
+        cfg.output_buffer = io.StringIO()
+        if schema is not None and via == "x":
+            cfg.cmd_opts = argparse.Namespace(x=[f"alkstore_schema={schema}"])
+        elif schema is not None:
+            cfg.attributes["alkstore_schema"] = schema
+        return cfg
+
+    def recorded(self, engine: Engine) -> set[str]:
+        with engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT version_num FROM public.{self.version_table}"))
+            return {r[0] for r in rows}
+
+
+@pytest.fixture
+def user_project(tmp_path: Path, engine: Engine, database_url: str) -> Iterator[UserProject]:
+    app = random_schema("app_")
+    version_table = "alembic_version_" + uuid.uuid4().hex[:8]
+    versions = tmp_path / "migrations" / "versions"
+    versions.mkdir(parents=True)
+    (tmp_path / "alembic.ini").write_text(USER_INI)
+    (tmp_path / "migrations" / "env.py").write_text(
+        USER_ENV.format(app=app, version_table=version_table)
+    )
+    (versions / "app_0001_customer.py").write_text(USER_REVISION.format(app=app))
+    try:
+        yield UserProject(tmp_path, app, version_table, database_url)
+    finally:
+        drop_schema(engine, app)
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS public.{version_table}"))
+
+
+def _tables(engine: Engine, schema: str) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema}
+        )
+        return {r[0] for r in rows}
+
+
+def test_user_environment_upgrade_heads_creates_user_table_and_queue_schema(
+    user_project: UserProject, engine: Engine, fresh: str, reference: catalog.Catalog
+) -> None:
+    command.upgrade(user_project.config(fresh), "heads")
+    assert _tables(engine, user_project.app_schema) == {"customer"}
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0001"}
+    catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "user env"))
+
+
+def test_user_environment_reads_the_schema_from_config_attributes(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    command.upgrade(user_project.config(fresh, via="attributes"), "alkstore@head")
+    assert "job_common" in _tables(engine, fresh)
+    assert user_project.recorded(engine) == {"alkstore_0001"}
+
+
+def test_user_environment_upgrade_alkstore_head_leaves_the_user_branch_alone(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    command.upgrade(user_project.config(fresh), "alkstore@head")
+    assert not schema_exists(engine, user_project.app_schema)
+    assert user_project.recorded(engine) == {"alkstore_0001"}
+
+
+def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_schema(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    command.upgrade(user_project.config(fresh), "heads")
+    command.downgrade(user_project.config(fresh), "alkstore@base")
+    assert not schema_exists(engine, fresh)
+    assert _tables(engine, user_project.app_schema) == {"customer"}
+    assert user_project.recorded(engine) == {"app_0001"}
+
+
+def test_user_environment_offline_sql_builds_the_golden_catalog(
+    user_project: UserProject,
+    engine: Engine,
+    database_url: str,
+    fresh: str,
+    reference: catalog.Catalog,
+) -> None:
+    cfg = user_project.config(fresh)
+    command.upgrade(cfg, "heads", sql=True)
+    script = cfg.output_buffer.getvalue()  # type: ignore[union-attr]
+    assert not schema_exists(engine, fresh)  # offline: nothing ran
+    run_script(database_url, script)
+    catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "offline SQL"))
+    assert _tables(engine, user_project.app_schema) == {"customer"}
+
+
+def test_user_environment_adopts_a_schema_created_by_node(
+    user_project: UserProject, engine: Engine, database_url: str, fresh: str
+) -> None:
+    install_with_node_plan(database_url, fresh)
+    before = catalog.snapshot(engine, fresh)
+    command.upgrade(user_project.config(fresh), "heads")
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("node", "after adoption"))
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0001"}
+
+
+# --------------------------------------------------------------------- (B) standalone
+
+
+def test_cli_db_upgrade_builds_the_golden_catalog(
+    engine: Engine,
+    database_url: str,
+    fresh: str,
+    reference: catalog.Catalog,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["db", "upgrade", "--database-url", database_url, "--schema", fresh]) == 0
+    assert "upgraded" in capsys.readouterr().out
+    catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "alkstore db"))
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+
+
+def test_console_script_upgrades_in_a_subprocess(
+    engine: Engine, database_url: str, fresh: str, reference: catalog.Catalog
+) -> None:
+    env = {**os.environ, "ALKSTORE_DATABASE_URL": database_url, "ALKSTORE_SCHEMA": fresh}
+    done = subprocess.run(
+        [sys.executable, "-m", "alkstore_sa.cli", "db", "upgrade", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"status": "upgraded"' in done.stdout
+    catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "subprocess"))
+
+
+def test_upgrade_twice_changes_nothing(engine: Engine, fresh: str) -> None:
+    migrate.upgrade(engine, fresh)
+    before = catalog.snapshot(engine, fresh)
+    migrate.upgrade(engine, fresh)
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("first", "second"))
+
+
+def test_upgrade_accepts_a_libpq_url(database_url: str, engine: Engine, fresh: str) -> None:
+    libpq = database_url.replace("postgresql+psycopg://", "postgresql://")
+    migrate.upgrade(libpq, fresh)
+    assert migrate.check(libpq, fresh) == 26
+
+
+# --------------------------------------------------------------------- (C) offline
+
+
+def test_db_sql_script_builds_the_golden_catalog(
+    engine: Engine,
+    database_url: str,
+    fresh: str,
+    reference: catalog.Catalog,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["db", "sql", "--schema", fresh]) == 0
+    script = capsys.readouterr().out
+    assert "CREATE TABLE" in script and not schema_exists(engine, fresh)
+    run_script(database_url, script)
+    catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "db sql"))
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+
+
+# --------------------------------------------------------------------- adoption
+
+
+def test_upgrade_adopts_a_node_schema_without_touching_it(
+    engine: Engine, database_url: str, fresh: str
+) -> None:
+    install_with_node_plan(database_url, fresh)
+    for statements in client_statements(
+        [fresh], [["create-queue", "q", {"partition": True}]]
+    ).values():
+        for statement in statements:
+            run_script(database_url, statement)
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO {fresh}.job (name, data) VALUES ('q', '{{\"k\": 1}}')"))
+    before = catalog.snapshot(engine, fresh)
+    migrate.upgrade(engine, fresh)
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("node", "after adoption"))
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+    with engine.connect() as conn:
+        assert conn.execute(text(f"SELECT data FROM {fresh}.job")).scalar_one() == {"k": 1}
+
+
+@pytest.mark.parametrize(
+    ("found", "advice"),
+    [
+        (24, "no upgrade path"),
+        (25, "start Node pg-boss 11.1.x once"),
+        (27, "newer than the version 26"),
+        (None, "no version row"),
+    ],
+)
+def test_upgrade_refuses_another_pgboss_version_and_says_what_to_do(
+    engine: Engine, database_url: str, fresh: str, found: int | None, advice: str
+) -> None:
+    install_with_node_plan(database_url, fresh)
+    with engine.begin() as conn:
+        if found is None:
+            conn.execute(text(f"DELETE FROM {fresh}.version"))
+        else:
+            conn.execute(text(f"UPDATE {fresh}.version SET version = :v"), {"v": found})
+    before = catalog.snapshot(engine, fresh)
+    with pytest.raises(SchemaVersionError) as caught:
+        migrate.upgrade(engine, fresh)
+    message = str(caught.value)
+    assert repr(fresh) in message and advice in message
+    if found is not None:
+        assert f"version {found}" in message
+    assert caught.value.found == found
+    # Nothing was written: no revision table, no object changed.
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("before", "after refusal"))
+    assert migrate.current(engine, fresh) is None
+
+
+def test_check_names_a_missing_schema(engine: Engine, fresh: str) -> None:
+    with pytest.raises(SchemaNotInstalledError, match=fresh):
+        migrate.check(engine, fresh)
+
+
+def test_check_refuses_a_newer_version(engine: Engine, fresh: str) -> None:
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {fresh}.version SET version = 27"))
+    with pytest.raises(SchemaVersionError, match="newer than the version 26"):
+        migrate.check(engine, fresh)
+
+
+# --------------------------------------------------------------------- downgrade
+
+
+def test_downgrade_removes_everything_including_partitions_and_the_schema(
+    engine: Engine, fresh: str
+) -> None:
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"SELECT {fresh}.create_queue('p', CAST(:o AS jsonb))"),
+            {"o": '{"policy": "short", "partition": true}'},
+        )
+        conn.execute(text(f"INSERT INTO {fresh}.job (name) VALUES ('p')"))
+    migrate.downgrade(engine, fresh)
+    assert not schema_exists(engine, fresh)
+    assert migrate.current(engine, fresh) is None
+
+
+def test_downgrade_keeps_a_schema_that_holds_other_objects(engine: Engine, fresh: str) -> None:
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {fresh}.mine (id int)"))
+    migrate.downgrade(engine, fresh)
+    snap = catalog.snapshot(engine, fresh, ignore=())
+    assert snap["relations"] == [
+        "mine kind=r persistence=p partition=False bound=- partkey=- options=- parent=-"
+    ]
+    assert snap["types"] == snap["functions"] == []
+
+
+def test_current_is_none_before_and_the_revision_after_upgrade(engine: Engine, fresh: str) -> None:
+    assert migrate.current(engine, fresh) is None
+    migrate.upgrade(engine, fresh)
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+
+
+# --------------------------------------------------------------------- autogenerate
+
+
+def _user_metadata(app: str) -> MetaData:
+    md = MetaData(schema=app)
+    Table("customer", md, Column("id", Integer, primary_key=True), Column("name", Text))
+    return md
+
+
+def _compare(engine: Engine, target: MetaData | list[MetaData], opts: dict[str, Any]) -> list[Any]:
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn, opts={"include_schemas": True, "compare_type": True, **opts}
+        )
+        # Like target_metadata in env.py, a list of MetaData is accepted at run time.
+        return list(compare_metadata(ctx, cast(Any, target)))
+
+
+def _only(*schemas: str) -> Callable[[str | None, Any, Any], bool]:
+    """The user's own name filter: this test's schemas only (the database is shared)."""
+
+    def include(name: str | None, type_: Any, parents: Any) -> bool:
+        return name in schemas if type_ == "schema" else True
+
+    return include
+
+
+def _added_tables(diffs: list[Any]) -> list[str]:
+    return sorted(f"{d[0]} {d[1].schema}.{d[1].name}" for d in diffs if d[0].endswith("_table"))
+
+
+def test_autogenerate_with_the_filters_sees_only_the_user_table(
+    engine: Engine, schema: str
+) -> None:
+    app = random_schema("app_")
+    with engine.begin() as conn:
+        conn.execute(
+            text(f'SELECT "{schema}".create_queue(:n, CAST(:o AS jsonb))'),
+            {"n": "p", "o": '{"policy": "standard", "partition": true}'},
+        )
+    user = _user_metadata(app)
+    opts = alembic_filters.combine(include_name=_only(app, schema), schemas=[schema])
+    diffs = _compare(engine, [user, alkstore_metadata], dict(opts))
+    assert _added_tables(diffs) == [f"add_table {app}.customer"]
+
+
+def test_autogenerate_without_the_filters_would_drop_the_queue_tables(
+    engine: Engine, schema: str
+) -> None:
+    # The control case: proves the filter above is what hides our schema.
+    app = random_schema("app_")
+    diffs = _compare(engine, _user_metadata(app), {"include_name": _only(app, schema)})
+    removed = [t for t in _added_tables(diffs) if t.startswith("remove_table")]
+    assert f"remove_table {schema}.job_common" in removed
+    assert f"add_table {app}.customer" in _added_tables(diffs)
+
+
+def test_filters_still_apply_the_users_own_object_filter(engine: Engine, schema: str) -> None:
+    app = random_schema("app_")
+    user = _user_metadata(app)
+    Table("legacy", user, Column("id", Integer, primary_key=True))
+    opts = alembic_filters.combine(
+        include_name=_only(app, schema),
+        include_object=lambda obj, name, type_, reflected, other: name != "legacy",
+        schemas=[schema],
+    )
+    assert _added_tables(_compare(engine, user, dict(opts))) == [f"add_table {app}.customer"]
+
+
+def test_filters_take_the_schema_from_the_alembic_context_by_default() -> None:
+    # Outside a running Alembic command there is no -x: the default schema applies.
+    assert alembic_filters.include_name("pgboss", "schema", {}) is False
+    assert alembic_filters.include_name("public", "schema", {}) is True
+    assert alembic_filters.include_name("alkstore_alembic_version", "table", {}) is False
+
+
+def test_models_agree_with_the_migration(engine: Engine, schema: str) -> None:
+    translated = MetaData()
+    for table in alkstore_metadata.sorted_tables:
+        table.to_metadata(translated, schema=schema, referred_schema_fn=lambda *_: schema)
+    for table in translated.tables.values():
+        for column in table.columns:
+            if getattr(column.type, "name", None) == "job_state":
+                column.type.schema = schema  # type: ignore[attr-defined]
+    diffs = _compare(
+        engine,
+        translated,
+        {
+            "include_name": lambda name, type_, parents: (
+                name == schema if type_ == "schema" else name != "alkstore_alembic_version"
+            ),
+            "compare_server_default": False,
+        },
+    )
+    assert diffs == []
+
+
+# --------------------------------------------------------------------- developer env
+
+
+def test_developer_environment_runs_from_the_url_in_the_environment(
+    engine: Engine, database_url: str, fresh: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALKSTORE_DATABASE_URL", database_url)
+    cfg = Config(str(REPO / "migrations" / "alembic.ini"))
+    cfg.cmd_opts = argparse.Namespace(x=[f"alkstore_schema={fresh}"])
+    command.upgrade(cfg, "alkstore@head")
+    assert migrate.check(engine, fresh) == 26
+    command.downgrade(cfg, "alkstore@base")
+    assert _tables(engine, fresh) == {"alkstore_alembic_version"}
+
+
+def test_developer_environment_writes_new_revisions_on_the_alkstore_branch(
+    tmp_path: Path,
+) -> None:
+    cfg = Config(str(REPO / "migrations" / "alembic.ini"))
+    cfg.set_main_option(
+        "version_locations", f"{tmp_path}\n{REPO / 'alkstore_sa' / 'migrations' / 'versions'}"
+    )
+    script = command.revision(
+        cfg, "add alkstore_extra", head="alkstore@head", version_path=str(tmp_path)
+    )
+    assert script is not None and not isinstance(script, list)
+    written = Path(script.path).read_text()
+    assert "down_revision: str | None = 'alkstore_0001'" in written
+    assert "schema = schema_name()" in written
+    assert Path(script.path).parent == tmp_path
+    compile(written, script.path, "exec")  # the template renders valid Python
