@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ..models.enums import JobState
 from ._common import JOB, JOB_COLUMNS, QUEUE, seconds, state, state_text
+from .maintenance import now_param
 from .settle import settle_input
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
@@ -169,8 +170,10 @@ def fail_jobs() -> Select[Any]:
 def expire_jobs() -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose lease has run out.
 
-    The lease is ``started_on + expire_seconds``. Bounded by ``:limit`` rows per
-    statement and ``SKIP LOCKED`` so a sweep never waits behind a worker.
+    The lease is ``started_on + expire_seconds``, compared with ``:now`` (NULL =
+    the database clock). Bounded by ``:limit`` rows per statement and ``SKIP
+    LOCKED`` so a sweep never waits behind a worker. ``:timeout_output`` is the
+    JSON text stored as output (:data:`TIMEOUT_OUTPUT`).
     """
     from sqlalchemy import ARRAY, Integer
 
@@ -180,7 +183,8 @@ def expire_jobs() -> Select[Any]:
         .where(
             j.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
             j.c.state == state_text(JobState.ACTIVE),
-            j.c.started_on + seconds(j.c.expire_seconds) < func.now(),
+            # COALESCE(:now, now()): the supervisor's fake clock in tests.
+            j.c.started_on + seconds(j.c.expire_seconds) < now_param(),
         )
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)

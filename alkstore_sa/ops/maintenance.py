@@ -1,0 +1,532 @@
+"""Supervision as operations: monitor, expire, delete, cron (reference §8, §9, §12).
+
+A supervision pass is a generator of *units*. A unit is an ordinary operation
+(it yields :class:`Call` objects) meant to run in one transaction of its own.
+:class:`~alkstore_sa.worker.supervisor.Supervisor` gives each unit a short
+transaction with pg-boss's lock timeouts and throws a unit's error back into
+the pass, which records it and goes on with the next step.
+:meth:`QueueService.supervise <alkstore_sa.QueueService.supervise>` runs every
+unit inline in the caller's transaction instead (:func:`supervise_once`): each
+statement in a savepoint, advisory locks only tried, never waited for, so the
+caller's transaction stays usable whatever happens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .. import options as opt
+from ..cron import previous_fire
+from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
+from ..names import SEND_IT_QUEUE, validate_queue
+from ..sql import fail as fail_sql
+from ..sql import locks
+from ..sql import maintenance as sql
+from ._core import Call, Conflict, Context, Op
+from .queues import create_queue, get_queue
+from .sending import send, send_many
+from .working import Settlement, complete_many, fail_many, fetch
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHUNK = 100  # queue names per statement, as pg-boss
+SEND_IT_BATCH = 50  # send-it jobs per fetch, as pg-boss
+SEND_IT_ROUNDS = 20  # full batches worked per pass before yielding to the other steps
+SLOT_SECONDS = 60  # a schedule fires at most once per slot
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWarning:
+    """A queue holds more queued jobs than its threshold."""
+
+    queue: str
+    queued: int
+    threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisionReport:
+    """What one supervision pass did (empty collections: nothing to do, or not our turn).
+
+    :ivar monitored: queues whose counters this pass refreshed (it won their turn).
+    :ivar warnings: queues over their queued-jobs threshold.
+    :ivar expired: active jobs failed for running past their lease, per queue.
+    :ivar maintained: queues whose old jobs this pass deleted (it won their turn).
+    :ivar deleted: jobs deleted per queue.
+    :ivar cron_checked: this pass won the cluster-wide cron turn and evaluated schedules.
+    :ivar fired: schedules (``"<queue>__<key>"``) sent to ``__pgboss__send-it``.
+    :ivar sent: jobs created in their target queues from ``__pgboss__send-it``.
+    :ivar skew_seconds: database clock minus local clock, as last measured.
+    :ivar busy: steps skipped because another session held their advisory lock.
+    :ivar errors: steps that failed (each also logged).
+    """
+
+    monitored: tuple[str, ...] = ()
+    warnings: tuple[QueueWarning, ...] = ()
+    expired: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    maintained: tuple[str, ...] = ()
+    deleted: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    cron_checked: bool = False
+    fired: tuple[str, ...] = ()
+    sent: int = 0
+    skew_seconds: float | None = None
+    busy: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def idle(self) -> bool:
+        """True when the pass changed nothing and found nothing to report."""
+        return not (
+            self.monitored or self.maintained or self.cron_checked or self.sent or self.errors
+        )
+
+
+_INTERVALS: dict[str, tuple[float, float]] = {  # name: (pg-boss default, pg-boss maximum)
+    "supervise_interval": (60, 86_400),
+    "monitor_interval": (60, 86_400),
+    "maintenance_interval": (86_400, 86_400),
+    "cron_monitor_interval": (30, 45),
+    "cron_worker_interval": (5, 45),
+    "clock_monitor_interval": (600, 600),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Validated supervision settings; every interval is in seconds (pg-boss defaults).
+
+    :ivar supervise: run the monitor (counters, warnings, expiration) and deletion.
+    :ivar schedule: run the cron timekeeper and work ``__pgboss__send-it``.
+    :ivar queues: only these queues (monitor and deletion); ``None`` = all.
+    """
+
+    supervise: bool = True
+    schedule: bool = True
+    supervise_interval: float = 60
+    monitor_interval: float = 60
+    maintenance_interval: float = 86_400
+    cron_monitor_interval: float = 30
+    cron_worker_interval: float = 5
+    clock_monitor_interval: float = 600
+    warning_queue_size: int = 10_000
+    delete_batch_size: int = 10_000
+    expire_batch_size: int = 1_000
+    queues: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Settings:
+        """Validate keyword settings; :class:`InvalidOptionsError` names the bad one."""
+        allowed = frozenset(f.name for f in dataclasses.fields(cls))
+        opt.check_unknown(options, allowed, "supervision")
+        values: dict[str, Any] = {}
+        for key, value in options.items():
+            if key in ("supervise", "schedule"):
+                values[key] = opt.check_bool(key, value)
+            elif key in _INTERVALS:
+                top = _INTERVALS[key][1]
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+                if not ok or not math.isfinite(value) or not 0 < value <= top:
+                    raise InvalidOptionsError(key, f"must be seconds in (0, {top}], not {value!r}")
+                values[key] = value
+            elif key == "queues":
+                values[key] = _queue_names(value)
+            else:
+                values[key] = opt.check_int(key, value, minimum=1)
+        return cls(**values)
+
+
+def _queue_names(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (validate_queue(value, "queues"),)
+    if not isinstance(value, Sequence) or not value:
+        raise InvalidOptionsError("queues", f"must be a queue name or a list of them: {value!r}")
+    return tuple(validate_queue(v, "queues") for v in value)
+
+
+@dataclass(frozen=True, slots=True)
+class PassPlan:
+    """Which steps one pass runs, and at what time.
+
+    :ivar now: time bound into the statements instead of ``now()`` (a fake clock).
+    :ivar cron_now: time schedules are evaluated at (local clock + skew); ``None``
+        = ``now``, or the database clock.
+    :ivar force: ignore the cluster-wide throttles (still stamping them).
+    :ivar wait_for_locks: wait for advisory locks (own transactions) or only try
+        them (the caller's transaction).
+    """
+
+    settings: Settings
+    monitor: bool = True
+    cron: bool = True
+    send_it: bool = True
+    now: dt.datetime | None = None
+    cron_now: dt.datetime | None = None
+    force: bool = False
+    wait_for_locks: bool = True
+    skew_seconds: float | None = None
+
+
+class Busy(AlkstoreError):
+    """An advisory lock was held by another session and the step was skipped."""
+
+
+# ------------------------------------------------------------------ units
+
+
+def _lock(ctx: Context, key: str, plan: PassPlan) -> Op[None]:
+    params = {"lock_schema": ctx.schema, "lock_key": key}
+    if plan.wait_for_locks:
+        yield Call(locks.xact_lock(), params)
+        return
+    result = yield Call(locks.try_xact_lock(), params)
+    if not result.scalar_one():
+        raise Busy(key)
+
+
+def _interval(plan: PassPlan, seconds: float) -> float:
+    return float("-inf") if plan.force else float(seconds)
+
+
+def queue_tables(ctx: Context, names: Sequence[str] | None) -> Op[list[tuple[str, str]]]:
+    params = None if names is None else {"names": list(names)}
+    result = yield Call(sql.queue_tables(by_name=names is not None), params)
+    return [(r.name, r.table_name) for r in result]
+
+
+def claim_queues(
+    ctx: Context, column: str, names: Sequence[str], seconds: float, plan: PassPlan
+) -> Op[list[str]]:
+    params = {"names": list(names), "interval": _interval(plan, seconds), "now": plan.now}
+    result = yield Call(sql.claim_queues(column), params)
+    return sorted(result.scalars().all())
+
+
+def cache_stats(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[list[QueueWarning]]:
+    """Refresh the counters; return the queues over their threshold."""
+    yield from _lock(ctx, locks.QUEUE_STATS, plan)
+    result = yield Call(sql.cache_stats(), {"names": list(names), "now": plan.now})
+    warnings = []
+    for row in result:
+        threshold = row.warning_queued or plan.settings.warning_queue_size
+        if row.queued_count > threshold:
+            warnings.append(QueueWarning(row.name, row.queued_count, threshold))
+    return warnings
+
+
+def expire(ctx: Context, table: str, names: Sequence[str], plan: PassPlan) -> Op[dict[str, int]]:
+    """Fail one batch of jobs past their lease, through the fail path."""
+    yield from _lock(ctx, locks.table_key(table, "failJobsByTimeout"), plan)
+    params = {
+        "names": list(names),
+        "limit": plan.settings.expire_batch_size,
+        "timeout_output": opt.encode_json("output", fail_sql.TIMEOUT_OUTPUT),
+        "now": plan.now,
+    }
+    result = yield Call(fail_sql.expire_jobs(), params)
+    return dict(Counter(row.name for row in result))
+
+
+def delete_old(
+    ctx: Context, table: str, names: Sequence[str], plan: PassPlan
+) -> Op[dict[str, int]]:
+    """Delete one batch of finished jobs past deletion and queued jobs past keep_until."""
+    yield from _lock(ctx, locks.table_key(table, "deletion"), plan)
+    params = {"names": list(names), "limit": plan.settings.delete_batch_size, "now": plan.now}
+    result = yield Call(sql.delete_expired(), params)
+    return {row.name: int(row.deleted) for row in result}
+
+
+def database_epoch(ctx: Context) -> Op[float]:
+    result = yield Call(sql.database_epoch())
+    return float(result.scalar_one())
+
+
+def ensure_send_it(ctx: Context) -> Op[None]:
+    """Create ``__pgboss__send-it`` if missing (as Node does on start)."""
+    if (yield from get_queue(ctx, SEND_IT_QUEUE)) is None:
+        yield from create_queue(ctx, SEND_IT_QUEUE, True, {})
+
+
+@dataclass(frozen=True, slots=True)
+class CronOutcome:
+    won: bool
+    fired: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
+    """Win the cron turn, then send every schedule due this minute to send-it.
+
+    "Due" is pg-boss's rule: the schedule's last fire time (in its time zone) is
+    less than a minute ago. The send-it job takes the slot ``SLOT_SECONDS`` wide
+    keyed ``<queue>__<key>`` (unique index i4), so however many timekeepers -
+    Python or Node - find it due in that minute, one job gets in.
+    """
+    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    won = yield Call(sql.claim_cron(), {"interval": interval, "now": plan.now})
+    if won.first() is None:
+        return CronOutcome(False)
+    yield from ensure_send_it(ctx)
+    schedules = (yield Call(sql.all_schedules())).all()
+    at = plan.cron_now or plan.now
+    if at is None:
+        at = dt.datetime.fromtimestamp((yield from database_epoch(ctx)), dt.UTC)
+    due, problems = [], []
+    for row in schedules:
+        try:
+            last = previous_fire(row.cron, row.timezone or "UTC", at)
+        except InvalidOptionsError as exc:
+            problems.append(f"schedule {row.name}__{row.key}: {exc}")
+            continue
+        if last is not None and (at - last).total_seconds() < SLOT_SECONDS:
+            due.append(row)
+    if not due:
+        return CronOutcome(True, (), tuple(problems))
+    extra: dict[str, Any] = {}
+    if plan.now is not None:
+        # The slot is computed in SQL from now(); shift it onto the fake clock.
+        db = yield from database_epoch(ctx)
+        extra["singleton_offset"] = math.floor(plan.now.timestamp()) - math.floor(db)
+    specs = [
+        {
+            "data": {"name": row.name, "data": row.data, "options": row.options},
+            "singleton_key": f"{row.name}__{row.key}",
+            "singleton_seconds": SLOT_SECONDS,
+            **extra,
+        }
+        for row in due
+    ]
+    ids = yield from send_many(ctx, SEND_IT_QUEUE, specs)
+    fired = tuple(s["singleton_key"] for s, i in zip(specs, ids, strict=True) if i is not None)
+    return CronOutcome(True, fired, tuple(problems))
+
+
+def _unpack(data: Any) -> tuple[str, Any, dict[str, Any]]:
+    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+        raise InvalidOptionsError("data", f"a send-it job needs {{name, data, options}}: {data!r}")
+    options = data.get("options")
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidOptionsError("options", f"must be an object, not {options!r}")
+    return data["name"], data.get("data"), opt.from_pgboss_send_options(options)
+
+
+def work_send_it(ctx: Context, batch: int) -> Op[tuple[int, int]]:
+    """Turn a batch of send-it jobs into jobs of their queues; ``(taken, sent)``.
+
+    Sending and completing happen in one transaction: a crash in between leaves
+    the send-it job to be worked again, never a lost or doubled schedule run.
+    A job whose target cannot take it (queue gone, bad stored options) is failed
+    with the reason, so it shows up instead of vanishing.
+    """
+    try:
+        jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, True, False)
+    except QueueNotFoundError:
+        return 0, 0
+    done, failed = [], []
+    for job in jobs:
+        try:
+            target, data, options = _unpack(job.data)
+            yield from send(ctx, target, data, options)
+        except AlkstoreError as exc:
+            wanted = job.data.get("name") if isinstance(job.data, Mapping) else None
+            logger.warning(
+                "scheduled job for %s not sent: %s",
+                wanted,
+                exc,
+                extra={"action": "send_it_failed", "job_id": str(job.id)},
+            )
+            failed.append(Settlement(job.id, exc, job.started_on))
+        else:
+            done.append(Settlement(job.id, None, job.started_on))
+    if done:
+        yield from complete_many(ctx, SEND_IT_QUEUE, done)
+    if failed:
+        yield from fail_many(ctx, SEND_IT_QUEUE, failed)
+    return len(jobs), len(done)
+
+
+# ------------------------------------------------------------------ the pass
+
+Pass = Generator[Op[Any], Any, SupervisionReport]
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.monitored: list[str] = []
+        self.warnings: list[QueueWarning] = []
+        self.expired: Counter[str] = Counter()
+        self.maintained: list[str] = []
+        self.deleted: Counter[str] = Counter()
+        self.cron_checked = False
+        self.fired: list[str] = []
+        self.sent = 0
+        self.busy: list[str] = []
+        self.errors: list[str] = []
+
+    def attempt(self, unit: Op[T], step: str) -> Generator[Op[Any], Any, T | None]:
+        """Hand ``unit`` to the driver; a failure thrown back is recorded, not raised."""
+        try:
+            result: T = yield unit
+            return result
+        except Busy as exc:
+            self.busy.append(f"{step}: {exc}")
+            return None
+        except Exception as exc:
+            self.errors.append(f"{step}: {exc}")
+            logger.error(
+                "supervision step %s failed: %s", step, exc, extra={"action": "supervise_error"}
+            )
+            return None
+
+
+def _drain(
+    unit: Callable[[], Op[dict[str, int]]], step: str, tally: _Tally, batch: int
+) -> Generator[Op[Any], Any, Counter[str]]:
+    # Repeat a bounded statement until a batch comes back short.
+    total: Counter[str] = Counter()
+    while True:
+        done = yield from tally.attempt(unit(), step)
+        if done is None:
+            return total
+        total.update(done)
+        if sum(done.values()) < batch:
+            return total
+
+
+def _table_steps(
+    ctx: Context, plan: PassPlan, table: str, chunk: list[str], tally: _Tally
+) -> Generator[Op[Any], Any, None]:
+    s = plan.settings
+    watched: list[str] = (
+        yield from tally.attempt(
+            claim_queues(ctx, "monitor_on", chunk, s.monitor_interval, plan), "monitor"
+        )
+    ) or []
+    if watched:
+        tally.monitored += watched
+        warnings = yield from tally.attempt(cache_stats(ctx, watched, plan), "stats")
+        tally.warnings += warnings or []
+        tally.expired += yield from _drain(
+            lambda: expire(ctx, table, watched, plan), "expire", tally, s.expire_batch_size
+        )
+    tidied: list[str] = (
+        yield from tally.attempt(
+            claim_queues(ctx, "maintain_on", chunk, s.maintenance_interval, plan), "maintain"
+        )
+    ) or []
+    if tidied:
+        tally.maintained += tidied
+        tally.deleted += yield from _drain(
+            lambda: delete_old(ctx, table, tidied, plan), "delete", tally, s.delete_batch_size
+        )
+
+
+def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
+    """One pass: per table and chunk of 100 queues monitor then maintain; cron; send-it."""
+    tally = _Tally()
+    s = plan.settings
+    if plan.monitor:
+        rows = yield from tally.attempt(queue_tables(ctx, s.queues), "queues")
+        tables: dict[str, list[str]] = {}
+        for name, table in rows or []:
+            tables.setdefault(table, []).append(name)
+        for table, names in tables.items():
+            for start in range(0, len(names), CHUNK):
+                yield from _table_steps(ctx, plan, table, names[start : start + CHUNK], tally)
+    if plan.cron:
+        outcome = yield from tally.attempt(cron(ctx, plan), "cron")
+        if outcome is not None:
+            tally.cron_checked = outcome.won
+            tally.fired += outcome.fired
+            tally.errors += outcome.problems
+    if plan.send_it:
+        for _ in range(SEND_IT_ROUNDS):
+            counts = yield from tally.attempt(work_send_it(ctx, SEND_IT_BATCH), "send-it")
+            if counts is None:
+                break
+            tally.sent += counts[1]
+            if counts[0] < SEND_IT_BATCH:
+                break
+    return SupervisionReport(
+        monitored=tuple(tally.monitored),
+        warnings=tuple(tally.warnings),
+        expired=dict(tally.expired),
+        maintained=tuple(tally.maintained),
+        deleted=dict(tally.deleted),
+        cron_checked=tally.cron_checked,
+        fired=tuple(tally.fired),
+        sent=tally.sent,
+        skew_seconds=plan.skew_seconds,
+        busy=tuple(tally.busy),
+        errors=tuple(tally.errors),
+    )
+
+
+# ------------------------------------------------------------------ inline
+
+
+def _savepointed(op: Op[T]) -> Op[T]:
+    # Every statement in a savepoint: if one fails, the caller's transaction is
+    # rolled back to just before it and stays usable while the error propagates.
+    try:
+        call = next(op)
+        while True:
+            try:
+                result = yield dataclasses.replace(call, savepoint=True)
+            except Conflict as exc:
+                call = op.throw(exc)
+                continue
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def run_inline(steps: Pass) -> Op[SupervisionReport]:
+    """Run a pass as one operation in the caller's transaction.
+
+    Only a skipped lock (:class:`Busy`) is handed back to the pass; any other
+    error propagates to the caller, as every other service method does.
+    """
+    try:
+        unit = next(steps)
+        while True:
+            try:
+                result = yield from _savepointed(unit)
+            except Busy as exc:
+                unit = steps.throw(exc)
+                continue
+            unit = steps.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def supervise_once(
+    ctx: Context, queues: str | Sequence[str] | None, force: bool, options: Mapping[str, Any]
+) -> Op[SupervisionReport]:
+    """The operation behind ``QueueService.supervise`` (``now`` is one of ``options``)."""
+    options = dict(options)
+    now = options.pop("now", None)
+    settings = Settings.from_options({**options, "queues": queues})
+    opt.check_bool("force", force)
+    if now is not None and (not isinstance(now, dt.datetime) or now.tzinfo is None):
+        raise InvalidOptionsError("now", f"must be a timezone-aware datetime, not {now!r}")
+    plan = PassPlan(
+        settings,
+        monitor=settings.supervise,
+        cron=settings.schedule,
+        send_it=settings.schedule,
+        now=now,
+        force=force,
+        wait_for_locks=False,
+    )
+    return (yield from run_inline(supervise_pass(ctx, plan)))
