@@ -323,3 +323,33 @@ class QueueService:
     def get_schedules(self, name: str | None = None, key: str | None = None) -> list[ScheduleInfo]:
         """Stored schedules, optionally of one queue and key."""
         return self._run(ops.get_schedules(self._ctx, name, key))
+
+    # ------------------------------------------------------------ supervision
+
+    def supervise(
+        self, queues: str | Sequence[str] | None = None, *, force: bool = False, **settings: Any
+    ) -> ops.maintenance.SupervisionReport:
+        """Run one supervision pass in the caller's transaction; return what it did.
+
+        The same pass a worker's supervisor runs (reference §9, §12): per queue,
+        refresh the cached counters, warn about long queues and expire jobs past
+        their lease (retry, failed, dead letter), then delete finished jobs past
+        ``deletion_seconds`` and queued jobs past ``keep_until``; then the cron
+        timekeeper and the ``__pgboss__send-it`` queue. Each step honours the
+        cluster-wide throttles shared with other supervisors and Node pg-boss
+        (``force=True`` ignores them). Advisory locks are only tried: a step whose
+        lock another session holds is skipped and listed in ``report.busy``. Every
+        statement runs in a savepoint, so the transaction stays usable.
+
+        >>> with Session(engine) as session, session.begin():
+        ...     report = QueueService(session).supervise("emails", force=True)  # doctest: +SKIP
+
+        :param queues: a queue name or names (monitor and deletion); default all.
+        :param settings: ``supervise``, ``schedule``, ``monitor_interval``,
+            ``maintenance_interval``, ``cron_monitor_interval``,
+            ``warning_queue_size``, ``delete_batch_size``, ``expire_batch_size``
+            (see :class:`~alkstore_sa.worker.supervisor.Supervisor`), and ``now``:
+            an aware datetime the statements use instead of the database clock.
+        :raises InvalidOptionsError: for a bad setting, before any SQL.
+        """
+        return self._run(ops.maintenance.supervise_once(self._ctx, queues, force, settings))
