@@ -1,0 +1,89 @@
+"""``alkstore maintain [--loop] [--queue Q ...]``: run the supervisor from the shell.
+
+One pass by default (what is due: on a fresh process, everything whose
+cluster-wide turn has come), or ``--loop`` to keep supervising until interrupted
+(Ctrl-C or SIGTERM). Prints what each pass did; with ``--json`` as one JSON
+document per pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from ..errors import AlkstoreError
+from ..worker.supervisor import Supervisor
+from ._common import CommandError, emit, engine_from, guarded, leaf, schema_of
+
+_TUNING = (
+    ("supervise_interval", float),
+    ("monitor_interval", float),
+    ("maintenance_interval", float),
+    ("cron_monitor_interval", float),
+    ("cron_worker_interval", float),
+    ("clock_monitor_interval", float),
+    ("warning_queue_size", int),
+    ("delete_batch_size", int),
+    ("expire_batch_size", int),
+)
+
+
+def register(sub: Any) -> None:
+    parser = leaf(sub, "maintain", "expire stalled jobs, delete old ones, count, fire cron")
+    parser.add_argument("--loop", action="store_true", help="keep supervising until interrupted")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        metavar="Q",
+        help="only this queue's counters, expiry and deletion (repeatable; default all)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="ignore the cluster-wide throttles (first pass)"
+    )
+    parser.add_argument("--no-cron", action="store_true", help="leave cron schedules alone")
+    parser.add_argument(
+        "--no-supervise", action="store_true", help="only cron: no counters, expiry or deletion"
+    )
+    for name, kind in _TUNING:
+        unit = "seconds" if kind is float else "count"
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=unit.upper())
+    parser.set_defaults(handler=_maintain)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "supervise": not args.no_supervise,
+        "schedule": not args.no_cron,
+        "queues": args.queues,
+    }
+    for name, _ in _TUNING:
+        value = getattr(args, name)
+        if value is not None:
+            settings[name] = value
+    return settings
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    schema = schema_of(args)
+    with engine_from(args) as engine:
+        try:
+            supervisor = Supervisor(engine, schema=schema, **_settings(args))
+        except AlkstoreError as exc:
+            raise CommandError(str(exc)) from None
+        report = guarded(lambda: supervisor.run_once(force=args.force))
+        emit(args, report)
+        if not args.loop:
+            return 1 if report.errors else 0
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            while not stop.wait(max(supervisor.next_due_in(), 0.05)):
+                report = guarded(supervisor.run_once)
+                if not report.idle:
+                    emit(args, report)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return 0

@@ -1,0 +1,434 @@
+"""The supervisor: expiration, retention, queue counters and cron, in the background.
+
+Every worker process runs one by default; ``alkstore maintain`` runs one from
+the command line. Several supervisors - Python or Node pg-boss - can watch the
+same schema: the work is shared out through pg-boss's own throttle columns
+(``queue.monitor_on``, ``queue.maintain_on``, ``version.cron_on``) and advisory
+lock keys, so each step runs once per interval across the whole cluster.
+
+What runs when (each timer is local; each step is then throttled cluster-wide):
+
+=========================  ===========================  ==================================
+timer (setting)            default                      does
+=========================  ===========================  ==================================
+``supervise_interval``     60 s                         per queue: counters, warnings and
+                                                        expiry (``monitor_interval``, 60 s),
+                                                        deletion (``maintenance_interval``,
+                                                        24 h)
+``cron_monitor_interval``  30 s                         fire due cron schedules
+``cron_worker_interval``   5 s                          turn ``__pgboss__send-it`` jobs into
+                                                        jobs of their queues
+``clock_monitor_interval`` 600 s                        measure the database clock's skew
+=========================  ===========================  ==================================
+
+>>> supervisor = Supervisor(engine, schema="pgboss")          # doctest: +SKIP
+>>> supervisor.start()                                        # doctest: +SKIP
+>>> supervisor.stop()                                         # doctest: +SKIP
+>>> report = Supervisor(engine).run_once()                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .._driver import engine_state, execution_options
+from ..clock import Clock, SystemClock
+from ..errors import InvalidOptionsError
+from ..names import DEFAULT_SCHEMA, validate_schema
+from ..ops import Conflict, Context, Op, check_schema
+from ..ops.maintenance import (
+    PassPlan,
+    QueueWarning,
+    Settings,
+    SupervisionReport,
+    database_epoch,
+    supervise_pass,
+)
+from ..sql.maintenance import local_timeouts
+
+__all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_SLEEP = 1.0  # the loop looks at its timers at least this often (a fake clock may jump)
+SKEW_WARNING = 60.0  # seconds of clock skew worth a warning, as pg-boss
+
+
+class _Core:
+    """Timers, plans and reporting, shared by the sync and async supervisors."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        schema: str,
+        clock: Clock | None,
+        on_warning: Callable[[QueueWarning], object] | None,
+        notify: bool,
+        settings: dict[str, Any],
+    ) -> None:
+        self.schema = validate_schema(schema)
+        self.settings = Settings.from_options(settings)
+        self.clock: Clock = SystemClock() if clock is None else clock
+        if not isinstance(self.clock, Clock):
+            raise InvalidOptionsError("clock", "must have now() and database_now()")
+        if on_warning is not None and not callable(on_warning):
+            raise InvalidOptionsError("on_warning", f"must be callable, not {on_warning!r}")
+        self.on_warning = on_warning
+        self._ctx = Context(schema=schema, notify=notify, policies=engine_state(engine).policies)
+        self._options = execution_options(schema)
+        self._next: dict[str, dt.datetime] = {}
+        self._checked = False
+        self.skew_seconds: float | None = None
+        """Database clock minus local clock, as last measured (``None`` before)."""
+
+    def _intervals(self) -> dict[str, float]:
+        s, steps = self.settings, {}
+        if s.supervise:
+            steps["supervise"] = s.supervise_interval
+        if s.schedule:
+            steps["cron"] = s.cron_monitor_interval
+            steps["send_it"] = s.cron_worker_interval
+            if self.clock.database_now() is None:
+                # A clock that drives the statements is the reference: no skew.
+                steps["clock"] = s.clock_monitor_interval
+        return steps
+
+    def _take_due(self, force: bool) -> set[str]:
+        now, due = self.clock.now(), set()
+        for step, seconds in self._intervals().items():
+            if force or self._next.get(step, now) <= now:
+                due.add(step)
+                self._next[step] = now + dt.timedelta(seconds=seconds)
+        return due
+
+    def next_due_in(self) -> float:
+        """Seconds until the next step is due by the local timers (0 = now)."""
+        now = self.clock.now()
+        waits = [(self._next.get(step, now) - now).total_seconds() for step in self._intervals()]
+        return max(0.0, min(waits, default=MAX_SLEEP))
+
+    def _sleep_time(self) -> float:
+        return min(max(self.next_due_in(), 0.01), MAX_SLEEP)
+
+    def _plan(self, due: set[str], force: bool) -> PassPlan:
+        db_now = self.clock.database_now()
+        cron_now = db_now
+        if cron_now is None and self.skew_seconds is not None:
+            cron_now = self.clock.now() + dt.timedelta(seconds=self.skew_seconds)
+        return PassPlan(
+            self.settings,
+            monitor="supervise" in due,
+            cron="cron" in due,
+            send_it="send_it" in due,
+            now=db_now,
+            cron_now=cron_now,
+            force=force,
+            skew_seconds=self.skew_seconds,
+        )
+
+    def _record_skew(self, before: dt.datetime, db_epoch: float, after: dt.datetime) -> None:
+        local = (before.timestamp() + after.timestamp()) / 2
+        self.skew_seconds = db_epoch - local
+        if abs(self.skew_seconds) >= SKEW_WARNING:
+            logger.warning(
+                "the database clock is %.0f s %s than this process's",
+                abs(self.skew_seconds),
+                "ahead" if self.skew_seconds > 0 else "behind",
+                extra={"action": "clock_skew", "skew_seconds": self.skew_seconds},
+            )
+
+    def _finish(self, report: SupervisionReport) -> SupervisionReport:
+        for warning in report.warnings:
+            logger.warning(
+                "queue %s has %d queued jobs (threshold %d)",
+                warning.queue,
+                warning.queued,
+                warning.threshold,
+                extra={"action": "large_queue", "queue": warning.queue, "queued": warning.queued},
+            )
+            if self.on_warning is not None:
+                try:
+                    self.on_warning(warning)
+                except Exception:
+                    logger.exception("on_warning callback failed", extra={"action": "callback"})
+        if report.idle:
+            logger.debug("supervision pass: nothing to do", extra={"action": "supervise"})
+        else:
+            logger.info(
+                "supervision pass: %d monitored, %d expired, %d maintained, %d deleted, "
+                "%d schedules fired, %d scheduled jobs sent",
+                len(report.monitored),
+                sum(report.expired.values()),
+                len(report.maintained),
+                sum(report.deleted.values()),
+                len(report.fired),
+                report.sent,
+                extra={"action": "supervise", "schema": self.schema},
+            )
+        return report
+
+
+def _drive(conn: Connection, op: Op[T], options: dict[str, Any]) -> T:
+    try:
+        call = next(op)
+        while True:
+            if call.savepoint:
+                try:
+                    with conn.begin_nested():
+                        executed = conn.execute(
+                            call.statement, call.params, execution_options=options
+                        )
+                        result = executed.freeze()()
+                except IntegrityError:
+                    call = op.throw(Conflict())
+                    continue
+            else:
+                result = conn.execute(call.statement, call.params, execution_options=options)
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class Supervisor(_Core):
+    """Supervision on a background thread, each step in a short transaction of its own.
+
+    :param engine: the Engine to take connections from (one at a time, briefly).
+    :param schema: the queue schema.
+    :param clock: the time source; :class:`~alkstore_sa.clock.FakeClock` in tests.
+    :param on_warning: called with a :class:`QueueWarning` for each queue over its
+        threshold (after the WARNING log record).
+    :param notify: announce jobs created by cron schedules with ``pg_notify``.
+    :param settings: ``supervise`` / ``schedule`` (switch the monitor+deletion and
+        cron halves), ``supervise_interval``, ``monitor_interval``,
+        ``maintenance_interval``, ``cron_monitor_interval``, ``cron_worker_interval``,
+        ``clock_monitor_interval`` (seconds; pg-boss defaults 60, 60, 86400, 30, 5,
+        600), ``warning_queue_size`` (10000; a queue's own ``warning_queued`` wins),
+        ``delete_batch_size`` (10000 rows per statement), ``expire_batch_size``
+        (1000), ``queues`` (only these queues).
+    :raises InvalidOptionsError: for a bad setting.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        clock: Clock | None = None,
+        on_warning: Callable[[QueueWarning], object] | None = None,
+        notify: bool = True,
+        **settings: Any,
+    ) -> None:
+        super().__init__(engine, schema, clock, on_warning, notify, settings)
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _transact(self, op: Op[T]) -> T:
+        with self.engine.begin() as conn:
+            conn.execute(local_timeouts(), execution_options=self._options)
+            return _drive(conn, op, self._options)
+
+    def run_once(self, *, force: bool = False) -> SupervisionReport:
+        """Run the steps that are due (all of them on the first call, or with ``force``).
+
+        ``force`` also ignores the cluster-wide throttles. A failing step is logged
+        and listed in ``report.errors``; the other steps still run.
+
+        :raises SchemaNotInstalledError: if the schema is missing (first call).
+        """
+        with self._lock:
+            if not self._checked:
+                self._transact(check_schema(self._ctx))
+                self._checked = True
+            due = self._take_due(force)
+            if "clock" in due:
+                self._measure()
+            steps = supervise_pass(self._ctx, self._plan(due, force))
+            try:
+                unit = next(steps)
+                while True:
+                    try:
+                        result = self._transact(unit)
+                    except Exception as exc:
+                        unit = steps.throw(exc)
+                        continue
+                    unit = steps.send(result)
+            except StopIteration as stop:
+                report: SupervisionReport = stop.value
+        return self._finish(report)
+
+    def _measure(self) -> None:
+        before = self.clock.now()
+        try:
+            epoch = self._transact(database_epoch(self._ctx))
+        except Exception:
+            logger.exception("clock skew measurement failed", extra={"action": "clock_skew"})
+            return
+        self._record_skew(before, epoch, self.clock.now())
+
+    def start(self) -> None:
+        """Check the schema, then supervise on a daemon thread until :meth:`stop`."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._lock:
+            self._transact(check_schema(self._ctx))
+            self._checked = True
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"alkstore-supervisor-{self.schema}", daemon=True
+        )
+        self._thread.start()
+        logger.info(
+            "supervisor started", extra={"action": "supervisor_start", "schema": self.schema}
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
+            self._stop.wait(self._sleep_time())
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the thread after its current step; ``False`` if still running at ``timeout``."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                self._thread = thread
+                return False
+        logger.info(
+            "supervisor stopped", extra={"action": "supervisor_stop", "schema": self.schema}
+        )
+        return True
+
+
+async def _drive_async(conn: AsyncConnection, op: Op[T], options: dict[str, Any]) -> T:
+    try:
+        call = next(op)
+        while True:
+            if call.savepoint:
+                try:
+                    async with conn.begin_nested():
+                        result = await conn.execute(
+                            call.statement, call.params, execution_options=options
+                        )
+                except IntegrityError:
+                    call = op.throw(Conflict())
+                    continue
+            else:
+                result = await conn.execute(call.statement, call.params, execution_options=options)
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class AsyncSupervisor(_Core):
+    """:class:`Supervisor` for an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, as a task.
+
+    Same parameters and settings as :class:`Supervisor`.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        clock: Clock | None = None,
+        on_warning: Callable[[QueueWarning], object] | None = None,
+        notify: bool = True,
+        **settings: Any,
+    ) -> None:
+        super().__init__(engine.sync_engine, schema, clock, on_warning, notify, settings)
+        self.engine = engine
+        self._lock = asyncio.Lock()
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def _transact(self, op: Op[T]) -> T:
+        async with self.engine.begin() as conn:
+            await conn.execute(local_timeouts(), execution_options=self._options)
+            return await _drive_async(conn, op, self._options)
+
+    async def run_once(self, *, force: bool = False) -> SupervisionReport:
+        """See :meth:`Supervisor.run_once`."""
+        async with self._lock:
+            if not self._checked:
+                await self._transact(check_schema(self._ctx))
+                self._checked = True
+            due = self._take_due(force)
+            if "clock" in due:
+                before = self.clock.now()
+                try:
+                    epoch = await self._transact(database_epoch(self._ctx))
+                except Exception:
+                    logger.exception(
+                        "clock skew measurement failed", extra={"action": "clock_skew"}
+                    )
+                else:
+                    self._record_skew(before, epoch, self.clock.now())
+            steps = supervise_pass(self._ctx, self._plan(due, force))
+            try:
+                unit = next(steps)
+                while True:
+                    try:
+                        result = await self._transact(unit)
+                    except Exception as exc:
+                        unit = steps.throw(exc)
+                        continue
+                    unit = steps.send(result)
+            except StopIteration as stop:
+                report: SupervisionReport = stop.value
+        return self._finish(report)
+
+    async def start(self) -> None:
+        """Check the schema, then supervise in a task until :meth:`stop`."""
+        if self._task is not None and not self._task.done():
+            return
+        async with self._lock:
+            await self._transact(check_schema(self._ctx))
+            self._checked = True
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(self._stop), name="alkstore-supervisor")
+        logger.info(
+            "supervisor started", extra={"action": "supervisor_start", "schema": self.schema}
+        )
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.run_once()
+            except Exception:
+                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._sleep_time())
+
+    async def stop(self, timeout: float | None = None) -> bool:
+        """Stop the task after its current step; cancel it if ``timeout`` passes first."""
+        if self._stop is not None:
+            self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except TimeoutError:
+                task.cancel()
+                return False
+        logger.info(
+            "supervisor stopped", extra={"action": "supervisor_stop", "schema": self.schema}
+        )
+        return True
