@@ -342,7 +342,7 @@ class QueueService:
         statement runs in a savepoint, so the transaction stays usable.
 
         >>> with Session(engine) as session, session.begin():
-        ...     report = QueueService(session).supervise("emails", force=True)  # doctest: +SKIP
+        ...     report = QueueService(session).supervise(force=True)  # doctest: +SKIP
 
         :param queues: a queue name or names (monitor and deletion); default all.
         :param settings: ``supervise``, ``schedule``, ``monitor_interval``,

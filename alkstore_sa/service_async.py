@@ -350,7 +350,7 @@ class AsyncQueueService:
         statement runs in a savepoint, so the transaction stays usable.
 
         >>> async with AsyncSession(engine) as session, session.begin():
-        ...     report = AsyncQueueService(session).supervise("emails", force=True)  # doctest: +SKIP
+        ...     report = AsyncQueueService(session).supervise(force=True)  # doctest: +SKIP
 
         :param queues: a queue name or names (monitor and deletion); default all.
         :param settings: ``supervise``, ``schedule``, ``monitor_interval``,
