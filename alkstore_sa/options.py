@@ -284,13 +284,31 @@ SEND_TO_PGBOSS = {
 PGBOSS_TO_SEND = {v: k for k, v in SEND_TO_PGBOSS.items()}
 
 
+def pgboss_start_after(value: object) -> str | int | float | None:
+    """``start_after`` in a form Node pg-boss's send accepts.
+
+    pg-boss casts text ending in ``Z`` to a timestamp and anything else to an
+    interval, so absolute times become UTC ISO text with a ``Z`` and relative
+    ones a number of seconds.
+    """
+    when = start_after(value)
+    if when.absolute is not None:
+        utc = when.absolute.astimezone(dt.UTC).replace(tzinfo=None)
+        return utc.isoformat(timespec="milliseconds") + "Z"
+    if when.relative is not None:
+        secs = when.relative.total_seconds()
+        return int(secs) if secs.is_integer() else secs
+    return None
+
+
 def to_pgboss_send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """Our send options in pg-boss's names and value forms, to store where Node reads them."""
     out: dict[str, Any] = {}
     for key, value in opts.items():
-        if key == "start_after" and isinstance(value, dt.timedelta):
-            value = value.total_seconds()
-        elif key == "start_after" and isinstance(value, dt.datetime):
-            value = value.isoformat()
+        if key == "start_after":
+            value = pgboss_start_after(value)
+            if value is None:
+                continue
         elif key == "id":
             value = str(value)
         out[SEND_TO_PGBOSS[key]] = value
