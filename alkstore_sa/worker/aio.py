@@ -372,15 +372,15 @@ class AsyncWorker(WorkerBase):
     async def _complete_loop(self) -> None:
         backoff = Backoff()
         while True:
-            await self._pending_event.wait()
-            if not self._pending and self._completer_stop.is_set():
+            while not self._pending and not self._completer_stop.is_set():
+                self._pending_event.clear()
+                await self._pending_event.wait()
+            if not self._pending:
                 return
             if not self._completer_stop.is_set():
+                # Gather the jobs that finish within the window into one batch.
                 await asyncio.sleep(self.flush_interval)
             batch, self._pending = self._pending, []
-            self._pending_event.clear()
-            if not batch:
-                continue
             while batch:
                 try:
                     await self._flush(batch)
