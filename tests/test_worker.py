@@ -8,21 +8,29 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
+from test_worker_support import Harness, harnesses, wait_for
 
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.records import Job
 
-from test_worker_support import Harness, harness, wait_for  # noqa: F401
-
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(params=["sync", "async"])
+def harness(
+    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
+) -> Iterator[Harness]:
+    yield from harnesses(request, engine, schema, database_url)
 
 
 def send(h: Harness, queue: str, data: Any = None, **options: Any) -> uuid.UUID:
     job_id = h.service_tx(lambda q: q.send(queue, data, **options))
-    assert job_id is not None
+    assert isinstance(job_id, uuid.UUID)
     return job_id
 
 

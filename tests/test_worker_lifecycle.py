@@ -6,20 +6,28 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
+from test_worker_support import Harness, harnesses, wait_for
 
 from alkstore_sa.records import Job
-
-from test_worker_support import Harness, harness, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+@pytest.fixture(params=["sync", "async"])
+def harness(
+    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
+) -> Iterator[Harness]:
+    yield from harnesses(request, engine, schema, database_url)
+
+
 def send(h: Harness, queue: str, data: Any = None, **options: Any) -> uuid.UUID:
     job_id = h.service_tx(lambda q: q.send(queue, data, **options))
-    assert job_id is not None
+    assert isinstance(job_id, uuid.UUID)
     return job_id
 
 
@@ -33,6 +41,7 @@ def expire_and_refetch(h: Harness, job: Job) -> Job:
     time.sleep(0.01)  # the re-fetch must run at a later now() than the fail
     [again] = h.service_tx(lambda q: q.fetch(job.name))
     assert again.id == job.id and again.started_on != job.started_on
+    assert isinstance(again, Job)
     return again
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
@@ -76,7 +76,7 @@ class Harness:
 
     def job(self, queue: str, job_id: uuid.UUID) -> Job:
         job = self.service_tx(lambda q: q.get_job(queue, job_id))
-        assert job is not None
+        assert isinstance(job, Job)
         return job
 
     @contextmanager
@@ -200,10 +200,8 @@ class Harness:
 
     def close(self) -> None:
         for w in self.workers:
-            try:
+            with suppress(Exception):
                 self.stop(w, 0)
-            except Exception:
-                pass
         if self.loop is not None:
             if self.async_engine is not None:
                 self.call(self.async_engine.dispose())
@@ -213,11 +211,15 @@ class Harness:
             self.loop.close()
 
 
-@pytest.fixture(params=["sync", "async"])
-def harness(
+def harnesses(
     request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
 ) -> Iterator[Harness]:
-    """Each worker test runs with Worker (threads) and AsyncWorker (asyncio)."""
+    """Body of each worker test module's ``harness`` fixture, parametrized sync/async::
+
+    @pytest.fixture(params=["sync", "async"])
+    def harness(request, engine, schema, database_url):
+        yield from harnesses(request, engine, schema, database_url)
+    """
     h = Harness(request.param, engine, schema, database_url)
     yield h
     h.close()
