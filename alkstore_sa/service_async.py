@@ -288,6 +288,16 @@ class AsyncQueueService:
         """Jobs by id (missing ones are left out)."""
         return await self._run(ops.get_jobs(self._ctx, name, ids))
 
+    async def list_jobs(self, name: str, state: str | None = None, limit: int = 100) -> list[Job]:
+        """The queue's jobs, newest first, at most ``limit`` (1 to 10,000).
+
+        ``state`` keeps only jobs in that state (``"created"``, ``"failed"``, ...).
+
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises InvalidOptionsError: for an unknown state or a bad limit.
+        """
+        return await self._run(ops.inspect.list_jobs(self._ctx, name, state, limit))
+
     async def redrive(
         self,
         dead_letter: str,
