@@ -1,0 +1,103 @@
+"""``alkstore jobs list|get|retry|cancel|resume|delete|redrive``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..models.enums import JobState
+from ..records import Settled
+from ..service import QueueService
+from ._common import CommandError, emit, leaf
+from ._service import JOB_COLUMNS, in_transaction, require_queue
+
+# action -> help; the handler picks the service method
+_MOVES = {
+    "retry": "give failed jobs one more attempt",
+    "cancel": "cancel jobs that are not finished",
+    "resume": "put cancelled jobs back in the queue",
+    "delete": "delete jobs, whatever their state",
+}
+
+
+def register(sub: Any) -> None:
+    jobs = sub.add_parser("jobs", help="inspect and move jobs")
+    actions = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    listing = leaf(actions, "list", "a queue's jobs, newest first")
+    listing.add_argument("queue")
+    listing.add_argument("--state", choices=[s.value for s in JobState])
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.set_defaults(handler=_list)
+
+    get = leaf(actions, "get", "one job with all its fields")
+    get.add_argument("queue")
+    get.add_argument("id")
+    get.set_defaults(handler=_get)
+
+    for action, help_text in _MOVES.items():
+        move = leaf(actions, action, help_text)
+        move.add_argument("queue")
+        move.add_argument("ids", nargs="+", metavar="ID")
+        move.set_defaults(handler=_move, move=action)
+
+    redrive = leaf(actions, "redrive", "move dead-lettered jobs back into a queue")
+    redrive.add_argument("dead_letter", metavar="DEAD_LETTER_QUEUE")
+    redrive.add_argument("--to", required=True, metavar="QUEUE", help="the queue to send them to")
+    redrive.add_argument("--id", dest="ids", action="append", metavar="ID", help="only these")
+    redrive.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    redrive.set_defaults(handler=_redrive)
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = in_transaction(
+        args, lambda q: q.list_jobs(args.queue, state=args.state, limit=args.limit)
+    )
+    emit(args, rows, columns=JOB_COLUMNS)
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    def get(q: QueueService) -> Any:
+        require_queue(q, args.queue)
+        return q.get_job(args.queue, args.id)
+
+    job = in_transaction(args, get)
+    if job is None:
+        raise CommandError(f"no job {args.id} in queue {args.queue!r}")
+    emit(args, job)
+    return 0
+
+
+def _move(args: argparse.Namespace) -> int:
+    def move(q: QueueService) -> Settled:
+        require_queue(q, args.queue)
+        if args.move == "delete":
+            return q.delete_jobs(args.queue, args.ids)
+        method = {"retry": q.retry, "cancel": q.cancel, "resume": q.resume}[args.move]
+        return method(args.queue, args.ids)
+
+    settled = in_transaction(args, move)
+    emit(
+        args,
+        {
+            "action": args.move,
+            "requested": settled.requested,
+            "affected": [str(i) for i in settled.affected],
+        },
+    )
+    missed = settled.requested - settled.count
+    if missed:
+        raise CommandError(
+            f"{missed} of {settled.requested} jobs not changed: unknown, or not in a state "
+            f"that allows {args.move}"
+        )
+    return 0
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    moved = in_transaction(
+        args, lambda q: q.redrive(args.dead_letter, args.to, args.ids, limit=args.limit)
+    )
+    emit(args, {"from": args.dead_letter, "to": args.to, "ids": [str(i) for i in moved]})
+    return 0

@@ -1,0 +1,95 @@
+"""``alkstore queue create|update|list|stats|delete``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import QueueNotFoundError
+from ..service import QueueService
+from ._common import CommandError, emit, leaf
+from ._service import add_queue_options, in_transaction, queue_options
+
+LIST_COLUMNS = (
+    "name",
+    "policy",
+    "partition",
+    "retry_limit",
+    "dead_letter",
+    "queued_count",
+    "active_count",
+    "total_count",
+)
+STATS_COLUMNS = ("name", "deferred_count", "queued_count", "active_count", "total_count")
+
+
+def register(sub: Any) -> None:
+    queue = sub.add_parser("queue", help="create, inspect and delete queues")
+    actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    create = leaf(actions, "create", "create a queue (an existing one is left unchanged)")
+    create.add_argument("name")
+    add_queue_options(create, create=True)
+    create.add_argument(
+        "--fail-if-exists", action="store_true", help="exit 1 if the queue already exists"
+    )
+    create.set_defaults(handler=_create)
+
+    update = leaf(actions, "update", "change a queue's options (not policy or partition)")
+    update.add_argument("name")
+    add_queue_options(update, create=False)
+    update.set_defaults(handler=_update)
+
+    leaf(actions, "list", "all queues with their cached counters").set_defaults(handler=_list)
+
+    stats = leaf(actions, "stats", "live job counts of one queue or of all")
+    stats.add_argument("name", nargs="?")
+    stats.set_defaults(handler=_stats)
+
+    delete = leaf(actions, "delete", "delete a queue with its jobs and schedules")
+    delete.add_argument("name")
+    delete.set_defaults(handler=_delete)
+
+
+def _create(args: argparse.Namespace) -> int:
+    options = queue_options(args)
+    info = in_transaction(
+        args, lambda q: q.create_queue(args.name, exist_ok=not args.fail_if_exists, **options)
+    )
+    emit(args, info)
+    return 0
+
+
+def _update(args: argparse.Namespace) -> int:
+    options = queue_options(args)
+    if not options:
+        raise CommandError("nothing to update: give at least one option")
+    emit(args, in_transaction(args, lambda q: q.update_queue(args.name, **options)))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    emit(args, in_transaction(args, lambda q: q.get_queues()), columns=LIST_COLUMNS)
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    if args.name is None:
+        rows = in_transaction(
+            args, lambda q: [q.get_queue_stats(info.name) for info in q.get_queues()]
+        )
+        emit(args, rows, columns=STATS_COLUMNS)
+    else:
+        emit(args, in_transaction(args, lambda q: q.get_queue_stats(args.name)))
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    def delete(q: QueueService) -> bool:
+        if not q.delete_queue(args.name):
+            raise QueueNotFoundError(args.name, q.schema)
+        return True
+
+    in_transaction(args, delete)
+    emit(args, {"name": args.name, "status": "deleted"})
+    return 0

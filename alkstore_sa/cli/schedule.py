@@ -1,0 +1,63 @@
+"""``alkstore schedule add|remove|list``: cron schedules that send jobs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..service import QueueService
+from ._common import CommandError, emit, leaf, parse_json
+from ._service import add_send_options, in_transaction, send_options
+
+LIST_COLUMNS = ("name", "key", "cron", "timezone", "data", "updated_on")
+
+
+def register(sub: Any) -> None:
+    schedule = sub.add_parser("schedule", help="cron schedules")
+    actions = schedule.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    add = leaf(actions, "add", "add or replace the schedule (QUEUE, --key)")
+    add.add_argument("queue")
+    add.add_argument("cron", help="5 fields, or 6 with seconds first; quote it")
+    add.add_argument("--data", metavar="JSON", help="data of every job sent (default null)")
+    add.add_argument("--key", default="", help="tells several schedules of a queue apart")
+    add.add_argument("--tz", default="UTC", help="IANA time zone of the cron (default UTC)")
+    add_send_options(add)
+    add.set_defaults(handler=_add)
+
+    remove = leaf(actions, "remove", "remove a schedule")
+    remove.add_argument("queue")
+    remove.add_argument("--key", default="")
+    remove.set_defaults(handler=_remove)
+
+    listing = leaf(actions, "list", "stored schedules")
+    listing.add_argument("queue", nargs="?")
+    listing.add_argument("--key")
+    listing.set_defaults(handler=_list)
+
+
+def _add(args: argparse.Namespace) -> int:
+    data = parse_json("--data", args.data)
+    options = send_options(args)
+    in_transaction(
+        args,
+        lambda q: q.schedule(args.queue, args.cron, data, key=args.key, tz=args.tz, **options),
+    )
+    emit(args, {"name": args.queue, "key": args.key, "cron": args.cron, "status": "scheduled"})
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    def remove(q: QueueService) -> bool:
+        return q.unschedule(args.queue, args.key)
+
+    if not in_transaction(args, remove):
+        raise CommandError(f"no schedule {args.key!r} on queue {args.queue!r}")
+    emit(args, {"name": args.queue, "key": args.key, "status": "removed"})
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = in_transaction(args, lambda q: q.get_schedules(args.queue, args.key))
+    emit(args, rows, columns=LIST_COLUMNS)
+    return 0

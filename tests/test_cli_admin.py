@@ -1,0 +1,450 @@
+"""The ``alkstore`` admin commands: db, queue, send, jobs, schedule.
+
+Every command runs in-process through :func:`alkstore_sa.cli.main`, with the global
+options placed after the sub-command (as a user types them). Output is a table or
+``key  value`` lines by default and JSON with ``--json``; errors exit non-zero with
+one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+from support.schemas import random_schema, schema_exists, throwaway
+
+from alkstore_sa import QueueService, migrate
+from alkstore_sa.cli import main
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def data(self) -> Any:
+        return json.loads(self.out)
+
+
+@dataclass
+class Cli:
+    """``alkstore`` against one schema of the test database."""
+
+    capsys: pytest.CaptureFixture[str]
+    database_url: str
+    schema: str
+    engine: Engine
+
+    def __call__(self, *argv: str, json_output: bool = False) -> Ran:
+        args = [*argv, "--database-url", self.database_url, "--schema", self.schema]
+        if json_output:
+            args.append("--json")
+        self.capsys.readouterr()
+        code = main(args)
+        captured = self.capsys.readouterr()
+        return Ran(code, captured.out, captured.err)
+
+    def json(self, *argv: str) -> Any:
+        ran = self(*argv, json_output=True)
+        assert ran.code == 0, ran.err
+        return ran.data
+
+    def sql(self, statement: str, **params: Any) -> list[Any]:
+        with self.engine.begin() as conn:
+            result = conn.execute(text(statement.replace("{s}", f'"{self.schema}"')), params)
+            return list(result.all()) if result.returns_rows else []
+
+    def service(self, fn: Any) -> Any:
+        with Session(self.engine) as session, session.begin():
+            return fn(QueueService(session, schema=self.schema))
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], database_url: str, schema: str, engine: Engine) -> Cli:
+    return Cli(capsys, database_url, schema, engine)
+
+
+def _one_line_error(ran: Ran, *fragments: str) -> None:
+    assert ran.code != 0
+    lines = ran.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("alkstore: error: "), ran.err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# --------------------------------------------------------------------- db
+
+
+def test_db_upgrade_installs_and_current_reports_the_revision(
+    capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
+) -> None:
+    name = random_schema()
+    with throwaway(engine, name):
+        assert main(["db", "upgrade", "--database-url", database_url, "--schema", name]) == 0
+        capsys.readouterr()
+        assert (
+            main(["db", "current", "--json", "--database-url", database_url, "--schema", name]) == 0
+        )
+        assert json.loads(capsys.readouterr().out) == {"schema": name, "revision": "alkstore_0001"}
+
+
+def test_db_check_reports_version_26(cli: Cli) -> None:
+    assert cli.json("db", "check") == {"schema": cli.schema, "version": 26, "status": "ok"}
+
+
+def test_db_check_on_a_missing_schema_says_how_to_install(
+    capsys: pytest.CaptureFixture[str], database_url: str
+) -> None:
+    name = random_schema()
+    code = main(["db", "check", "--database-url", database_url, "--schema", name])
+    _one_line_error(Ran(code, *capsys.readouterr()), "not installed", "alkstore db upgrade")
+
+
+def test_db_check_on_another_version_names_it(cli: Cli) -> None:
+    cli.sql("UPDATE {s}.version SET version = 24")
+    _one_line_error(cli("db", "check"), "version 24", "no upgrade path")
+
+
+def test_db_downgrade_removes_the_schema(cli: Cli) -> None:
+    ran = cli("db", "downgrade")
+    assert ran.code == 0 and "downgraded" in ran.out
+    assert not schema_exists(cli.engine, cli.schema)
+
+
+def test_db_sql_prints_the_script_without_a_database(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ALKSTORE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert main(["db", "sql", "--schema", "Jobs_Here"]) == 0
+    script = capsys.readouterr().out
+    assert 'CREATE TABLE "Jobs_Here".job_common' in script
+    assert script.rstrip().endswith("COMMIT;")
+
+
+def test_db_upgrade_reads_url_and_schema_from_the_environment(
+    capsys: pytest.CaptureFixture[str],
+    database_url: str,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = random_schema()
+    monkeypatch.setenv("ALKSTORE_DATABASE_URL", database_url)
+    monkeypatch.setenv("ALKSTORE_SCHEMA", name)
+    with throwaway(engine, name):
+        assert main(["db", "upgrade"]) == 0
+        assert migrate.check(engine, name) == 26
+
+
+# --------------------------------------------------------------------- errors
+
+
+def test_missing_database_url_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ALKSTORE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    code = main(["queue", "list"])
+    _one_line_error(Ran(code, *capsys.readouterr()), "no database", "ALKSTORE_DATABASE_URL")
+
+
+def test_bad_database_url_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["queue", "list", "--database-url", "not a url"])
+    _one_line_error(Ran(code, *capsys.readouterr()), "bad database URL")
+
+
+def test_unreachable_database_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["queue", "list", "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+    _one_line_error(Ran(code, *capsys.readouterr()), "cannot reach the database")
+
+
+def test_schema_not_installed_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], database_url: str
+) -> None:
+    name = random_schema()
+    code = main(["queue", "list", "--database-url", database_url, "--schema", name])
+    _one_line_error(Ran(code, *capsys.readouterr()), repr(name), "not installed")
+
+
+def test_invalid_schema_name_is_a_one_line_error(cli: Cli, database_url: str) -> None:
+    cli.capsys.readouterr()
+    code = main(["queue", "list", "--database-url", database_url, "--schema", "no-dash"])
+    _one_line_error(Ran(code, *cli.capsys.readouterr()), "schema")
+
+
+# --------------------------------------------------------------------- queue
+
+
+def test_queue_create_applies_the_options_and_prints_the_queue(cli: Cli) -> None:
+    assert cli("queue", "create", "dlq").code == 0
+    info = cli.json(
+        "queue", "create", "orders", "--policy", "short", "--retry-limit", "5",
+        "--retry-backoff", "--retry-delay-max", "60", "--dead-letter", "dlq",
+        "--expire-seconds", "30",
+    )  # fmt: skip
+    assert {k: info[k] for k in ("name", "policy", "retry_limit", "retry_backoff")} == {
+        "name": "orders",
+        "policy": "short",
+        "retry_limit": 5,
+        "retry_backoff": True,
+    }
+    assert (info["retry_delay_max"], info["dead_letter"], info["expire_seconds"]) == (60, "dlq", 30)
+
+
+def test_queue_create_with_partition_gives_a_dedicated_table(cli: Cli) -> None:
+    info = cli.json("queue", "create", "big", "--partition")
+    assert info["partition"] is True and info["table_name"].startswith("j")
+
+
+def test_queue_create_of_an_existing_queue_leaves_it_unchanged(cli: Cli) -> None:
+    cli.json("queue", "create", "q", "--retry-limit", "1")
+    assert cli.json("queue", "create", "q", "--retry-limit", "9")["retry_limit"] == 1
+
+
+def test_queue_create_with_fail_if_exists_refuses_an_existing_queue(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    _one_line_error(cli("queue", "create", "q", "--fail-if-exists"), "already exists")
+
+
+def test_queue_create_with_a_bad_option_names_it_and_writes_nothing(cli: Cli) -> None:
+    _one_line_error(cli("queue", "create", "q", "--expire-seconds", "0"), "expire_seconds")
+    assert cli.sql("SELECT count(*) FROM {s}.queue") == [(0,)]
+
+
+def test_queue_list_prints_a_table(cli: Cli) -> None:
+    cli.json("queue", "create", "alpha", "--policy", "stately")
+    cli.json("queue", "create", "beta")
+    ran = cli("queue", "list")
+    header, *rows = ran.out.strip().splitlines()
+    assert header.split()[:3] == ["NAME", "POLICY", "PARTITION"]
+    assert [r.split()[:2] for r in rows] == [["alpha", "stately"], ["beta", "standard"]]
+
+
+def test_queue_list_json_lists_every_field(cli: Cli) -> None:
+    cli.json("queue", "create", "alpha")
+    [queue] = cli.json("queue", "list")
+    assert queue["name"] == "alpha" and "created_on" in queue and "deletion_seconds" in queue
+
+
+def test_queue_list_of_no_queues_says_none(cli: Cli) -> None:
+    assert cli("queue", "list").out.strip() == "(none)"
+
+
+def test_queue_stats_counts_live_jobs(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    cli.json("send", "q")
+    cli.json("send", "q", "--start-after", "3600")
+    stats = cli.json("queue", "stats", "q")
+    assert (stats["queued_count"], stats["deferred_count"], stats["total_count"]) == (2, 1, 2)
+
+
+def test_queue_stats_without_a_name_covers_every_queue(cli: Cli) -> None:
+    cli.json("queue", "create", "a")
+    cli.json("queue", "create", "b")
+    cli.json("send", "b")
+    rows = cli.json("queue", "stats")
+    assert [(r["name"], r["total_count"]) for r in rows] == [("a", 0), ("b", 1)]
+
+
+def test_queue_stats_of_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("queue", "stats", "nope"), "'nope' does not exist")
+
+
+def test_queue_update_changes_options(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    assert cli.json("queue", "update", "q", "--retry-limit", "7")["retry_limit"] == 7
+
+
+def test_queue_update_without_options_is_an_error(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    _one_line_error(cli("queue", "update", "q"), "nothing to update")
+
+
+def test_queue_delete_removes_the_queue_and_its_jobs(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    cli.json("send", "q")
+    assert cli.json("queue", "delete", "q") == {"name": "q", "status": "deleted"}
+    assert cli.sql("SELECT (SELECT count(*) FROM {s}.queue), (SELECT count(*) FROM {s}.job)") == [
+        (0, 0)
+    ]
+
+
+def test_queue_delete_of_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("queue", "delete", "nope"), "'nope' does not exist")
+
+
+# --------------------------------------------------------------------- send
+
+
+def test_send_enqueues_the_job_and_prints_its_id(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    ran = cli(
+        "send", "q", "--data", '{"order": 42}', "--priority", "5", "--singleton-key", "k",
+        "--retry-limit", "4",
+    )  # fmt: skip
+    assert ran.code == 0
+    job_id = uuid.UUID(ran.out.strip())
+    assert cli.sql(
+        "SELECT data, priority, singleton_key, retry_limit FROM {s}.job WHERE id = :i", i=job_id
+    ) == [({"order": 42}, 5, "k", 4)]
+
+
+def test_send_with_start_after_defers_the_job(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    job_id = cli.json("send", "q", "--start-after", "600")["id"]
+    [(delay,)] = cli.sql(
+        "SELECT extract(epoch FROM start_after - created_on) FROM {s}.job WHERE id = :i", i=job_id
+    )
+    assert 599 <= float(delay) <= 601
+
+
+def test_send_refused_by_the_queue_policy_exits_3(cli: Cli) -> None:
+    cli.json("queue", "create", "q", "--policy", "short")
+    cli.json("send", "q", "--singleton-key", "k")
+    ran = cli("send", "q", "--singleton-key", "k")
+    assert ran.code == 3
+    _one_line_error(ran, "not sent")
+    assert cli.sql("SELECT count(*) FROM {s}.job") == [(1,)]
+
+
+def test_send_with_invalid_json_data_is_an_error(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    _one_line_error(cli("send", "q", "--data", "{oops"), "--data is not valid JSON")
+
+
+def test_send_to_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("send", "nope", "--data", "1"), "'nope' does not exist")
+
+
+# --------------------------------------------------------------------- jobs
+
+
+def _jobs(cli: Cli, count: int, queue: str = "q") -> list[str]:
+    cli.json("queue", "create", queue)
+    return [cli.json("send", queue, "--data", str(n))["id"] for n in range(count)]
+
+
+def test_jobs_list_shows_the_newest_first(cli: Cli) -> None:
+    ids = _jobs(cli, 3)
+    assert [j["id"] for j in cli.json("jobs", "list", "q")] == ids[::-1]
+    header = cli("jobs", "list", "q").out.splitlines()[0]
+    assert header.split()[:3] == ["ID", "STATE", "PRIORITY"]
+
+
+def test_jobs_list_filters_by_state_and_limit(cli: Cli) -> None:
+    ids = _jobs(cli, 3)
+    cli.json("jobs", "cancel", "q", ids[0])
+    assert [j["id"] for j in cli.json("jobs", "list", "q", "--state", "cancelled")] == [ids[0]]
+    assert len(cli.json("jobs", "list", "q", "--limit", "2")) == 2
+
+
+def test_jobs_list_of_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("jobs", "list", "nope"), "'nope' does not exist")
+
+
+def test_jobs_get_prints_every_field(cli: Cli) -> None:
+    [job_id] = _jobs(cli, 1)
+    job = cli.json("jobs", "get", "q", job_id)
+    assert (job["id"], job["state"], job["data"]) == (job_id, "created", 0)
+    assert "state" in cli("jobs", "get", "q", job_id).out
+
+
+def test_jobs_get_of_an_unknown_id_is_an_error(cli: Cli) -> None:
+    _jobs(cli, 1)
+    missing = str(uuid.uuid4())
+    _one_line_error(cli("jobs", "get", "q", missing), missing)
+
+
+def test_jobs_get_with_a_malformed_id_is_an_error(cli: Cli) -> None:
+    _jobs(cli, 1)
+    _one_line_error(cli("jobs", "get", "q", "not-a-uuid"), "not a UUID")
+
+
+def test_jobs_cancel_then_resume_moves_the_jobs(cli: Cli) -> None:
+    ids = _jobs(cli, 2)
+    assert set(cli.json("jobs", "cancel", "q", *ids)["affected"]) == set(ids)
+    assert cli.sql("SELECT DISTINCT state::text FROM {s}.job") == [("cancelled",)]
+    assert set(cli.json("jobs", "resume", "q", *ids)["affected"]) == set(ids)
+    assert cli.sql("SELECT DISTINCT state::text FROM {s}.job") == [("created",)]
+
+
+def test_jobs_retry_gives_a_failed_job_another_attempt(cli: Cli) -> None:
+    [job_id] = _jobs(cli, 1)
+    cli.sql("UPDATE {s}.job SET state = 'failed', completed_on = now() WHERE id = :i", i=job_id)
+    assert cli.json("jobs", "retry", "q", job_id)["affected"] == [job_id]
+    assert cli.sql("SELECT state::text, retry_limit FROM {s}.job") == [("retry", 3)]
+
+
+def test_jobs_delete_removes_jobs_in_any_state(cli: Cli) -> None:
+    ids = _jobs(cli, 2)
+    cli.json("jobs", "cancel", "q", ids[0])
+    assert set(cli.json("jobs", "delete", "q", *ids)["affected"]) == set(ids)
+    assert cli.sql("SELECT count(*) FROM {s}.job") == [(0,)]
+
+
+def test_jobs_move_reports_jobs_it_could_not_change(cli: Cli) -> None:
+    ids = _jobs(cli, 2)
+    ran = cli("jobs", "resume", "q", *ids)  # neither is cancelled
+    _one_line_error(ran, "2 of 2 jobs not changed")
+    assert json.loads(cli("jobs", "resume", "q", ids[0], json_output=True).out)["affected"] == []
+
+
+def test_jobs_move_in_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("jobs", "cancel", "nope", str(uuid.uuid4())), "'nope' does not exist")
+
+
+def test_jobs_redrive_moves_dead_lettered_jobs_back(cli: Cli) -> None:
+    cli.json("queue", "create", "dlq")
+    cli.json("queue", "create", "work", "--dead-letter", "dlq")
+    dead = cli.json("send", "dlq", "--data", '{"again": true}')["id"]
+    moved = cli.json("jobs", "redrive", "dlq", "--to", "work")
+    assert moved["from"] == "dlq" and len(moved["ids"]) == 1
+    assert cli.sql("SELECT name, data FROM {s}.job WHERE id <> :i", i=dead) == [
+        ("work", {"again": True})
+    ]
+
+
+# --------------------------------------------------------------------- schedule
+
+
+def test_schedule_add_list_and_remove(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    added = cli.json(
+        "schedule", "add", "q", "*/5 * * * *", "--data", '{"n": 1}', "--key", "k1",
+        "--tz", "Europe/Paris", "--priority", "3",
+    )  # fmt: skip
+    assert added["status"] == "scheduled"
+    [row] = cli.json("schedule", "list", "q")
+    assert (row["key"], row["cron"], row["timezone"], row["data"]) == (
+        "k1",
+        "*/5 * * * *",
+        "Europe/Paris",
+        {"n": 1},
+    )
+    assert row["options"]["priority"] == 3
+    table = cli("schedule", "list").out
+    assert "*/5 * * * *" in table and table.splitlines()[0].startswith("NAME")
+    assert cli.json("schedule", "remove", "q", "--key", "k1")["status"] == "removed"
+    assert cli.json("schedule", "list") == []
+
+
+def test_schedule_add_with_a_bad_cron_is_an_error(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    _one_line_error(cli("schedule", "add", "q", "every day"), "cron")
+    assert cli.json("schedule", "list") == []
+
+
+def test_schedule_add_on_an_unknown_queue_is_an_error(cli: Cli) -> None:
+    _one_line_error(cli("schedule", "add", "nope", "* * * * *"), "'nope' does not exist")
+
+
+def test_schedule_remove_of_a_missing_schedule_is_an_error(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    _one_line_error(cli("schedule", "remove", "q"), "no schedule")
