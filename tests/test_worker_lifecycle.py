@@ -264,8 +264,7 @@ def test_supervisor_starts_and_stops_with_the_worker(
             events.append(("stop", None))
             return _maybe_async(h)
 
-    module = "alkstore_sa.worker.aio" if h.is_async else "alkstore_sa.worker.threaded"
-    monkeypatch.setattr(f"{module}.load_supervisor", lambda name: FakeSupervisor)
+    monkeypatch.setattr("alkstore_sa.worker._base.load_supervisor", lambda name: FakeSupervisor)
     w = h.worker(supervise=True, supervisor_options={"monitor_interval": 5})
     w.register("q", h.handler())
     h.start(w)

@@ -24,6 +24,7 @@ from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops import FailResult, Settlement
 from ..records import Job, Settled
 from .config import LEASE_FRACTION, HandlerSpec, Registry
+from .listener import Listener
 
 log = logging.getLogger("alkstore_sa.worker")
 
@@ -188,6 +189,23 @@ class WorkerBase(Registry):
         self._attempts: dict[Any, Attempt] = {}
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._book = threading.Lock()
+        self._listener: Listener | None = None
+
+    @property
+    def listener(self) -> Listener | None:
+        """The process's shared :class:`Listener` this worker subscribed to, once started."""
+        return self._listener
+
+    def _make_supervisor(self, class_name: str, engine: Any) -> Any:
+        # Built here rather than at start, so a bad supervisor option is refused
+        # when the worker is created; the module is imported lazily and may be
+        # absent from a trimmed installation.
+        if not self.supervise:
+            return None
+        cls = load_supervisor(class_name)
+        if cls is None:
+            return None
+        return cls(engine, schema=self.schema, **self.supervisor_options)
 
     # ------------------------------------------------------------ statistics
 

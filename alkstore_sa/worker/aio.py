@@ -25,7 +25,6 @@ from ._base import (
     WorkerBase,
     group,
     listen_conninfo,
-    load_supervisor,
     monotonic,
 )
 from ._signals import SIGNALS
@@ -132,9 +131,8 @@ class AsyncWorker(WorkerBase):
         self._give_up = asyncio.Event()
         self._keeper_stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._listener: Listener | None = None
         self._subscription: Subscription | None = None
-        self._supervisor: Any = None
+        self._supervisor = self._make_supervisor("AsyncSupervisor", self.engine)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -160,11 +158,8 @@ class AsyncWorker(WorkerBase):
             state = self._queues[spec.queue] = _QueueState(spec)
             state.task = asyncio.create_task(self._fetch_loop(state), name=f"alkstore-{spec.queue}")
         self._tasks.append(asyncio.create_task(self._keep(), name="alkstore-keeper"))
-        if self.supervise:
-            cls = load_supervisor("AsyncSupervisor")
-            if cls is not None:
-                self._supervisor = cls(self.engine, schema=self.schema, **self.supervisor_options)
-                await self._supervisor.start()
+        if self._supervisor is not None:
+            await self._supervisor.start()
         log.info(
             "worker %s started on schema %r: %s",
             self.name,
@@ -255,7 +250,7 @@ class AsyncWorker(WorkerBase):
             self._listener.release(self._subscription)
         if self._supervisor is not None:
             try:
-                await self._supervisor.stop()
+                await self._supervisor.stop(timeout)
             except Exception as exc:
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)

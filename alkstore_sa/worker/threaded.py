@@ -26,7 +26,6 @@ from ._base import (
     WorkerBase,
     group,
     listen_conninfo,
-    load_supervisor,
     monotonic,
 )
 from ._threads import Completer, Pool
@@ -146,9 +145,8 @@ class Worker(WorkerBase):
         self._completer.on_error = lambda exc, delay: self._loop_error("settle", None, exc, delay)
         self._keeper: threading.Thread | None = None
         self._keeper_stop = threading.Event()
-        self._listener: Listener | None = None
         self._subscription: Subscription | None = None
-        self._supervisor: Any = None
+        self._supervisor = self._make_supervisor("Supervisor", self.engine)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -176,11 +174,8 @@ class Worker(WorkerBase):
             state.thread.start()
         self._keeper = threading.Thread(target=self._keep, name="alkstore-keeper", daemon=True)
         self._keeper.start()
-        if self.supervise:
-            cls = load_supervisor("Supervisor")
-            if cls is not None:
-                self._supervisor = cls(self.engine, schema=self.schema, **self.supervisor_options)
-                self._supervisor.start()
+        if self._supervisor is not None:
+            self._supervisor.start()
         log.info(
             "worker %s started on schema %r: %s",
             self.name,
