@@ -34,7 +34,12 @@ def _upgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
         guarded(lambda: migrate.upgrade(engine, schema, args.revision))
-    emit(args, {"schema": schema, "status": "upgraded", "revision": args.revision})
+        revision = guarded(lambda: migrate.current(engine, schema))
+        if args.revision == migrate.HEAD:
+            # A schema recorded at our head may still have been moved on by a newer
+            # Node pg-boss since; say so instead of reporting success.
+            guarded(lambda: migrate.check(engine, schema))
+    emit(args, {"schema": schema, "status": "upgraded", "revision": revision})
     return 0
 
 
@@ -42,7 +47,8 @@ def _downgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
         guarded(lambda: migrate.downgrade(engine, schema, args.revision))
-    emit(args, {"schema": schema, "status": "downgraded", "revision": args.revision})
+        revision = guarded(lambda: migrate.current(engine, schema))
+    emit(args, {"schema": schema, "status": "downgraded", "revision": revision})
     return 0
 
 
