@@ -234,6 +234,25 @@ def test_node_fail_of_a_python_job_dead_letters_it_like_python_fail(
     assert copies[0]["deletion_seconds"] == 50 and copies[0]["output"] == {"reason": "boom"}
 
 
+def test_node_fail_honours_a_per_job_dead_letter_set_by_python(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "orders", retry_limit=0)
+    in_tx(engine, schema, lambda q: q.create_queue("vip-dlq"))
+    job_id = in_tx(engine, schema, lambda q: q.send("orders", {"n": 1}, dead_letter="vip-dlq"))
+    boss = node(schema)
+    boss.call("fail", "orders", str(job_id), {"reason": "boom"})
+    # Node's fail reads the job row's dead_letter, so the per-job choice holds.
+    assert count_jobs(engine, schema, "vip-dlq") == 1
+    assert count_jobs(engine, schema, "dlq") == 0
+
+
+def count_jobs(engine: Engine, schema: str, name: str) -> int:
+    with engine.connect() as conn:
+        sql = text(f'SELECT count(*) FROM "{schema}".job WHERE name = :n')
+        return int(conn.execute(sql, {"n": name}).scalar_one())
+
+
 def test_node_worker_completes_a_python_job_with_its_handler_result(
     engine: Engine, schema: str, node: NodeFactory
 ) -> None:

@@ -138,6 +138,31 @@ def test_queue_deleted_by_python_is_gone_for_node(
     assert found is None
 
 
+def test_node_sends_to_a_queue_python_created_after_node_started(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    boss = node(schema)
+    assert boss.call("getQueues") == []
+    py_create(engine, schema, "late", "short", False)
+    # A cache miss makes Node read the queue row at once.
+    assert js_send(boss, "late", "k") is not None
+    assert js_send(boss, "late", "k") is None
+
+
+def test_node_send_to_a_queue_python_deleted_is_dropped_with_null(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    boss = node(schema)
+    py_create(engine, schema, "gone", "standard", False)
+    assert js_send(boss, "gone", "k") is not None
+    assert in_tx(engine, schema, lambda q: q.delete_queue("gone"))
+    # Node still has the queue in its cache (up to 60 s): no error, no job.
+    assert js_send(boss, "gone", "k") is None
+    with engine.connect() as conn:
+        left = conn.execute(text(f'SELECT count(*) FROM "{schema}".job')).scalar_one()
+    assert left == 0
+
+
 # --------------------------------------------------------------- policies
 
 
