@@ -63,21 +63,33 @@ def _integer(text: str) -> int:
 OptionGroup = dict[str, tuple[str, dict[str, Any]]]
 
 _RETRY_AND_RETENTION: OptionGroup = {
-    "--retry-limit": ("retry_limit", {"type": _integer, "help": "attempts after the first"}),
-    "--retry-delay": ("retry_delay", {"type": _integer, "help": "seconds between attempts"}),
+    "--retry-limit": (
+        "retry_limit",
+        {"type": _integer, "metavar": "N", "help": "attempts after the first"},
+    ),
+    "--retry-delay": (
+        "retry_delay",
+        {"type": _integer, "metavar": "SECONDS", "help": "seconds between attempts"},
+    ),
     "--retry-backoff": (
         "retry_backoff",
         {"action": argparse.BooleanOptionalAction, "help": "grow the delay on each retry"},
     ),
-    "--retry-delay-max": ("retry_delay_max", {"type": _integer, "help": "cap of the backoff"}),
-    "--expire-seconds": ("expire_seconds", {"type": _integer, "help": "lease of an active job"}),
+    "--retry-delay-max": (
+        "retry_delay_max",
+        {"type": _integer, "metavar": "SECONDS", "help": "cap of the backoff"},
+    ),
+    "--expire-seconds": (
+        "expire_seconds",
+        {"type": _integer, "metavar": "SECONDS", "help": "lease of an active job"},
+    ),
     "--retention-seconds": (
         "retention_seconds",
-        {"type": _integer, "help": "how long a queued job may wait"},
+        {"type": _integer, "metavar": "SECONDS", "help": "how long a queued job may wait"},
     ),
     "--deletion-seconds": (
         "deletion_seconds",
-        {"type": _integer, "help": "how long a finished job is kept"},
+        {"type": _integer, "metavar": "SECONDS", "help": "how long a finished job is kept"},
     ),
 }
 
@@ -85,13 +97,16 @@ _QUEUE_ONLY: OptionGroup = {
     "--dead-letter": ("dead_letter", {"metavar": "QUEUE", "help": "queue for failed jobs"}),
     "--warning-queued": (
         "warning_queued",
-        {"type": _integer, "help": "queued jobs that raise a warning (0 = global)"},
+        {"type": _integer, "metavar": "N", "help": "queued jobs that raise a warning (0 = global)"},
     ),
 }
 
 _SEND_ONLY: OptionGroup = {
     "--id": ("id", {"metavar": "UUID", "help": "the job's id (default: generated)"}),
-    "--priority": ("priority", {"type": int, "help": "higher runs first (default 0)"}),
+    "--priority": (
+        "priority",
+        {"type": _integer, "metavar": "N", "help": "higher runs first (default 0)"},
+    ),
     "--start-after": (
         "start_after",
         {"metavar": "WHEN", "help": "seconds from now, or an ISO-8601 time with offset"},
@@ -99,7 +114,11 @@ _SEND_ONLY: OptionGroup = {
     "--singleton-key": ("singleton_key", {"metavar": "KEY", "help": "policy/throttle key"}),
     "--singleton-seconds": (
         "singleton_seconds",
-        {"type": _integer, "help": "throttle: one job per key per slot of this length"},
+        {
+            "type": _integer,
+            "metavar": "SECONDS",
+            "help": "throttle: one job per key per slot of this length",
+        },
     ),
 }
 
@@ -150,9 +169,12 @@ def queue_options(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-def add_send_options(parser: argparse.ArgumentParser) -> None:
-    """Per-job options of ``send`` (each overrides the queue's value)."""
-    _add(parser, _SEND_ONLY)
+def add_send_options(parser: argparse.ArgumentParser, *, with_id: bool = True) -> None:
+    """Per-job options of ``send`` (each overrides the queue's value).
+
+    A schedule sends many jobs, so it takes everything but ``--id``.
+    """
+    _add(parser, {k: v for k, v in _SEND_ONLY.items() if with_id or k != "--id"})
     _add(parser, _RETRY_AND_RETENTION)
 
 

@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     add.add_argument("--data", metavar="JSON", help="data of every job sent (default null)")
     add.add_argument("--key", default="", help="tells several schedules of a queue apart")
     add.add_argument("--tz", default="UTC", help="IANA time zone of the cron (default UTC)")
-    add_send_options(add)
+    add_send_options(add, with_id=False)
     add.set_defaults(handler=_add)
 
     remove = leaf(actions, "remove", "remove a schedule")
