@@ -419,3 +419,27 @@ def test_schedule_fires_once_per_minute_across_three_timekeeper_processes(
             text(f"SELECT count(*) FROM \"{schema}\".job WHERE name = 'a'")
         ).scalar_one()
     assert made == 4
+
+
+def test_alkstore_maintain_loop_reports_and_stops_on_sigterm(
+    engine: Engine, database_url: str, schema: str
+) -> None:
+    in_tx(engine, schema, lambda q: q.create_queue("q"))
+    command = ["maintain", "--loop", "--json", "--database-url", database_url, "--schema", schema]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "alkstore_sa.cli", *command],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while (line := proc.stdout.readline()) and line != "}\n":  # one JSON document
+            lines.append(line)
+        first = "".join(lines) + "}"
+        assert json.loads(first)["monitored"] == ["q"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
