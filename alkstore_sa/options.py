@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import traceback
 import uuid
 from collections.abc import Mapping
@@ -86,6 +87,17 @@ def check_bool(option: str, value: object) -> bool:
     return value
 
 
+def check_text(option: str, value: object, *, allow_empty: bool = True) -> str:
+    """A string PostgreSQL can store in a ``text`` column (no NUL character)."""
+    if not isinstance(value, str):
+        raise InvalidOptionsError(option, f"must be a string, not {value!r}")
+    if not value and not allow_empty:
+        raise InvalidOptionsError(option, "must be a non-empty string")
+    if "\x00" in value:
+        raise InvalidOptionsError(option, "must not contain the character U+0000")
+    return value
+
+
 def check_unknown(given: Mapping[str, object], allowed: frozenset[str], what: str) -> None:
     unknown = sorted(set(given) - allowed)
     if unknown:
@@ -103,6 +115,7 @@ _INT_RULES: dict[str, tuple[int, int]] = {
     "deletion_seconds": (1, INT32_MAX),
     "warning_queued": (0, INT32_MAX),
     "singleton_seconds": (1, INT32_MAX),
+    "singleton_offset": (-INT32_MAX - 1, INT32_MAX),
     "priority": (-INT32_MAX - 1, INT32_MAX),
 }
 
@@ -174,9 +187,23 @@ def encode_json(option: str, value: Any) -> str | None:
     if value is None:
         return None
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidOptionsError(option, f"cannot be encoded as JSON: {exc}") from None
+    # jsonb refuses what JSON allows in two places; caught here, because an error
+    # from PostgreSQL would abort the caller's transaction.
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise InvalidOptionsError(option, "jsonb cannot store the character U+0000")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidOptionsError(option, "contains a lone surrogate, not valid UTF-8") from None
+    return text
+
+
+# \u0000 preceded by an even number of backslashes is an escaped NUL (an odd
+# number means the backslash itself was escaped).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def error_output(exc: BaseException) -> dict[str, Any]:
@@ -203,6 +230,13 @@ def output_value(value: Any) -> Any:
     return {"value": value}
 
 
+# Bounds that keep every derived timestamp (keep_until = start_after + retention)
+# inside what both PostgreSQL and Python's datetime can hold: a job out of range
+# would break every statement that returns it.
+_LATEST_START = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+_LONGEST_WAIT = dt.timedelta(days=365_000)
+
+
 @dataclass(frozen=True, slots=True)
 class StartAfter:
     absolute: dt.datetime | None
@@ -219,21 +253,31 @@ def start_after(value: object) -> StartAfter:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             raise InvalidOptionsError("start_after", "a datetime must be timezone-aware")
+        if value >= _LATEST_START:
+            raise InvalidOptionsError("start_after", f"must be before {_LATEST_START.year}")
         return StartAfter(value, None)
     if isinstance(value, dt.timedelta):
+        if value > _LONGEST_WAIT:
+            raise InvalidOptionsError("start_after", f"must be at most {_LONGEST_WAIT.days} days")
         return StartAfter(None, value if value > dt.timedelta(0) else None)
     if isinstance(value, bool):
         raise InvalidOptionsError("start_after", f"unsupported value {value!r}")
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise InvalidOptionsError("start_after", f"must be finite, not {value!r}")
+        if value > _LONGEST_WAIT.total_seconds():
+            raise InvalidOptionsError(
+                "start_after", f"must be at most {_LONGEST_WAIT.total_seconds():.0f} seconds"
+            )
         return StartAfter(None, dt.timedelta(seconds=value) if value > 0 else None)
     if isinstance(value, str):
         text = value.strip()
         try:
-            return start_after(float(text))
+            seconds = float(text)
         except ValueError:
             pass
+        else:
+            return start_after(seconds)
         try:
             parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:

@@ -25,6 +25,8 @@ def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]
     if names is None:
         result = yield Call(queue_sql.get_queues(by_name=False))
     else:
+        if isinstance(names, str | bytes):
+            raise InvalidOptionsError("names", "must be a list of queue names, not one name")
         for n in names:
             validate_queue(n)
         result = yield Call(queue_sql.get_queues(by_name=True), {"names": list(names)})

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import options as opt
-from ..errors import InvalidOptionsError
 from ..names import validate_queue
 from ..records import ScheduleInfo
 from ..sql import queues as queue_sql
@@ -25,8 +24,7 @@ def schedule(
     ctx: Context, name: str, cron: str, data: Any, key: str, tz: str, options: Mapping[str, Any]
 ) -> Op[None]:
     validate_queue(name)
-    if not isinstance(key, str):
-        raise InvalidOptionsError("key", f"must be a string, not {key!r}")
+    opt.check_text("key", key)
     cron, tz = validate_cron(cron, tz)
     # Validate the send options now, so that a schedule never fires bad jobs.
     _send_row(options, data, None)
@@ -47,6 +45,7 @@ def schedule(
 
 def unschedule(ctx: Context, name: str, key: str) -> Op[bool]:
     validate_queue(name)
+    opt.check_text("key", key)
     result = yield Call(queue_sql.delete_schedule(), {"qname": name, "key": key})
     return bool(getattr(result, "rowcount", 0))
 
@@ -56,7 +55,7 @@ def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[Sc
     if name is not None:
         params["qname"] = validate_queue(name)
     if key is not None:
-        params["key"] = key
+        params["key"] = opt.check_text("key", key)
     result = yield Call(
         queue_sql.get_schedules(by_name=name is not None, by_key=key is not None), params
     )

@@ -38,19 +38,29 @@ def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]
 def _send_row(
     options: Mapping[str, Any], data: Any, index: int | None, fresh_id: uuid.UUID | None = None
 ) -> dict[str, Any]:
+    """One job's input row, every value checked; errors of ``send_many`` name the job."""
     try:
-        opt.check_unknown(options, opt.SEND_OPTION_NAMES | {"singleton_offset"}, "send")
-        checked = opt._check_common(options)
+        return _checked_row(options, data, fresh_id)
     except InvalidOptionsError as exc:
         if index is None:
             raise
-        raise InvalidOptionsError(f"jobs[{index}].{exc.option}", exc.problem) from None
+        raise type(exc)(f"jobs[{index}].{exc.option}", exc.problem) from None
+
+
+def _checked_row(
+    options: Mapping[str, Any], data: Any, fresh_id: uuid.UUID | None
+) -> dict[str, Any]:
+    opt.check_unknown(options, opt.SEND_OPTION_NAMES | {"singleton_offset"}, "send")
+    checked = opt._check_common(options)
+    if checked.get("retry_delay_max") is not None and checked.get("retry_backoff") is not True:
+        # As pg-boss: the cap is only meaningful next to the backoff it caps.
+        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
     when = opt.start_after(checked.get("start_after"))
     if checked.get("dead_letter") is not None:
         validate_queue(checked["dead_letter"], "dead_letter")
     key = checked.get("singleton_key")
-    if key is not None and not isinstance(key, str):
-        raise InvalidOptionsError("singleton_key", f"must be a string, not {key!r}")
+    if key is not None:
+        opt.check_text("singleton_key", key)
     return {
         "id": opt.job_id(checked["id"])
         if checked.get("id") is not None
@@ -137,8 +147,7 @@ def send_debounced(
 def publish(
     ctx: Context, event: str, data: Any, options: Mapping[str, Any]
 ) -> Op[list[uuid.UUID | None]]:
-    if not isinstance(event, str) or not event:
-        raise InvalidOptionsError("event", "must be a non-empty string")
+    opt.check_text("event", event, allow_empty=False)
     result = yield Call(queue_sql.subscribers(), {"event": event})
     ids: list[uuid.UUID | None] = []
     for queue in result.scalars().all():
@@ -147,13 +156,13 @@ def publish(
 
 
 def subscribe(ctx: Context, event: str, name: str) -> Op[None]:
-    if not isinstance(event, str) or not event:
-        raise InvalidOptionsError("event", "must be a non-empty string")
+    opt.check_text("event", event, allow_empty=False)
     yield from _require_queue(ctx, name)
     yield Call(queue_sql.subscribe(), {"event": event, "qname": name})
 
 
 def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:
+    opt.check_text("event", event, allow_empty=False)
     validate_queue(name)
     result = yield Call(queue_sql.unsubscribe(), {"event": event, "qname": name})
     return bool(getattr(result, "rowcount", 0))

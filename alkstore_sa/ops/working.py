@@ -80,13 +80,31 @@ class Settlement:
     started_on: datetime | None = None
 
 
+def _fence(value: object) -> datetime | None:
+    if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
+        return value
+    raise InvalidOptionsError("started_on", f"must be an aware datetime or None, not {value!r}")
+
+
 def _settle_params(name: str, items: Sequence[Settlement]) -> dict[str, Any]:
+    # Everything is checked here, before the statement: a value PostgreSQL
+    # refused would abort the caller's transaction.
     return {
         "qname": name,
-        "ids": [i.id for i in items],
+        "ids": [opt.job_id(i.id) for i in items],
         "outputs": [opt.encode_json("output", opt.output_value(i.output)) for i in items],
-        "fences": [i.started_on for i in items],
+        "fences": [_fence(i.started_on) for i in items],
     }
+
+
+def _found_or_missing(ctx: Context, name: str, affected: Sequence[object]) -> Op[None]:
+    """Nothing changed: tell "no such job" (fine) from "no such queue" (an error).
+
+    Only the empty case pays for the extra lookup; a statement that changed a
+    job has proved the queue exists.
+    """
+    if not affected:
+        yield from _require_queue(ctx, name)
 
 
 def complete_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[Settled]:
@@ -94,7 +112,9 @@ def complete_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[Se
     if not items:
         return Settled(0, [])
     result = yield Call(settle_sql.complete_jobs(), _settle_params(name, items))
-    return Settled(len(items), list(result.scalars().all()))
+    affected = list(result.scalars().all())
+    yield from _found_or_missing(ctx, name, affected)
+    return Settled(len(items), affected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +132,7 @@ def fail_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[FailRe
         return FailResult(Settled(0, []), {}, 0)
     result = yield Call(fail_sql.fail_jobs(), _settle_params(name, items))
     rows = result.all()
+    yield from _found_or_missing(ctx, name, rows)
     return FailResult(
         Settled(len(items), [r.id for r in rows]),
         {r.id: r.state for r in rows},
@@ -119,27 +140,29 @@ def fail_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[FailRe
     )
 
 
-def _by_ids(stmt: Executable, name: str, ids: object) -> Op[Settled]:
+def _by_ids(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settled]:
     validate_queue(name)
     id_list = opt.job_ids(ids)
     result = yield Call(stmt, {"qname": name, "ids": id_list})
-    return Settled(len(id_list), list(result.scalars().all()))
+    affected = list(result.scalars().all())
+    yield from _found_or_missing(ctx, name, affected)
+    return Settled(len(id_list), affected)
 
 
 def cancel(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(settle_sql.cancel_jobs(), name, ids))
+    return (yield from _by_ids(ctx, settle_sql.cancel_jobs(), name, ids))
 
 
 def resume(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(settle_sql.resume_jobs(), name, ids))
+    return (yield from _by_ids(ctx, settle_sql.resume_jobs(), name, ids))
 
 
 def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(settle_sql.retry_jobs(), name, ids))
+    return (yield from _by_ids(ctx, settle_sql.retry_jobs(), name, ids))
 
 
 def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(settle_sql.delete_jobs(), name, ids))
+    return (yield from _by_ids(ctx, settle_sql.delete_jobs(), name, ids))
 
 
 def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
@@ -151,22 +174,24 @@ def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
 def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
     validate_queue(name)
     result = yield Call(settle_sql.get_jobs(), {"qname": name, "ids": opt.job_ids(ids)})
-    return [Job.from_row(r) for r in result.mappings().all()]
+    jobs = [Job.from_row(r) for r in result.mappings().all()]
+    yield from _found_or_missing(ctx, name, jobs)
+    return jobs
 
 
 def extend_leases(
     ctx: Context, name: str, items: Sequence[Settlement], extend_by: int
 ) -> Op[list[uuid.UUID]]:
-    result = yield Call(
-        settle_sql.extend_lease(),
-        {
-            "qname": name,
-            "ids": [i.id for i in items],
-            "fences": [i.started_on for i in items],
-            "extend_by": extend_by,
-        },
-    )
-    return list(result.scalars().all())
+    validate_queue(name)
+    opt.check_int("extend_by", extend_by, minimum=1, maximum=opt.INT32_MAX // 2)
+    if not items:
+        return []
+    params = _settle_params(name, items)
+    del params["outputs"]
+    result = yield Call(settle_sql.extend_lease(), {**params, "extend_by": extend_by})
+    affected = list(result.scalars().all())
+    yield from _found_or_missing(ctx, name, affected)
+    return affected
 
 
 def redrive(
