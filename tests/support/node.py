@@ -271,56 +271,25 @@ def in_tx(engine: Engine, schema: str, fn: Callable[[QueueService], Any]) -> Any
         return fn(QueueService(session, schema=schema))
 
 
-def catalog_snapshot(engine: Engine, schema: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Everything in ``schema`` that a migration could add, drop or alter.
+def function_bodies(engine: Engine, schema: str) -> list[tuple[str, str, str]]:
+    """Name, arguments and a hash of the body of every function in ``schema``.
 
-    Relations, columns with types and defaults, index and constraint definitions,
-    function signatures and bodies, enum labels in order, and the version row.
+    The shared catalog snapshot (``support.catalog``) leaves bodies out on purpose;
+    here they matter, to show that a Node start-up replaced no function.
     """
-    queries = {
-        "relations": """
-            SELECT c.relname, c.relkind, c.relispartition,
-                   pg_get_expr(c.relpartbound, c.oid), pg_get_partkeydef(c.oid)
-            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = :s ORDER BY 1""",
-        "columns": """
-            SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
-                   a.attnotnull, pg_get_expr(d.adbin, d.adrelid)
-            FROM pg_attribute a
-            JOIN pg_class c ON c.oid = a.attrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-            WHERE n.nspname = :s AND a.attnum > 0 AND NOT a.attisdropped
-            ORDER BY 1, 2""",
-        "indexes": """
-            SELECT c.relname, pg_get_indexdef(c.oid)
-            FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE n.nspname = :s ORDER BY 1""",
-        "constraints": """
-            SELECT t.relname, k.conname, k.contype, pg_get_constraintdef(k.oid),
-                   k.condeferrable, k.condeferred
-            FROM pg_constraint k JOIN pg_class t ON t.oid = k.conrelid
-            JOIN pg_namespace n ON n.oid = k.connamespace
-            WHERE n.nspname = :s ORDER BY 1, 2""",
-        "functions": """
-            SELECT p.proname, pg_get_function_identity_arguments(p.oid),
-                   pg_get_function_result(p.oid), md5(p.prosrc)
-            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE n.nspname = :s ORDER BY 1, 2""",
-        "enums": """
-            SELECT t.typname, e.enumsortorder, e.enumlabel
-            FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
-            JOIN pg_namespace n ON n.oid = t.typnamespace
-            WHERE n.nspname = :s ORDER BY 1, 2""",
-    }
-    snapshot: dict[str, list[tuple[Any, ...]]] = {}
+    sql = text(
+        "SELECT p.proname, pg_get_function_identity_arguments(p.oid), md5(p.prosrc) "
+        "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = :s ORDER BY 1, 2"
+    )
     with engine.connect() as conn:
-        for key, sql in queries.items():
-            snapshot[key] = [tuple(row) for row in conn.execute(text(sql), {"s": schema})]
-        version = conn.execute(text(f'SELECT version FROM "{schema}".version'))
-        snapshot["version"] = [tuple(row) for row in version]
-    return snapshot
+        return [(r[0], r[1], r[2]) for r in conn.execute(sql, {"s": schema})]
+
+
+def schema_version(engine: Engine, schema: str) -> list[int]:
+    """The rows of ``<schema>.version`` (pg-boss keeps exactly one)."""
+    with engine.connect() as conn:
+        return list(conn.execute(text(f'SELECT version FROM "{schema}".version')).scalars())
 
 
 @pytest.fixture(scope="session")
