@@ -11,7 +11,7 @@ See ``docs/how-to/workers.md`` for the full picture: wake-ups, fencing,
 leases, timeouts and graceful shutdown.
 """
 
-from ._base import QueueCounts, shutdown_output, timeout_output
+from ._attempt import QueueCounts, shutdown_output, timeout_output
 from .aio import AsyncWorker
 from .config import HandlerSpec
 from .listener import Listener

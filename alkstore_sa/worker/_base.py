@@ -7,139 +7,43 @@ here, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy.engine import URL
 
-from .. import options as opt
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
-from ..ops import FailResult, Settlement
+from ..ops import FailResult
 from ..records import Job, Settled
-from .config import LEASE_FRACTION, HandlerSpec, Registry
+from ._attempt import (
+    ABANDONED,
+    RUNNING,
+    SETTLING,
+    Attempt,
+    ErrorCallback,
+    Kind,
+    Pending,
+    QueueCounts,
+    prepare_output,
+    shutdown_output,
+    timeout_output,
+)
+from .config import HandlerSpec, Registry
 from .listener import Listener
 
 log = logging.getLogger("alkstore_sa.worker")
-
-Kind = Literal["complete", "fail"]
-
-SHUTDOWN_MESSAGE = "worker shut down while active"
-
-ErrorCallback = Callable[[BaseException, Job | None], None]
-
-
-def timeout_output(seconds: float) -> dict[str, str]:
-    """Output of a job whose handler ran past its timeout."""
-    return {"name": "JobTimeout", "message": f"handler ran longer than its {seconds:g} s timeout"}
-
-
-def shutdown_output() -> dict[str, str]:
-    """Output of a job still running when the worker's shutdown timeout ran out."""
-    return {"name": "WorkerShutdown", "message": SHUTDOWN_MESSAGE}
-
-
-RUNNING, SETTLING, ABANDONED = "running", "settling", "abandoned"
-
-
-@dataclass(eq=False)
-class Attempt:
-    """One run of one job by this worker.
-
-    ``status`` moves once, from ``running`` to ``settling`` (the handler finished)
-    or ``abandoned`` (timeout or shutdown); whoever moves it decides the job's
-    outcome, so a job is never settled twice by the same worker.
-    """
-
-    job: Job
-    spec: HandlerSpec
-    lease_start: float
-    deadline: float | None
-    lease_seconds: float = 0.0
-    status: str = RUNNING
-    lost: bool = False
-    handle: Any = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def take(self, status: str) -> bool:
-        """Move from ``running`` to ``status``; ``False`` if someone else moved it first."""
-        with self._lock:
-            if self.status != RUNNING:
-                return False
-            self.status = status
-            return True
-
-    def lease_due(self, now: float) -> bool:
-        return (
-            self.spec.extend_lease
-            and self.status == RUNNING
-            and not self.lost
-            and now >= self.lease_start + self.lease_seconds * LEASE_FRACTION
-        )
-
-    def settlement(self, output: Any = None) -> Settlement:
-        # The fetched started_on is the fencing token: a later attempt of the
-        # same job has another one, so this worker cannot settle it.
-        return Settlement(self.job.id, output, self.job.started_on)
-
-
-@dataclass(eq=False)
-class Pending:
-    """A settlement waiting for the completer."""
-
-    kind: Kind
-    attempt: Attempt
-    output: Any
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
-    """Per-queue counters of a worker (see :meth:`Worker.stats`).
-
-    ``failed`` counts failed attempts (handler errors, timeouts, shutdown);
-    ``lost`` counts attempts whose job was taken away (expired and re-fetched,
-    cancelled, deleted) before this worker could settle it.
-    """
-
-    fetched: int = 0
-    completed: int = 0
-    failed: int = 0
-    lost: int = 0
-    running: int = 0
-
-
-def prepare_output(kind: Kind, value: Any) -> tuple[Kind, Any]:
-    """Map a handler result or error to its stored output.
-
-    A return value that JSON cannot encode fails the job (with an error saying
-    so) rather than being dropped on the floor.
-    """
-    output = opt.output_value(value)
-    try:
-        opt.encode_json("output", output)
-    except InvalidOptionsError as exc:
-        return "fail", opt.error_output(exc)
-    return kind, output
 
 
 def listen_conninfo(url: URL) -> str:
     """A libpq URL for the listening connection, from an engine's URL."""
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def group(pendings: Sequence[Pending]) -> dict[tuple[str, Kind], list[Pending]]:
-    """Pending settlements by queue and kind: one statement per group."""
-    groups: dict[tuple[str, Kind], list[Pending]] = defaultdict(list)
-    for p in pendings:
-        groups[(p.attempt.job.name, p.kind)].append(p)
-    return groups
 
 
 def load_supervisor(class_name: str) -> Any:
@@ -165,7 +69,12 @@ class WorkerBase(Registry):
         *,
         schema: str,
         handlers: Mapping[str, Callable[..., Any] | HandlerSpec] | None,
-        defaults: dict[str, Any],
+        concurrency: int | None,
+        batch_size: int | None,
+        poll_interval: float | None,
+        extend_lease: bool | None,
+        timeout: float | None,
+        priority: bool | None,
         shutdown_timeout: float,
         listen: bool,
         listen_dsn: str | None,
@@ -175,7 +84,15 @@ class WorkerBase(Registry):
         flush_interval: float,
         name: str | None,
     ) -> None:
-        super().__init__(handlers, **defaults)
+        super().__init__(
+            handlers,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            extend_lease=extend_lease,
+            timeout=timeout,
+            priority=priority,
+        )
         self.schema = validate_schema(schema or DEFAULT_SCHEMA)
         self.channel = notify_channel(self.schema)
         self.shutdown_timeout = _seconds("shutdown_timeout", shutdown_timeout, allow_zero=True)
@@ -206,6 +123,46 @@ class WorkerBase(Registry):
         if cls is None:
             return None
         return cls(engine, schema=self.schema, **self.supervisor_options)
+
+    # ------------------------------------------------------------ lifecycle logs
+
+    _stop_requested: Any
+    _force: Any
+
+    def _signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM: the first asks for a graceful stop, the second for an immediate one."""
+        if self._stop_requested.is_set():
+            log.warning("second signal: stopping now", extra={"action": "worker_force_stop"})
+            self._force.set()
+        else:
+            log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
+            self._stop_requested.set()
+
+    def _log_started(self) -> None:
+        log.info(
+            "worker %s started on schema %r: %s",
+            self.name,
+            self.schema,
+            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
+            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
+        )
+
+    def _log_stopping(self, timeout: float) -> None:
+        log.info(
+            "worker %s stopping (up to %g s for running jobs)",
+            self.name,
+            timeout,
+            extra={"action": "worker_stopping", "worker": self.name},
+        )
+
+    def _log_stopped(self) -> None:
+        stats = {q: dataclasses.asdict(c) for q, c in self.stats().items()}
+        log.info(
+            "worker %s stopped: %s",
+            self.name,
+            stats,
+            extra={"action": "worker_stopped", "worker": self.name, "stats": stats},
+        )
 
     # ------------------------------------------------------------ statistics
 

@@ -7,8 +7,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from ._attempt import Pending
 from ._backoff import Backoff
-from ._base import Pending
 
 log = logging.getLogger("alkstore_sa.worker")
 

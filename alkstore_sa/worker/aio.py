@@ -14,19 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA
 from ..service_async import AsyncQueueService
+from ._attempt import ABANDONED, RUNNING, SETTLING, Attempt, ErrorCallback, Pending, group
 from ._backoff import Backoff
-from ._base import (
-    ABANDONED,
-    RUNNING,
-    SETTLING,
-    Attempt,
-    ErrorCallback,
-    Pending,
-    WorkerBase,
-    group,
-    listen_conninfo,
-    monotonic,
-)
+from ._base import WorkerBase, listen_conninfo, monotonic
 from ._signals import SIGNALS
 from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec
 from .listener import Listener, Subscription
@@ -97,26 +87,8 @@ class AsyncWorker(WorkerBase):
             raise InvalidOptionsError(
                 "bind", "expected an AsyncEngine or an async_sessionmaker bound to one"
             )
-        super().__init__(
-            schema=schema,
-            handlers=handlers,
-            defaults={
-                "concurrency": concurrency,
-                "batch_size": batch_size,
-                "poll_interval": poll_interval,
-                "extend_lease": extend_lease,
-                "timeout": timeout,
-                "priority": priority,
-            },
-            shutdown_timeout=shutdown_timeout,
-            listen=listen,
-            listen_dsn=listen_dsn,
-            supervise=supervise,
-            supervisor_options=supervisor_options,
-            on_error=on_error,
-            flush_interval=flush_interval,
-            name=name,
-        )
+        settings = {k: v for k, v in locals().items() if k not in ("self", "bind", "__class__")}
+        super().__init__(**settings)
         self._queues: dict[str, _QueueState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
@@ -160,13 +132,7 @@ class AsyncWorker(WorkerBase):
         self._tasks.append(asyncio.create_task(self._keep(), name="alkstore-keeper"))
         if self._supervisor is not None:
             await self._supervisor.start()
-        log.info(
-            "worker %s started on schema %r: %s",
-            self.name,
-            self.schema,
-            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
-            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
-        )
+        self._log_started()
 
     async def stop(self, timeout: float | None = None) -> None:
         """Stop gracefully; see :meth:`Worker.stop <alkstore_sa.Worker.stop>`.
@@ -205,21 +171,8 @@ class AsyncWorker(WorkerBase):
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
-    def _signal(self, signum: int) -> None:
-        if self._stop_requested.is_set():
-            log.warning("second signal: stopping now", extra={"action": "worker_force_stop"})
-            self._force.set()
-        else:
-            log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
-            self._stop_requested.set()
-
     async def _shutdown(self, timeout: float) -> None:
-        log.info(
-            "worker %s stopping (up to %g s for running jobs)",
-            self.name,
-            timeout,
-            extra={"action": "worker_stopping", "worker": self.name},
-        )
+        self._log_stopping(timeout)
         self._stopping.set()
         for state in self._queues.values():
             state.wake.set()
@@ -254,11 +207,7 @@ class AsyncWorker(WorkerBase):
             except Exception as exc:
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)
-        log.info(
-            "worker %s stopped",
-            self.name,
-            extra={"action": "worker_stopped", "worker": self.name},
-        )
+        self._log_stopped()
 
     # ------------------------------------------------------------ wake-ups
 

@@ -16,18 +16,9 @@ from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA
 from ..service import QueueService
 from . import _signals
+from ._attempt import RUNNING, SETTLING, Attempt, ErrorCallback, Pending, group
 from ._backoff import Backoff
-from ._base import (
-    RUNNING,
-    SETTLING,
-    Attempt,
-    ErrorCallback,
-    Pending,
-    WorkerBase,
-    group,
-    listen_conninfo,
-    monotonic,
-)
+from ._base import WorkerBase, listen_conninfo, monotonic
 from ._threads import Completer, Pool
 from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec
 from .listener import Listener, Subscription
@@ -114,26 +105,8 @@ class Worker(WorkerBase):
             self.sessions = bind
         else:
             raise InvalidOptionsError("bind", "expected an Engine or a sessionmaker bound to one")
-        super().__init__(
-            schema=schema,
-            handlers=handlers,
-            defaults={
-                "concurrency": concurrency,
-                "batch_size": batch_size,
-                "poll_interval": poll_interval,
-                "extend_lease": extend_lease,
-                "timeout": timeout,
-                "priority": priority,
-            },
-            shutdown_timeout=shutdown_timeout,
-            listen=listen,
-            listen_dsn=listen_dsn,
-            supervise=supervise,
-            supervisor_options=supervisor_options,
-            on_error=on_error,
-            flush_interval=flush_interval,
-            name=name,
-        )
+        settings = {k: v for k, v in locals().items() if k not in ("self", "bind", "__class__")}
+        super().__init__(**settings)
         self._queues: dict[str, _QueueState] = {}
         self._stopping = threading.Event()
         self._stop_requested = threading.Event()
@@ -176,13 +149,7 @@ class Worker(WorkerBase):
         self._keeper.start()
         if self._supervisor is not None:
             self._supervisor.start()
-        log.info(
-            "worker %s started on schema %r: %s",
-            self.name,
-            self.schema,
-            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
-            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
-        )
+        self._log_started()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop gracefully: no more fetching, running jobs get ``timeout`` seconds.
@@ -214,21 +181,8 @@ class Worker(WorkerBase):
                 pass
             self.stop()
 
-    def _signal(self, signum: int) -> None:
-        if self._stop_requested.is_set():
-            log.warning("second signal: stopping now", extra={"action": "worker_force_stop"})
-            self._force.set()
-        else:
-            log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
-            self._stop_requested.set()
-
     def _shutdown(self, timeout: float) -> None:
-        log.info(
-            "worker %s stopping (up to %g s for running jobs)",
-            self.name,
-            timeout,
-            extra={"action": "worker_stopping", "worker": self.name},
-        )
+        self._log_stopping(timeout)
         self._stopping.set()
         for state in self._queues.values():
             state.wake.set()
@@ -256,15 +210,7 @@ class Worker(WorkerBase):
             except Exception as exc:
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)
-        log.info(
-            "worker %s stopped",
-            self.name,
-            extra={
-                "action": "worker_stopped",
-                "worker": self.name,
-                "stats": {q: c.__repr__() for q, c in self.stats().items()},
-            },
-        )
+        self._log_stopped()
 
     # ------------------------------------------------------------ wake-ups
 

@@ -1,0 +1,123 @@
+"""One attempt at one job, and how it ends: outputs, settlements, counters."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .. import options as opt
+from ..errors import InvalidOptionsError
+from ..ops import Settlement
+from ..records import Job
+from .config import LEASE_FRACTION, HandlerSpec
+
+Kind = Literal["complete", "fail"]
+
+SHUTDOWN_MESSAGE = "worker shut down while active"
+
+ErrorCallback = Callable[[BaseException, Job | None], None]
+
+
+def timeout_output(seconds: float) -> dict[str, str]:
+    """Output of a job whose handler ran past its timeout."""
+    return {"name": "JobTimeout", "message": f"handler ran longer than its {seconds:g} s timeout"}
+
+
+def shutdown_output() -> dict[str, str]:
+    """Output of a job still running when the worker's shutdown timeout ran out."""
+    return {"name": "WorkerShutdown", "message": SHUTDOWN_MESSAGE}
+
+
+RUNNING, SETTLING, ABANDONED = "running", "settling", "abandoned"
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One run of one job by this worker.
+
+    ``status`` moves once, from ``running`` to ``settling`` (the handler finished)
+    or ``abandoned`` (timeout or shutdown); whoever moves it decides the job's
+    outcome, so a job is never settled twice by the same worker.
+    """
+
+    job: Job
+    spec: HandlerSpec
+    lease_start: float
+    deadline: float | None
+    lease_seconds: float = 0.0
+    status: str = RUNNING
+    lost: bool = False
+    handle: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def take(self, status: str) -> bool:
+        """Move from ``running`` to ``status``; ``False`` if someone else moved it first."""
+        with self._lock:
+            if self.status != RUNNING:
+                return False
+            self.status = status
+            return True
+
+    def lease_due(self, now: float) -> bool:
+        return (
+            self.spec.extend_lease
+            and self.status == RUNNING
+            and not self.lost
+            and now >= self.lease_start + self.lease_seconds * LEASE_FRACTION
+        )
+
+    def settlement(self, output: Any = None) -> Settlement:
+        # The fetched started_on is the fencing token: a later attempt of the
+        # same job has another one, so this worker cannot settle it.
+        return Settlement(self.job.id, output, self.job.started_on)
+
+
+@dataclass(eq=False)
+class Pending:
+    """A settlement waiting for the completer."""
+
+    kind: Kind
+    attempt: Attempt
+    output: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Per-queue counters of a worker (see :meth:`Worker.stats`).
+
+    ``failed`` counts failed attempts (handler errors, timeouts, shutdown);
+    ``lost`` counts attempts whose job was taken away (expired and re-fetched,
+    cancelled, deleted) before this worker could settle it.
+    """
+
+    fetched: int = 0
+    completed: int = 0
+    failed: int = 0
+    lost: int = 0
+    running: int = 0
+
+
+def prepare_output(kind: Kind, value: Any) -> tuple[Kind, Any]:
+    """Map a handler result or error to its stored output.
+
+    A return value that JSON cannot encode fails the job (with an error saying
+    so) rather than being dropped on the floor.
+    """
+    output = opt.output_value(value)
+    try:
+        opt.encode_json("output", output)
+    except InvalidOptionsError as exc:
+        return "fail", opt.error_output(exc)
+    return kind, output
+
+
+def group(pendings: Sequence[Pending]) -> dict[tuple[str, Kind], list[Pending]]:
+    """Pending settlements by queue and kind: one statement per group."""
+    groups: dict[tuple[str, Kind], list[Pending]] = defaultdict(list)
+    for p in pendings:
+        groups[(p.attempt.job.name, p.kind)].append(p)
+    return groups
