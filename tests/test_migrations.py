@@ -76,7 +76,8 @@ common = dict(target_metadata=target_metadata, version_table={version_table!r},
               include_schemas=True, **alembic_filters.combine())
 
 if context.is_offline_mode():
-    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True, **common)
+    context.configure(url=config.get_main_option("sqlalchemy.url"),
+                      literal_binds=config.attributes.get("literal_binds", True), **common)
     with context.begin_transaction():
         context.run_migrations()
 else:
@@ -204,14 +205,17 @@ def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_sche
     assert user_project.recorded(engine) == {"app_0001"}
 
 
+@pytest.mark.parametrize("literal_binds", [True, False])
 def test_user_environment_offline_sql_builds_the_golden_catalog(
     user_project: UserProject,
     engine: Engine,
     database_url: str,
     fresh: str,
     reference: catalog.Catalog,
+    literal_binds: bool,
 ) -> None:
     cfg = user_project.config(fresh)
+    cfg.attributes["literal_binds"] = literal_binds  # our revision must not depend on it
     command.upgrade(cfg, "heads", sql=True)
     script = cfg.output_buffer.getvalue()  # type: ignore[union-attr]
     assert not schema_exists(engine, fresh)  # offline: nothing ran

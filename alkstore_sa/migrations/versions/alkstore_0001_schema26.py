@@ -31,10 +31,12 @@ TZ = sa.DateTime(timezone=True)
 def _install_lock(schema: str) -> sa.TextClause:
     # The same advisory key Node pg-boss takes while installing or migrating
     # (empty key suffix), so the two can never build the schema concurrently.
+    # The schema is written as a literal, not bound: offline scripts rendered by an
+    # env.py without literal_binds would otherwise carry a placeholder.
     return sa.text(
         "SELECT pg_advisory_xact_lock(('x' || encode(sha224((current_database() "
-        "|| '.pgboss.' || :schema)::bytea), 'hex'))::bit(64)::bigint)"
-    ).bindparams(schema=schema)
+        "|| '.pgboss.' || " + _lit(schema) + ")::bytea), 'hex'))::bit(64)::bigint)"
+    )
 
 
 def _existing_version(schema: str) -> tuple[bool, int | None]:
@@ -358,7 +360,7 @@ def upgrade() -> None:
     op.execute(sa.text(_function_ddl(DELETE_QUEUE, schema)))
 
     version_table = sa.table("version", sa.column("version", sa.Integer()), schema=schema)
-    op.execute(version_table.insert().values(version=VERSION))
+    op.execute(version_table.insert().values(version=sa.literal_column(str(VERSION))))
 
 
 def downgrade() -> None:
