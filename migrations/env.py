@@ -18,7 +18,8 @@ import alkstore_sa.migrations
 from alkstore_sa.migrate import normalise_url
 
 config = context.config
-if config.config_file_name is not None and config.attributes.get("connection") is None:
+# Callers that own logging (tests, tools) pass attributes["configure_logger"] = False.
+if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     from logging.config import fileConfig
 
     fileConfig(config.config_file_name, disable_existing_loggers=False)

@@ -505,6 +505,7 @@ def test_developer_environment_runs_from_the_url_in_the_environment(
 ) -> None:
     monkeypatch.setenv("ALKSTORE_DATABASE_URL", database_url)
     cfg = Config(str(REPO / "migrations" / "alembic.ini"))
+    cfg.attributes["configure_logger"] = False
     cfg.cmd_opts = argparse.Namespace(x=[f"alkstore_schema={fresh}"])
     command.upgrade(cfg, "alkstore@head")
     assert migrate.check(engine, fresh) == 26
