@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from support.schemas import random_schema, schema_exists, throwaway
 
-from alkstore_sa import QueueService, migrate
+from alkstore_sa import InvalidOptionsError, QueueNotFoundError, QueueService, migrate
 from alkstore_sa.cli import main
 
 
@@ -456,3 +456,26 @@ def test_schedule_add_on_an_unknown_queue_is_an_error(cli: Cli) -> None:
 def test_schedule_remove_of_a_missing_schedule_is_an_error(cli: Cli) -> None:
     cli.json("queue", "create", "q")
     _one_line_error(cli("schedule", "remove", "q"), "no schedule")
+
+
+# --------------------------------------------------------------------- list_jobs (service)
+
+
+def test_list_jobs_returns_newest_first_and_filters_by_state(env: Any) -> None:
+    env.tx(lambda q: q.create_queue("q"))
+    first = env.tx(lambda q: q.send("q", 1))
+    second = env.tx(lambda q: q.send("q", 2))
+    env.tx(lambda q: q.cancel("q", first))
+    assert [j.id for j in env.tx(lambda q: q.list_jobs("q"))] == [second, first]
+    assert [j.id for j in env.tx(lambda q: q.list_jobs("q", state="cancelled"))] == [first]
+    assert [j.id for j in env.tx(lambda q: q.list_jobs("q", limit=1))] == [second]
+
+
+def test_list_jobs_rejects_an_unknown_state_before_looking_up_the_queue(env: Any) -> None:
+    with pytest.raises(InvalidOptionsError, match="state"):
+        env.tx(lambda q: q.list_jobs("q", state="done"))
+
+
+def test_list_jobs_of_an_unknown_queue_raises(env: Any) -> None:
+    with pytest.raises(QueueNotFoundError):
+        env.tx(lambda q: q.list_jobs("nope"))
