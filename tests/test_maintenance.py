@@ -180,6 +180,25 @@ def test_job_past_its_lease_is_retried_with_the_timeout_output(
     assert report.expired == {queue: 1}
 
 
+def test_job_past_its_lease_on_a_partitioned_queue_is_expired(
+    engine: Engine, schema: str, supervise: Any
+) -> None:
+    in_tx(engine, schema, lambda q: q.create_queue("p", partition=True, expire_seconds=5))
+    job_id = in_tx(engine, schema, lambda q: q.send("p", None, retry_limit=0))
+    in_tx(engine, schema, lambda q: q.fetch("p"))
+    assert supervise(advance=6).expired == {"p": 1}
+    assert job_states(engine, schema, "p") == {job_id: "failed"}
+
+
+def test_more_than_a_hundred_queues_are_all_supervised_in_one_pass(
+    engine: Engine, schema: str, supervise: Any
+) -> None:
+    names = [f"q{i:03}" for i in range(130)]
+    in_tx(engine, schema, lambda q: [q.create_queue(n) for n in names])
+    report = supervise()
+    assert list(report.monitored) == names == list(report.maintained)
+
+
 def test_job_within_its_lease_is_not_expired(
     engine: Engine, schema: str, queue: str, supervise: Any
 ) -> None:

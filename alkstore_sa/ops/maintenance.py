@@ -9,6 +9,9 @@ the pass, which records it and goes on with the next step.
 unit inline in the caller's transaction instead (:func:`supervise_once`): each
 statement in a savepoint, advisory locks only tried, never waited for, so the
 caller's transaction stays usable whatever happens.
+
+(One module, longer than most: the units, the pass that orders them and the
+two ways of running it change together.)
 """
 
 from __future__ import annotations
