@@ -473,3 +473,73 @@ def test_unsubscribe_from_python_stops_node_publish_reaching_the_queue(
     assert in_tx(engine, schema, lambda q: q.unsubscribe("order.paid", "audit"))
     boss.call("publish", "order.paid", {"order": 9})
     assert in_tx(engine, schema, lambda q: q.fetch("audit")) == []
+
+
+# --------------------------------------------------------------- other operations
+
+
+def test_cancel_resume_and_retry_cross_sides(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "orders", retry_limit=0)
+    boss = node(schema)
+    job_id = boss.call("send", "orders", {"n": 1})
+
+    assert in_tx(engine, schema, lambda q: q.cancel("orders", job_id)).count == 1
+    assert boss.call("getJobById", "orders", job_id)["state"] == "cancelled"
+    assert boss.call("resume", "orders", job_id)["affected"] == 1
+    [job] = in_tx(engine, schema, lambda q: q.fetch("orders"))
+    boss.call("fail", "orders", job_id, {"reason": "boom"})
+    assert in_tx(engine, schema, lambda q: q.retry("orders", job_id)).count == 1
+
+    [again] = boss.call("fetch", "orders", {"includeMetadata": True})
+    assert again["id"] == job_id == str(job.id)
+    # One more attempt: retry_limit was raised by one, and the re-fetch counted it.
+    assert (again["retryLimit"], again["retryCount"]) == (1, 1)
+
+
+def test_queue_settings_changed_in_python_apply_to_the_next_node_send(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "orders")
+    boss = node(schema)
+    boss.call("send", "orders", None)  # Node has the queue cached now
+    in_tx(engine, schema, lambda q: q.update_queue("orders", retry_limit=9, expire_seconds=30))
+    # Sends read the queue row in SQL, so the cache does not hold old settings back.
+    job_id = boss.call("send", "orders", None)
+    job = in_tx(engine, schema, lambda q: q.get_job("orders", job_id))
+    assert (job.retry_limit, job.expire_seconds) == (9, 30)
+
+
+def test_queue_settings_changed_in_node_apply_to_the_next_python_send(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "orders")
+    boss = node(schema)
+    boss.call("updateQueue", "orders", {"retryLimit": 7, "deleteAfterSeconds": 99})
+    info = in_tx(engine, schema, lambda q: q.get_queue("orders"))
+    job_id = in_tx(engine, schema, lambda q: q.send("orders", None))
+    job = in_tx(engine, schema, lambda q: q.get_job("orders", job_id))
+    assert (info.retry_limit, info.deletion_seconds) == (7, 99)
+    assert (job.retry_limit, job.deletion_seconds) == (7, 99)
+
+
+def test_live_queue_stats_agree_between_python_and_node(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "orders")
+    boss = node(schema)
+    for n in range(3):
+        boss.call("send", "orders", {"n": n})
+    boss.call("send", "orders", None, {"startAfter": 3600})
+    in_tx(engine, schema, lambda q: q.fetch("orders"))
+
+    live = boss.call("getQueueStats", "orders")
+    ours = in_tx(engine, schema, lambda q: q.get_queue_stats("orders"))
+    assert (live["deferredCount"], live["queuedCount"], live["activeCount"]) == (1, 3, 1)
+    assert (ours.deferred_count, ours.queued_count, ours.active_count, ours.total_count) == (
+        live["deferredCount"],
+        live["queuedCount"],
+        live["activeCount"],
+        live["totalCount"],
+    )

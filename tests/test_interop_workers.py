@@ -192,3 +192,63 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     assert sorted(counts) == sorted(ids)
     assert set(counts.values()) == {1}
     assert runs and node_runs  # both sides took part
+
+
+def test_python_lease_extension_keeps_node_supervisor_from_expiring_a_long_job(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    in_tx(engine, schema, lambda q: q.create_queue("slow", expire_seconds=1, retry_limit=1))
+    boss = node(schema, supervise=True, superviseIntervalSeconds=1, monitorIntervalSeconds=1)
+    runs: list[int] = []
+
+    def handle(job: Job) -> str:
+        runs.append(job.retry_count)
+        time.sleep(4)  # four times the job's expire_seconds
+        return "done"
+
+    worker = Worker(engine, schema=schema, poll_interval=POLL, supervise=False, extend_lease=True)
+    worker.register("slow", handle)
+    job_id = in_tx(engine, schema, lambda q: q.send("slow", None))
+    worker.start()
+    try:
+        assert wait_until(lambda: states(engine, schema, "slow")["completed"] == 1, timeout=15)
+    finally:
+        worker.stop(5)
+    job = in_tx(engine, schema, lambda q: q.get_job("slow", job_id))
+    assert runs == [0] and job.retry_count == 0 and job.output == {"value": "done"}
+    assert boss.errors() == []
+
+
+def test_job_expired_by_node_supervisor_cannot_be_completed_by_the_late_python_worker(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    def create(q: Any) -> None:
+        q.create_queue("dlq")
+        q.create_queue("slow", expire_seconds=1, retry_limit=0, dead_letter="dlq")
+
+    in_tx(engine, schema, create)
+    boss = node(schema, supervise=True, superviseIntervalSeconds=1, monitorIntervalSeconds=1)
+    finished = threading.Event()
+
+    def handle(job: Job) -> str:
+        # Outlives its lease; the worker neither extends it nor times it out.
+        time.sleep(4)
+        finished.set()
+        return "too late"
+
+    worker = Worker(
+        engine, schema=schema, poll_interval=POLL, supervise=False, extend_lease=False, timeout=30
+    )
+    worker.register("slow", handle)
+    job_id = in_tx(engine, schema, lambda q: q.send("slow", None))
+    worker.start()
+    try:
+        assert finished.wait(10)
+        time.sleep(0.5)  # let the worker try to complete it
+    finally:
+        worker.stop(5)
+    job = in_tx(engine, schema, lambda q: q.get_job("slow", job_id))
+    assert job.state == "failed"
+    assert job.output == {"value": {"message": "job timed out"}}  # Node's expiration output
+    assert states(engine, schema, "dlq")["created"] == 1
+    assert boss.errors() == []
