@@ -543,3 +543,43 @@ def test_live_queue_stats_agree_between_python_and_node(
         live["activeCount"],
         live["totalCount"],
     )
+
+
+# --------------------------------------------------------------- schedules (storage)
+
+
+def test_schedule_rows_are_identical_whichever_side_stores_them(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "report")
+    boss = node(schema)
+    in_tx(
+        engine,
+        schema,
+        lambda q: q.schedule(
+            "report", "*/5 * * * *", {"a": 1}, key="k", tz="Europe/Paris", **EVERY_SEND_OPTION
+        ),
+    )
+    [ours] = in_tx(engine, schema, lambda q: q.get_schedules("report"))
+    node_options = {"key": "k", "tz": "Europe/Paris", **to_node(EVERY_SEND_OPTION)}
+    boss.call("schedule", "report", "*/5 * * * *", {"a": 1}, node_options)  # same key: replaces
+    [theirs] = in_tx(engine, schema, lambda q: q.get_schedules("report"))
+
+    assert (ours.cron, ours.timezone, ours.data, ours.options) == (
+        theirs.cron,
+        theirs.timezone,
+        theirs.data,
+        theirs.options,
+    )
+    assert theirs.updated_on > ours.updated_on
+
+
+def test_unschedule_in_node_removes_a_python_schedule(
+    engine: Engine, schema: str, node: NodeFactory
+) -> None:
+    make_queues(engine, schema, "report")
+    in_tx(engine, schema, lambda q: q.schedule("report", "0 * * * *", key="hourly"))
+    boss = node(schema)
+    assert [s["key"] for s in boss.call("getSchedules", "report", "hourly")] == ["hourly"]
+    boss.call("unschedule", "report", "hourly")
+    assert in_tx(engine, schema, lambda q: q.get_schedules("report")) == []
