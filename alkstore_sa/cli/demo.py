@@ -1,0 +1,337 @@
+"""``alkstore demo``: a first run, end to end, in a few seconds.
+
+Without ``--database-url`` it starts a throw-away embedded PostgreSQL (the
+``embedded`` extra, ``pgserver``); with one, it works in a fresh schema that it
+drops at the end. Either way it leaves nothing behind. It
+
+1. installs the queue schema and creates a queue ``orders`` with a dead letter
+   queue ``orders_dlq`` (2 retries, no delay);
+2. shows that a rolled-back business transaction leaves neither order nor job;
+3. places ``--jobs`` orders, each in a business transaction together with its
+   job, while a worker pool ships them: a transactional handler marks the order
+   shipped in the same transaction as the job's completion; some orders fail
+   once and succeed on retry, a few always fail and end in the dead letter queue;
+4. prints a summary: jobs per second, pickup latency (from the moment the
+   business transaction commits to the moment the handler starts), final states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TextIO
+
+from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, create_engine, func, select
+from sqlalchemy.orm import Session
+from sqlalchemy.schema import DropSchema
+
+from .. import migrate
+from ..records import Job
+from ..service import QueueService
+from ..worker import Worker
+from ._common import CommandError, emit, guarded, leaf, normalise_url
+
+QUEUE, DLQ = "orders", "orders_dlq"
+PRODUCERS = 2
+MAX_JOBS = 10_000
+
+
+def register(sub: Any) -> None:
+    p = leaf(sub, "demo", "a guided first run on an embedded (or given) PostgreSQL")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("ALKSTORE_DEMO_JOBS", "300")),
+        help=f"orders to place, 1 to {MAX_JOBS} (env ALKSTORE_DEMO_JOBS; default 300)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(os.environ.get("ALKSTORE_DEMO_CONCURRENCY", "8")),
+        help="handlers running at once (env ALKSTORE_DEMO_CONCURRENCY; default 8)",
+    )
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise CommandError(f"--jobs must be between 1 and {MAX_JOBS}")
+    if not 1 <= args.concurrency <= 100:
+        raise CommandError("--concurrency must be between 1 and 100")
+    progress = sys.stderr
+    with _database(args, progress) as (engine, where):
+        schema = f"alkstore_demo_{uuid.uuid4().hex[:8]}"
+        try:
+            report = guarded(
+                lambda: run_demo(engine, schema, args.jobs, args.concurrency, progress)
+            )
+        finally:
+            with contextlib.suppress(Exception), engine.begin() as conn:
+                conn.execute(DropSchema(schema, cascade=True, if_exists=True))
+    report = {"database": where, **report}
+    if args.json:
+        emit(args, report)
+    else:
+        print(summary(report))
+    return 0
+
+
+@contextlib.contextmanager
+def _database(args: argparse.Namespace, out: TextIO) -> Iterator[tuple[Engine, str]]:
+    """An engine on ``--database-url``, or on an embedded server deleted afterwards."""
+    if args.database_url:
+        engine = create_engine(
+            normalise_url(args.database_url), pool_size=args.concurrency + PRODUCERS + 2
+        )
+        try:
+            yield engine, engine.url.render_as_string(hide_password=True)
+        finally:
+            engine.dispose()
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pgserver's platformdirs chatter
+            # Imported by name: an optional extra, typed or not depending on its version.
+            pgserver: Any = importlib.import_module("pgserver")
+    except ImportError:
+        raise CommandError(
+            "no database: pass --database-url (or set ALKSTORE_DATABASE_URL), or install "
+            "the embedded PostgreSQL with: pip install 'alkstore_sa[embedded]'"
+        ) from None
+    out.write("starting an embedded PostgreSQL (pgserver)...\n")
+    with pgserver.get_server(
+        tempfile.mkdtemp(prefix="alkstore-demo-"), cleanup_mode="delete"
+    ) as pg:
+        engine = create_engine(
+            normalise_url(pg.get_uri()), pool_size=args.concurrency + PRODUCERS + 2
+        )
+        try:
+            yield engine, "embedded PostgreSQL (deleted on exit)"
+        finally:
+            engine.dispose()
+
+
+class _Shop:
+    """The demo's business: an ``orders`` table and the handler that ships orders."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.metadata = MetaData(schema=schema)
+        self.orders = Table(
+            "orders",
+            self.metadata,
+            Column("id", Integer, primary_key=True),
+            Column("item", Text, nullable=False),
+            Column("status", Text, nullable=False, server_default="placed"),
+        )
+        self.committed: dict[uuid.UUID, float] = {}
+        self.started: dict[uuid.UUID, float] = {}
+        self.settled = 0
+        self._lock = threading.Lock()
+
+    def place(self, engine: Engine, seq: int) -> uuid.UUID:
+        """One business transaction: the order and its job commit together."""
+        with Session(engine) as session:
+            session.begin()
+            order_id = session.execute(
+                self.orders.insert().values(item=f"item-{seq}").returning(self.orders.c.id)
+            ).scalar_one()
+            job_id = QueueService(session, schema=self.schema).send(
+                QUEUE, {"order": order_id, "seq": seq}
+            )
+            assert job_id is not None
+            session.commit()
+        with self._lock:
+            self.committed[job_id] = time.monotonic()
+        return job_id
+
+    def ship(self, job: Job, session: Session) -> dict[str, Any]:
+        """The transactional handler: its write commits with the job's completion."""
+        now = time.monotonic()
+        seq, last_try = job.data["seq"], job.retry_count >= job.retry_limit
+        with self._lock:
+            self.started.setdefault(job.id, now)
+        try:
+            if seq % 40 == 7:
+                raise RuntimeError(f"payment declined for order {job.data['order']}")
+            if seq % 10 == 3 and job.retry_count == 0:
+                raise ConnectionError("carrier API timed out")
+            session.execute(
+                self.orders.update()
+                .where(self.orders.c.id == job.data["order"])
+                .values(status="shipped")
+            )
+        except Exception:
+            if last_try:
+                self._count()
+            raise
+        self._count()
+        return {"shipped": job.data["order"]}
+
+    def _count(self) -> None:
+        with self._lock:
+            self.settled += 1
+
+
+def run_demo(
+    engine: Engine, schema: str, jobs: int, concurrency: int, out: TextIO
+) -> dict[str, Any]:
+    """Run the whole demo in ``schema`` (created here); returns the report."""
+    out.write(f"installing the queue schema {schema!r}...\n")
+    migrate.upgrade(engine, schema)
+    shop = _Shop(schema)
+    shop.metadata.create_all(engine)
+    with Session(engine) as session, session.begin():
+        svc = QueueService(session, schema=schema)
+        svc.create_queue(DLQ)
+        svc.create_queue(QUEUE, retry_limit=2, retry_delay=0, dead_letter=DLQ)
+    rolled_back = _rolled_back_order(engine, shop)
+
+    worker = Worker(
+        engine,
+        schema=schema,
+        supervise=False,
+        concurrency=concurrency,
+        batch_size=concurrency,
+        poll_interval=1.0,
+        shutdown_timeout=5,
+        name="demo",
+    )
+    worker.register(QUEUE, shop.ship, transactional=True)
+    stop_bar = threading.Event()
+    bar = threading.Thread(target=_progress, args=(shop, jobs, out, stop_bar), daemon=True)
+    worker.start()
+    bar.start()
+    began = time.monotonic()
+    try:
+        # A few producers, as a web app has a few request threads.
+        with ThreadPoolExecutor(PRODUCERS) as producers:
+            list(producers.map(lambda seq: shop.place(engine, seq), range(1, jobs + 1)))
+        elapsed = _wait_settled(engine, schema, jobs, began)
+    finally:
+        worker.stop()
+        stop_bar.set()
+        bar.join()
+    return _report(engine, shop, jobs, concurrency, elapsed, rolled_back)
+
+
+def _rolled_back_order(engine: Engine, shop: _Shop) -> dict[str, int]:
+    with Session(engine) as session:
+        session.begin()
+        session.execute(shop.orders.insert().values(item="never"))
+        QueueService(session, schema=shop.schema).send(QUEUE, {"order": -1, "seq": 0})
+        session.rollback()
+    with Session(engine) as session:
+        orders = session.execute(select(func.count()).select_from(shop.orders)).scalar_one()
+        queued = QueueService(session, schema=shop.schema).get_queue_stats(QUEUE).total_count
+    return {"orders": int(orders), "jobs": queued}
+
+
+def _wait_settled(engine: Engine, schema: str, jobs: int, began: float) -> float:
+    deadline = began + 120
+    while time.monotonic() < deadline:
+        with Session(engine) as session:
+            stats = QueueService(session, schema=schema).get_queue_stats(QUEUE)
+        if stats.total_count == jobs and stats.queued_count == 0 and stats.active_count == 0:
+            return time.monotonic() - began
+        time.sleep(0.02)
+    raise CommandError("the demo's jobs did not finish within 2 minutes")
+
+
+def _progress(shop: _Shop, jobs: int, out: TextIO, stop: threading.Event) -> None:
+    began = time.monotonic()
+    while True:
+        done = min(shop.settled, jobs)
+        width = 30
+        filled = width * done // jobs
+        rate = done / max(time.monotonic() - began, 1e-6)
+        out.write(
+            f"\r  [{'#' * filled}{'-' * (width - filled)}] {done:>5}/{jobs} settled, "
+            f"{len(shop.committed):>5} placed, {rate:7.0f} jobs/s "
+        )
+        out.flush()
+        if stop.wait(0.1):
+            out.write("\n")
+            out.flush()
+            return
+
+
+def _report(
+    engine: Engine,
+    shop: _Shop,
+    jobs: int,
+    concurrency: int,
+    elapsed: float,
+    rolled_back: dict[str, int],
+) -> dict[str, Any]:
+    # The handler may start a hair before the producer hears its COMMIT return.
+    latencies = sorted(
+        max(0.0, shop.started[j] - t) * 1000 for j, t in shop.committed.items() if j in shop.started
+    )
+    with Session(engine) as session:
+        svc = QueueService(session, schema=shop.schema)
+        rows = {q: svc.list_jobs(q, limit=MAX_JOBS) for q in (QUEUE, DLQ)}
+        shipped = session.execute(
+            select(func.count()).select_from(shop.orders).where(shop.orders.c.status == "shipped")
+        ).scalar_one()
+    return {
+        "schema": shop.schema,
+        "jobs": jobs,
+        "concurrency": concurrency,
+        "rolled_back_transaction": rolled_back,
+        "seconds": round(elapsed, 3),
+        "jobs_per_second": round(jobs / elapsed, 1),
+        "pickup_latency_ms": _percentiles(latencies),
+        "completed_after_retry": sum(
+            1 for j in rows[QUEUE] if j.state.value == "completed" and j.retry_count > 0
+        ),
+        "orders_shipped": int(shipped),
+        "states": {q: dict(Counter(j.state.value for j in js)) for q, js in rows.items()},
+    }
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    cuts = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values
+    pick = {"p50": 49, "p90": 89, "p99": 98}
+    out = {k: round(cuts[min(i, len(cuts) - 1)], 2) for k, i in pick.items()}
+    out["max"] = round(values[-1], 2)
+    return out
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The human-readable end of the demo."""
+    lat = report["pickup_latency_ms"]
+    rb = report["rolled_back_transaction"]
+    lines = [
+        "",
+        f"alkstore demo - {report['jobs']} orders on {report['database']}",
+        f"  rolled-back transaction left {rb['orders']} orders and {rb['jobs']} jobs behind",
+        f"  throughput      {report['jobs_per_second']} jobs/s "
+        f"({report['jobs']} jobs in {report['seconds']} s, concurrency {report['concurrency']})",
+        "  pickup latency  commit -> handler start: "
+        + ", ".join(f"{k} {v} ms" for k, v in lat.items()),
+        f"  retries         {report['completed_after_retry']} jobs failed once, "
+        "then completed on retry",
+        f"  orders shipped  {report['orders_shipped']} (each in the same transaction "
+        "as its job's completion)",
+        "  final states",
+    ]
+    for queue, states in report["states"].items():
+        text = ", ".join(f"{s} {n}" for s, n in sorted(states.items())) or "(empty)"
+        lines.append(f"    {queue:<12} {text}")
+    lines.append(f"  schema {report['schema']} dropped; nothing left behind")
+    return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""``alkstore worker`` (signals, overrides, errors) and ``alkstore demo``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+import alkstore_sa
+from alkstore_sa import QueueService
+from alkstore_sa.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+ROOT = Path(alkstore_sa.__file__).resolve().parent.parent
+
+APP = """
+import os, time
+from sqlalchemy import create_engine
+from sqlalchemy.ext.asyncio import create_async_engine
+from alkstore_sa import AsyncWorker, Worker
+
+URL, SCHEMA = os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
+
+
+def mark(job):
+    with open(os.environ["APP_MARK"], "w") as f:
+        f.write(str(job.id))
+
+
+def build():
+    if os.environ.get("APP_FLAVOUR") == "async":
+        import asyncio
+
+        worker = AsyncWorker(create_async_engine(URL), schema=SCHEMA, supervise=False,
+                             poll_interval=0.2)
+
+        @worker.handler("q")
+        async def handle(job):
+            mark(job)
+            await asyncio.sleep(job.data["sleep"])
+            return "done"
+
+        @worker.handler("other")
+        async def other(job):
+            return None
+    else:
+        worker = Worker(create_engine(URL), schema=SCHEMA, supervise=False, poll_interval=0.2)
+
+        @worker.handler("q")
+        def handle(job):
+            mark(job)
+            time.sleep(job.data["sleep"])
+            return "done"
+
+        worker.register("other", lambda job: None)
+    return worker
+"""
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "demo_app.py").write_text(textwrap.dedent(APP))
+    return tmp_path
+
+
+@pytest.fixture
+def queue(engine: Engine, schema: str) -> Iterator[str]:
+    with Session(engine) as s, s.begin():
+        QueueService(s, schema=schema).create_queue("q")
+    yield "q"
+
+
+def send(engine: Engine, schema: str, data: Any) -> uuid.UUID:
+    with Session(engine) as s, s.begin():
+        job_id = QueueService(s, schema=schema).send("q", data)
+    assert job_id is not None
+    return job_id
+
+
+def job_row(engine: Engine, schema: str, job_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(f'SELECT state, output FROM "{schema}".job WHERE id = :id'), {"id": job_id}
+        ).one()
+
+
+def start_worker(
+    app_dir: Path, database_url: str, schema: str, flavour: str, *extra: str
+) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "APP_DATABASE_URL": database_url,
+        "APP_SCHEMA": schema,
+        "APP_MARK": str(app_dir / "started"),
+        "APP_FLAVOUR": flavour,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "alkstore_sa.cli", "worker", "--app", "demo_app:build", *extra]
+    return subprocess.Popen(
+        cmd, cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_started(app_dir: Path, proc: subprocess.Popen[str], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not (app_dir / "started").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"worker did not start a job:\n{proc.communicate()[0]}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
+    app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str, flavour: str
+) -> None:
+    job_id = send(engine, schema, {"sleep": 0.7})
+    proc = start_worker(app_dir, database_url, schema, flavour, "--shutdown-timeout", "10")
+    wait_started(app_dir, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    assert job_row(engine, schema, job_id).state == "completed"
+    assert "stopped" in out
+
+
+def test_sigterm_fails_a_job_still_running_after_the_shutdown_timeout(
+    app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str
+) -> None:
+    job_id = send(engine, schema, {"sleep": 30})
+    proc = start_worker(app_dir, database_url, schema, "sync", "--shutdown-timeout", "0.3")
+    wait_started(app_dir, proc)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    assert time.monotonic() - began < 10
+    row = job_row(engine, schema, job_id)
+    assert row.state == "retry"
+    assert row.output == {"name": "WorkerShutdown", "message": "worker shut down while active"}
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_second_signal_stops_at_once(
+    app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str, flavour: str
+) -> None:
+    job_id = send(engine, schema, {"sleep": 30})
+    proc = start_worker(app_dir, database_url, schema, flavour, "--shutdown-timeout", "60")
+    wait_started(app_dir, proc)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=15)
+    assert time.monotonic() - began < 10, out
+    assert proc.returncode == 0, out
+    assert job_row(engine, schema, job_id).state == "retry"
+
+
+def test_worker_command_rejects_an_app_that_is_not_a_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not_a_worker.py").write_text("thing = 42\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["worker", "--app", "not_a_worker:thing"]) == 1
+    assert "is a int, not a Worker" in capsys.readouterr().err
+    assert main(["worker", "--app", "no_such_module_here:x"]) == 1
+    assert "cannot import" in capsys.readouterr().err
+    assert main(["worker", "--app", "nocolon"]) == 1
+    assert "module:attribute" in capsys.readouterr().err
+
+
+def test_worker_command_rejects_a_queue_the_app_has_no_handler_for(
+    app_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    database_url: str,
+    schema: str,
+) -> None:
+    monkeypatch.chdir(app_dir)
+    monkeypatch.setenv("APP_DATABASE_URL", database_url)
+    monkeypatch.setenv("APP_SCHEMA", schema)
+    monkeypatch.syspath_prepend(str(app_dir))
+    code = main(["worker", "--app", "demo_app:build", "--queue", "nope", "--log-level", "ERROR"])
+    assert code == 1
+    assert "no handler registered for 'nope'" in capsys.readouterr().err
+
+
+def test_load_worker_applies_queue_and_concurrency_overrides(
+    app_dir: Path, monkeypatch: pytest.MonkeyPatch, database_url: str, schema: str
+) -> None:
+    from alkstore_sa.cli.worker import load_worker
+
+    monkeypatch.chdir(app_dir)
+    monkeypatch.setenv("APP_DATABASE_URL", database_url)
+    monkeypatch.setenv("APP_SCHEMA", schema)
+    monkeypatch.syspath_prepend(str(app_dir))
+    worker = load_worker("demo_app:build")
+    assert sorted(worker.specs) == ["other", "q"]
+    worker.configure(queues=["q"], concurrency=7)
+    assert list(worker.specs) == ["q"] and worker.specs["q"].concurrency == 7
+
+
+# ------------------------------------------------------------------ demo
+
+
+def test_demo_on_a_given_database_reports_and_drops_its_schema(
+    database_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--jobs", "40", "--database-url", database_url, "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    orders, dlq = report["states"]["orders"], report["states"]["orders_dlq"]
+    assert orders["completed"] + orders["failed"] == 40
+    assert orders["failed"] == dlq["created"] == 1  # order 7 always fails
+    assert report["orders_shipped"] == orders["completed"]
+    assert report["completed_after_retry"] == 4  # orders 3, 13, 23, 33 fail once
+    assert report["rolled_back_transaction"] == {"orders": 0, "jobs": 0}
+    assert set(report["pickup_latency_ms"]) == {"p50", "p90", "p99", "max"}
+    assert report["jobs_per_second"] > 0
+    assert "40/40 settled" in captured.err  # the progress bar, on stderr
+    with engine.connect() as conn:
+        left = conn.execute(
+            text("SELECT count(*) FROM information_schema.schemata WHERE schema_name = :s"),
+            {"s": report["schema"]},
+        ).scalar_one()
+    assert left == 0
+
+
+def test_demo_without_a_database_runs_on_an_embedded_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pgserver")
+    monkeypatch.delenv("ALKSTORE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    datadirs = set(Path(tempfile.gettempdir()).glob("alkstore-demo-*"))
+    assert main(["demo", "--jobs", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "10 orders on embedded PostgreSQL" in out
+    assert "orders_dlq   created 1" in out
+    assert set(Path(tempfile.gettempdir()).glob("alkstore-demo-*")) == datadirs  # deleted
+
+
+def test_demo_rejects_a_job_count_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--jobs", "0", "--database-url", "postgresql://unused/x"]) == 1
+    assert "--jobs must be between 1 and 10000" in capsys.readouterr().err
