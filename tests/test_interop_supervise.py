@@ -409,3 +409,36 @@ def test_both_timekeepers_fire_again_in_the_next_minute_and_only_once(
     assert send_it_slots(engine, schema, "report__py") == 2
     assert send_it_slots(engine, schema, "report__js") == 2
     assert boss.errors() == []
+
+
+# --------------------------------------------------------------- monitor results
+
+
+@pytest.mark.parametrize("policy", ["singleton", "stately", "standard"])
+def test_python_and_node_monitors_cache_the_same_counters(
+    engine: Engine, py_engine: Engine, schema: str, node: NodeFactory, policy: str
+) -> None:
+    boss = node(schema)
+    for name in ("by-node", "by-python"):
+        in_tx(engine, schema, lambda q, n=name: q.create_queue(n, policy=policy))  # type: ignore[misc]
+        for key in ("a", "b", "c"):
+            boss.call("send", name, {"key": key}, {"singletonKey": key})
+        boss.call("send", name, None, {"startAfter": 3600, "singletonKey": "later"})
+        boss.call("fetch", name, {"batchSize": 2})  # activates a and b
+
+    boss.call("supervise", "by-node")
+    report = Supervisor(py_engine, schema=schema, schedule=False, queues=["by-python"]).run_once()
+    assert report.monitored == ("by-python",)
+
+    columns = (
+        "deferred_count, queued_count, active_count, total_count, "
+        "array(SELECT unnest(singletons_active) ORDER BY 1) AS active_keys"
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(f'SELECT name, {columns} FROM "{schema}".queue WHERE name LIKE \'by-%\' '
+                 "ORDER BY name")
+        ).all()  # fmt: skip
+    by_node, by_python = (tuple(r)[1:] for r in rows)
+    assert by_python == by_node
+    assert by_node[:4] == (1, 2, 2, 4)
