@@ -59,22 +59,45 @@ class SchemaNotInstalledError(AlkstoreError):
 
 
 class SchemaVersionError(AlkstoreError):
-    """The schema exists but at a pg-boss version this library does not speak."""
+    """The schema exists but at a pg-boss version this library does not speak.
+
+    The message names the version found and what to do about it; nothing has been
+    changed in the database.
+    """
 
     def __init__(self, schema: str, found: int | None, expected: int) -> None:
         self.schema = schema
         self.found = found
         self.expected = expected
-        super().__init__(
-            f"schema {schema!r} is at pg-boss schema version {found}, "
-            f"alkstore_sa requires version {expected}"
-            + (
-                "; pg-boss offers no upgrade path from versions below 25: migrate the jobs "
-                "into a fresh schema"
-                if found is not None and found < expected
-                else ""
-            )
+        super().__init__(_advice(schema, found, expected))
+
+
+def _advice(schema: str, found: int | None, expected: int) -> str:
+    head = f"schema {schema!r} "
+    if found is None:
+        return (
+            head + f"has a pg-boss version table but no version row, so its schema version "
+            f"is unknown (alkstore_sa needs {expected}); if it really holds a "
+            f"pg-boss 11.1/12.0-12.5 schema, insert the row ({expected}) and retry, "
+            "otherwise choose another schema"
         )
+    if found == expected - 1:
+        return (
+            head + f"is at pg-boss schema version {found} (pg-boss 11.0.x), alkstore_sa needs "
+            f"{expected}; start Node pg-boss 11.1.x once against it (it migrates "
+            f"{found} to {expected}) and run the upgrade again"
+        )
+    if found < expected:
+        return (
+            head + f"is at pg-boss schema version {found} (pg-boss 10.x or older), alkstore_sa "
+            f"needs {expected} and pg-boss offers no upgrade path from it: drain or "
+            "move its jobs and install into a fresh schema"
+        )
+    return (
+        head + f"is at pg-boss schema version {found}, newer than the version "
+        f"{expected} alkstore_sa speaks (pg-boss 12.6 or later migrated it); use "
+        "another schema for alkstore_sa, or keep Node pg-boss at 11.1.x-12.5.x on this one"
+    )
 
 
 class JobLostError(AlkstoreError):

@@ -84,7 +84,7 @@ def engine_from(args: argparse.Namespace, *, required: bool = True) -> Iterator[
         raise CommandError("no database: pass --database-url or set ALKSTORE_DATABASE_URL")
     try:
         engine = create_engine(normalise_url(url))
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
         raise CommandError(f"bad database URL: {exc}") from None
     try:
         yield engine

@@ -45,40 +45,7 @@ def schema_name() -> str:
 
 
 class UnsupportedSchemaVersionError(SchemaVersionError):
-    """The schema holds pg-boss objects at a version other than 26.
-
-    The message names the version found and what to do about it; nothing has been
-    changed in the database.
-    """
+    """Kept for compatibility: every :class:`SchemaVersionError` now carries the advice."""
 
     def __init__(self, schema: str, found: int | None) -> None:
         super().__init__(schema, found, SCHEMA_VERSION)
-        self.args = (_advice(schema, found),)
-
-
-def _advice(schema: str, found: int | None) -> str:
-    head = f"schema {schema!r} "
-    if found is None:
-        return (
-            head + f"has a pg-boss version table but no version row, so its schema version "
-            f"is unknown (alkstore_sa needs {SCHEMA_VERSION}); if it really holds a "
-            f"pg-boss 11.1/12.0-12.5 schema, insert the row ({SCHEMA_VERSION}) and retry, "
-            "otherwise choose another schema"
-        )
-    if found == SCHEMA_VERSION - 1:
-        return (
-            head + f"is at pg-boss schema version {found} (pg-boss 11.0.x), alkstore_sa needs "
-            f"{SCHEMA_VERSION}; start Node pg-boss 11.1.x once against it (it migrates "
-            f"{found} to {SCHEMA_VERSION}) and run the upgrade again"
-        )
-    if found < SCHEMA_VERSION:
-        return (
-            head + f"is at pg-boss schema version {found} (pg-boss 10.x or older), alkstore_sa "
-            f"needs {SCHEMA_VERSION} and pg-boss offers no upgrade path from it: drain or "
-            "move its jobs and install into a fresh schema"
-        )
-    return (
-        head + f"is at pg-boss schema version {found}, newer than the version "
-        f"{SCHEMA_VERSION} alkstore_sa speaks (pg-boss 12.6 or later migrated it); use "
-        "another schema for alkstore_sa, or keep Node pg-boss at 11.1.x-12.5.x on this one"
-    )
