@@ -65,16 +65,16 @@ def test_fail_keeps_the_job_id_and_its_columns(env: Any, queue: str) -> None:
     )
 
 
-@pytest.mark.parametrize("limit", [0, 1, 2, 4])
-def test_retry_limit_n_gives_n_plus_one_runs(env: Any, queue: str, limit: int) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None, retry_limit=limit))
-    runs = 0
-    while jobs := env.tx(lambda q: q.fetch(queue)):
-        runs += 1
-        env.tx(lambda q, j=jobs[0]: q.fail(queue, j.id))
-    assert runs == limit + 1
-    row = job_row(env, job_id)
-    assert (row.state, row.retry_count) == ("failed", limit)
+def test_retry_limit_n_gives_n_plus_one_runs(env: Any, queue: str) -> None:
+    for limit in (0, 1, 2, 4):
+        job_id = env.tx(lambda q, n=limit: q.send(queue, None, retry_limit=n))
+        runs = 0
+        while jobs := env.tx(lambda q: q.fetch(queue)):
+            runs += 1
+            env.tx(lambda q, j=jobs[0]: q.fail(queue, j.id))
+        assert runs == limit + 1
+        row = job_row(env, job_id)
+        assert (row.state, row.retry_count) == ("failed", limit)
 
 
 def test_fixed_retry_delay_defers_the_retry(env: Any, queue: str) -> None:
@@ -165,15 +165,15 @@ def test_fail_of_a_job_waiting_in_retry_does_not_use_up_a_retry(env: Any, queue:
     assert (row.state, row.retry_count, row.output) == ("retry", 0, {"value": "again"})
 
 
-@pytest.mark.parametrize("finish", ["complete", "cancel", "fail"])
-def test_fail_of_a_finished_job_changes_nothing(env: Any, queue: str, finish: str) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None, retry_limit=0))
-    env.tx(lambda q: q.fetch(queue))
-    env.tx(lambda q: getattr(q, finish)(queue, job_id))
-    before = job_row(env, job_id)
-    settled = env.tx(lambda q: q.fail(queue, job_id, "again"))
-    assert settled.affected == [] and settled.requested == 1
-    assert job_row(env, job_id) == before
+def test_fail_of_a_finished_job_changes_nothing(env: Any, queue: str) -> None:
+    for finish in ("complete", "cancel", "fail"):
+        job_id = env.tx(lambda q: q.send(queue, None, retry_limit=0))
+        env.tx(lambda q: q.fetch(queue))
+        env.tx(lambda q, f=finish, j=job_id: getattr(q, f)(queue, j))
+        before = job_row(env, job_id)
+        settled = env.tx(lambda q, j=job_id: q.fail(queue, j, "again"))
+        assert settled.affected == [] and settled.requested == 1, finish
+        assert job_row(env, job_id) == before, finish
 
 
 def test_fail_many_reports_the_state_of_each_job(env: Any, queue: str) -> None:

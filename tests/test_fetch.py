@@ -185,67 +185,82 @@ def test_fetch_never_returns_the_same_job_twice(env: Any, queue: str) -> None:
 # ------------------------------------------------------------------ singleton and stately
 
 
-@pytest.mark.parametrize("policy", ["singleton", "stately"])
-@pytest.mark.parametrize("partition", [False, True])
-def test_batch_fetch_activates_at_most_one_job_per_key(
-    env: Any, policy: str, partition: bool
-) -> None:
-    env.tx(lambda q: q.create_queue("g", policy=policy, partition=partition))
-    env.tx(lambda q: q.send("g", None, singleton_key="a"))
-    env.tx(lambda q: q.send("g", None, singleton_key="b"))
-    env.tx(lambda q: q.send_after("g", None, 0, singleton_key="a"))
-    jobs = env.tx(lambda q: q.fetch("g", 10))
-    assert sorted(j.singleton_key for j in jobs) == ["a", "b"]
-    [(active,)] = env.sql("SELECT count(*) FROM {s}.job WHERE state = 'active'")
-    assert active == 2
+GROUPED = ("singleton", "stately")
 
 
-@pytest.mark.parametrize("policy", ["singleton", "stately"])
-def test_batch_fetch_picks_each_keys_first_job_in_fetch_order(env: Any, policy: str) -> None:
-    env.tx(lambda q: q.create_queue("g", policy=policy))
-    # Many keys, so that an unordered pick would show up.
-    keys = [f"k{n}" for n in range(12)]
-    env.tx(lambda q: q.send_many("g", [{"data": "low", "singleton_key": k} for k in keys]))
-    if policy == "stately":
-        # stately allows one queued job per key: park the first ones in `retry`.
-        low = env.tx(lambda q: q.fetch("g", 100))
-        env.tx(lambda q: q.fail("g", [j.id for j in low]))
-    env.tx(
-        lambda q: q.send_many(
-            "g", [{"data": "high", "singleton_key": k, "priority": 9} for k in keys]
-        )
-    )
-    jobs = env.tx(lambda q: q.fetch("g", 100))
-    assert [j.data for j in jobs] == ["high"] * len(keys)
+def test_batch_fetch_activates_at_most_one_job_per_key(env: Any) -> None:
+    def check(policy: str, partition: bool) -> None:
+        g = f"{policy}-{partition}"
+        env.tx(lambda q: q.create_queue(g, policy=policy, partition=partition))
+        env.tx(lambda q: q.send(g, None, singleton_key="a"))
+        env.tx(lambda q: q.send(g, None, singleton_key="b"))
+        env.tx(lambda q: q.send_after(g, None, 0, singleton_key="a"))
+        jobs = env.tx(lambda q: q.fetch(g, 10))
+        assert sorted(j.singleton_key for j in jobs) == ["a", "b"], g
+        active = env.sql("SELECT count(*) FROM {s}.job WHERE name = :g AND state = 'active'", g=g)
+        assert active == [(2,)], g
+
+    for policy in GROUPED:
+        for partition in (False, True):
+            check(policy, partition)
 
 
-@pytest.mark.parametrize("policy", ["singleton", "stately"])
-def test_no_key_and_empty_key_are_the_same_key(env: Any, policy: str) -> None:
-    env.tx(lambda q: q.create_queue("g", policy=policy))
-    env.tx(lambda q: q.send("g", None))
-    if policy == "stately":
-        [first] = env.tx(lambda q: q.fetch("g"))
-        env.tx(lambda q: q.fail("g", first.id))
-    env.tx(lambda q: q.send("g", None, singleton_key=""))
-    assert len(env.tx(lambda q: q.fetch("g", 10))) == 1
+def test_batch_fetch_picks_each_keys_first_job_in_fetch_order(env: Any) -> None:
+    def check(g: str) -> None:
+        env.tx(lambda q: q.create_queue(g, policy=g))
+        # Many keys, so that an unordered pick would show up.
+        keys = [f"k{n}" for n in range(12)]
+        env.tx(lambda q: q.send_many(g, [{"data": "low", "singleton_key": k} for k in keys]))
+        if g == "stately":
+            # stately allows one queued job per key: park the first ones in `retry`.
+            low = env.tx(lambda q: q.fetch(g, 100))
+            env.tx(lambda q: q.fail(g, [j.id for j in low]))
+        high = [{"data": "high", "singleton_key": k, "priority": 9} for k in keys]
+        env.tx(lambda q: q.send_many(g, high))
+        jobs = env.tx(lambda q: q.fetch(g, 100))
+        assert [j.data for j in jobs] == ["high"] * len(keys), g
+
+    for policy in GROUPED:
+        check(policy)
 
 
-@pytest.mark.parametrize("policy", ["singleton", "stately"])
-def test_fetch_skips_a_key_that_already_has_an_active_job(env: Any, policy: str) -> None:
-    env.tx(lambda q: q.create_queue("g", policy=policy))
-    env.tx(lambda q: q.send("g", 1, singleton_key="a"))
-    env.tx(lambda q: q.fetch("g"))
-    env.tx(lambda q: q.send("g", 2, singleton_key="a"))
-    other = env.tx(lambda q: q.send("g", 3, singleton_key="b"))
-    assert [j.id for j in env.tx(lambda q: q.fetch("g", 10))] == [other]
+def test_no_key_and_empty_key_are_the_same_key(env: Any) -> None:
+    def check(g: str) -> None:
+        env.tx(lambda q: q.create_queue(g, policy=g))
+        env.tx(lambda q: q.send(g, None))
+        if g == "stately":
+            [first] = env.tx(lambda q: q.fetch(g))
+            env.tx(lambda q: q.fail(g, first.id))
+        env.tx(lambda q: q.send(g, None, singleton_key=""))
+        assert len(env.tx(lambda q: q.fetch(g, 10))) == 1, g
+
+    for policy in GROUPED:
+        check(policy)
 
 
-@pytest.mark.parametrize("policy", ["standard", "short", "exclusive"])
-def test_batch_fetch_of_other_policies_takes_several_jobs_of_a_key(env: Any, policy: str) -> None:
-    env.tx(lambda q: q.create_queue("g", policy=policy))
-    for n in range(3):
-        env.tx(lambda q, n=n: q.send("g", n, singleton_key="a" if policy == "standard" else f"{n}"))
-    assert len(env.tx(lambda q: q.fetch("g", 10))) == 3
+def test_fetch_skips_a_key_that_already_has_an_active_job(env: Any) -> None:
+    def check(g: str) -> None:
+        env.tx(lambda q: q.create_queue(g, policy=g))
+        env.tx(lambda q: q.send(g, 1, singleton_key="a"))
+        env.tx(lambda q: q.fetch(g))
+        env.tx(lambda q: q.send(g, 2, singleton_key="a"))
+        other = env.tx(lambda q: q.send(g, 3, singleton_key="b"))
+        assert [j.id for j in env.tx(lambda q: q.fetch(g, 10))] == [other], g
+
+    for policy in GROUPED:
+        check(policy)
+
+
+def test_batch_fetch_of_other_policies_takes_several_jobs(env: Any) -> None:
+    def check(g: str) -> None:
+        env.tx(lambda q: q.create_queue(g, policy=g))
+        # standard: one key for all; short and exclusive allow one queued job per key.
+        keys = ["a"] * 3 if g == "standard" else ["a", "b", "c"]
+        env.tx(lambda q: q.send_many(g, [{"singleton_key": k} for k in keys]))
+        assert len(env.tx(lambda q: q.fetch(g, 10))) == 3, g
+
+    for policy in ("standard", "short", "exclusive"):
+        check(policy)
 
 
 # ------------------------------------------------------------------ the policy cache

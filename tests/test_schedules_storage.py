@@ -79,26 +79,24 @@ def test_schedule_options_use_pgboss_names(env: Any) -> None:
     }
 
 
-@pytest.mark.parametrize(
-    ("start_after", "stored"),
-    [
-        (
-            dt.datetime(2031, 5, 6, 9, 8, 9, tzinfo=dt.timezone(dt.timedelta(hours=2))),
-            "2031-05-06T07:08:09.000Z",
-        ),
-        ("2031-05-06T09:08:09+02:00", "2031-05-06T07:08:09.000Z"),
-        ("45", 45),
-        (1.5, 1.5),
-        (dt.timedelta(minutes=2), 120),
-    ],
-)
-def test_schedule_start_after_is_stored_in_a_form_node_accepts(
-    env: Any, queue: str, start_after: Any, stored: Any
-) -> None:
+START_AFTER_STORED: list[tuple[Any, Any]] = [
+    (
+        dt.datetime(2031, 5, 6, 9, 8, 9, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        "2031-05-06T07:08:09.000Z",
+    ),
+    ("2031-05-06T09:08:09+02:00", "2031-05-06T07:08:09.000Z"),
+    ("45", 45),
+    (1.5, 1.5),
+    (dt.timedelta(minutes=2), 120),
+]
+
+
+def test_schedule_start_after_is_stored_in_a_form_node_accepts(env: Any, queue: str) -> None:
     # pg-boss casts text ending in Z to a time and anything else to an interval.
-    env.tx(lambda q: q.schedule(queue, "* * * * *", None, start_after=start_after))
-    [row] = schedule_rows(env)
-    assert row.options["startAfter"] == stored
+    for start_after, stored in START_AFTER_STORED:
+        env.tx(lambda q, s=start_after: q.schedule(queue, "* * * * *", None, start_after=s))
+        [row] = schedule_rows(env)
+        assert row.options["startAfter"] == stored, start_after
 
 
 def test_stored_options_read_back_as_send_options(env: Any, queue: str) -> None:
@@ -134,19 +132,19 @@ def test_cron_whitespace_is_normalised(env: Any, queue: str) -> None:
     assert [r.cron for r in schedule_rows(env)] == ["0 6 * * 1-5"]
 
 
-@pytest.mark.parametrize("cron", ["", "not a cron", "61 * * * *", "* * * *", "* * 32 * *", 5])
-def test_invalid_cron_is_refused_naming_cron(env: Any, queue: str, cron: Any) -> None:
-    with pytest.raises(InvalidOptionsError) as caught:
-        env.tx(lambda q: q.schedule(queue, cron))
-    assert caught.value.option == "cron"
+def test_invalid_cron_is_refused_naming_cron(env: Any, queue: str) -> None:
+    for cron in ["", "not a cron", "61 * * * *", "* * * *", "* * 32 * *", 5]:
+        with pytest.raises(InvalidOptionsError) as caught:
+            env.tx(lambda q, c=cron: q.schedule(queue, c))
+        assert caught.value.option == "cron", cron
     assert schedule_rows(env) == []
 
 
-@pytest.mark.parametrize("tz", ["Mars/Olympus", "", "UTC+25", None])
-def test_invalid_time_zone_is_refused_naming_tz(env: Any, queue: str, tz: Any) -> None:
-    with pytest.raises(InvalidOptionsError) as caught:
-        env.tx(lambda q: q.schedule(queue, "* * * * *", tz=tz))
-    assert caught.value.option == "tz"
+def test_invalid_time_zone_is_refused_naming_tz(env: Any, queue: str) -> None:
+    for tz in ["Mars/Olympus", "", "UTC+25", None]:
+        with pytest.raises(InvalidOptionsError) as caught:
+            env.tx(lambda q, z=tz: q.schedule(queue, "* * * * *", tz=z))
+        assert caught.value.option == "tz", tz
     assert schedule_rows(env) == []
 
 
@@ -254,9 +252,9 @@ def test_subscribe_to_a_missing_queue_raises_queue_not_found(env: Any) -> None:
         env.tx(lambda q: q.subscribe("e", "nope"))
 
 
-@pytest.mark.parametrize("event", ["", None, 3])
-def test_event_must_be_non_empty_text(env: Any, queue: str, event: Any) -> None:
-    with pytest.raises(InvalidOptionsError, match="event"):
-        env.tx(lambda q: q.subscribe(event, queue))
-    with pytest.raises(InvalidOptionsError, match="event"):
-        env.tx(lambda q: q.publish(event, None))
+def test_event_must_be_non_empty_text(env: Any, queue: str) -> None:
+    for event in ["", None, 3]:
+        with pytest.raises(InvalidOptionsError, match="event"):
+            env.tx(lambda q, e=event: q.subscribe(e, queue))
+        with pytest.raises(InvalidOptionsError, match="event"):
+            env.tx(lambda q, e=event: q.publish(e, None))

@@ -121,11 +121,12 @@ def test_start_after_timedelta_counts_from_the_database_clock(env: Any, queue: s
     assert row.start_after - row.created_on == dt.timedelta(minutes=5)
 
 
-@pytest.mark.parametrize("value", [30, 30.0, "30", " 30 ", "30.0"])
-def test_start_after_seconds_as_number_or_numeric_text(env: Any, queue: str, value: Any) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None, start_after=value))
-    row = job_row(env, job_id)
-    assert row.start_after - row.created_on == dt.timedelta(seconds=30)
+def test_start_after_seconds_as_number_or_numeric_text(env: Any, queue: str) -> None:
+    values: list[Any] = [30, 30.0, "30", " 30 ", "30.0"]
+    ids = env.tx(lambda q: [q.send(queue, None, start_after=v) for v in values])
+    for value, job_id in zip(values, ids, strict=True):
+        row = job_row(env, job_id)
+        assert row.start_after - row.created_on == dt.timedelta(seconds=30), value
 
 
 def test_start_after_fractional_seconds_are_kept(env: Any, queue: str) -> None:
@@ -134,20 +135,20 @@ def test_start_after_fractional_seconds_are_kept(env: Any, queue: str) -> None:
     assert row.start_after - row.created_on == dt.timedelta(seconds=1.5)
 
 
-@pytest.mark.parametrize(
-    "text_value",
-    ["2031-05-06T07:08:09Z", "2031-05-06T09:08:09+02:00", "2031-05-06T07:08:09.000+00:00"],
-)
-def test_start_after_iso_text_is_an_absolute_time(env: Any, queue: str, text_value: str) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None, start_after=text_value))
-    assert job_row(env, job_id).start_after == dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
+def test_start_after_iso_text_is_an_absolute_time(env: Any, queue: str) -> None:
+    values = ["2031-05-06T07:08:09Z", "2031-05-06T09:08:09+02:00", "2031-05-06T07:08:09.000+00:00"]
+    ids = env.tx(lambda q: [q.send(queue, None, start_after=v) for v in values])
+    for value, job_id in zip(values, ids, strict=True):
+        expected = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
+        assert job_row(env, job_id).start_after == expected, value
 
 
-@pytest.mark.parametrize("value", [0, -5, "0", dt.timedelta(0), dt.timedelta(seconds=-3), None])
-def test_start_after_zero_negative_or_none_means_now(env: Any, queue: str, value: Any) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None, start_after=value))
-    row = job_row(env, job_id)
-    assert row.start_after == row.created_on
+def test_start_after_zero_negative_or_none_means_now(env: Any, queue: str) -> None:
+    values: list[Any] = [0, -5, "0", "-1.5", dt.timedelta(0), dt.timedelta(seconds=-3), None]
+    ids = env.tx(lambda q: [q.send(queue, None, start_after=v) for v in values])
+    for value, job_id in zip(values, ids, strict=True):
+        row = job_row(env, job_id)
+        assert row.start_after == row.created_on, value
 
 
 def test_deferred_job_is_not_fetched_until_due(env: Any, queue: str) -> None:
@@ -299,10 +300,10 @@ def test_default_queue_gives_pgboss_job_defaults(env: Any, queue: str) -> None:
     assert (row.policy, row.dead_letter) == ("standard", None)
 
 
-@pytest.mark.parametrize("policy", ["standard", "short", "singleton", "stately", "exclusive"])
-def test_policy_is_copied_from_the_queue_onto_the_job(env: Any, policy: str) -> None:
-    env.tx(lambda q: q.create_queue("p", policy=policy))
-    assert job_row(env, env.tx(lambda q: q.send("p", None))).policy == policy
+def test_policy_is_copied_from_the_queue_onto_the_job(env: Any) -> None:
+    for policy in ("standard", "short", "singleton", "stately", "exclusive"):
+        env.tx(lambda q, p=policy: q.create_queue(p, policy=p))
+        assert job_row(env, env.tx(lambda q, p=policy: q.send(p, None))).policy == policy
 
 
 # ------------------------------------------------------------------ send_many

@@ -56,41 +56,42 @@ def test_complete_marks_an_active_job_completed(env: Any, queue: str) -> None:
     assert (row.state, row.completed_on, row.output) == ("completed", now, {"ok": True})
 
 
-@pytest.mark.parametrize("finish", [None, "complete", "cancel"])
-def test_complete_only_changes_active_jobs(env: Any, queue: str, finish: str | None) -> None:
-    job_id = env.tx(lambda q: q.send(queue, None))
-    if finish == "complete":
-        env.tx(lambda q: q.fetch(queue))
-    if finish is not None:
-        env.tx(lambda q: getattr(q, finish)(queue, job_id))
-    before = job_row(env, job_id)
-    settled = env.tx(lambda q: q.complete(queue, job_id, "late"))
+def test_complete_only_changes_active_jobs(env: Any, queue: str) -> None:
+    created = env.tx(lambda q: q.send(queue, None, priority=-1))
+    completed = active_job(env, queue).id
+    env.tx(lambda q: q.complete(queue, completed))
+    cancelled = env.tx(lambda q: q.send(queue, None, priority=-1))
+    env.tx(lambda q: q.cancel(queue, cancelled))
+    ids = [created, completed, cancelled]
+    before = [job_row(env, i) for i in ids]
+    settled = env.tx(lambda q: q.complete(queue, ids, "late"))
     assert settled.affected == []
-    assert job_row(env, job_id) == before
+    assert [job_row(env, i) for i in ids] == before
 
 
-@pytest.mark.parametrize(
-    ("output", "stored"),
-    [
-        (None, None),
-        ({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]}),
-        ({}, {}),
-        ([1, 2], {"value": [1, 2]}),
-        ("done", {"value": "done"}),
-        (42, {"value": 42}),
-        (0, {"value": 0}),
-        (False, {"value": False}),
-        (2.5, {"value": 2.5}),
-    ],
-)
-def test_complete_output_mapping(env: Any, queue: str, output: Any, stored: Any) -> None:
-    job = active_job(env, queue)
-    env.tx(lambda q: q.complete(queue, job.id, output))
-    [(value, is_null)] = env.sql(
-        "SELECT output, output IS NULL FROM {s}.job WHERE id = :id", id=job.id
-    )
-    assert value == stored
-    assert is_null is (stored is None)
+OUTPUTS: list[tuple[Any, Any]] = [
+    (None, None),
+    ({"a": [1, {"b": None}]}, {"a": [1, {"b": None}]}),
+    ({}, {}),
+    ([1, 2], {"value": [1, 2]}),
+    ("done", {"value": "done"}),
+    (42, {"value": 42}),
+    (0, {"value": 0}),
+    (False, {"value": False}),
+    (2.5, {"value": 2.5}),
+]
+
+
+def test_complete_output_mapping(env: Any, queue: str) -> None:
+    env.tx(lambda q: q.send_many(queue, [{} for _ in OUTPUTS]))
+    jobs = env.tx(lambda q: q.fetch(queue, len(OUTPUTS)))
+    for job, (output, stored) in zip(jobs, OUTPUTS, strict=True):
+        env.tx(lambda q, j=job, o=output: q.complete(queue, j.id, o))
+        [(value, is_null)] = env.sql(
+            "SELECT output, output IS NULL FROM {s}.job WHERE id = :id", id=job.id
+        )
+        assert value == stored, output
+        assert is_null is (stored is None), output
 
 
 def test_complete_stores_an_exception_as_name_message_and_stack(env: Any, queue: str) -> None:

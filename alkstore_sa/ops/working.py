@@ -153,12 +153,36 @@ def cancel(ctx: Context, name: str, ids: object) -> Op[Settled]:
     return (yield from _by_ids(ctx, settle_sql.cancel_jobs(), name, ids))
 
 
+def _requeue(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settled]:
+    """Move jobs back into a queued state, which a policy or throttle index may refuse.
+
+    A refused job stays where it was, like a refused ``send``: the statement runs
+    in a savepoint, and if any job of the batch conflicts, each job is tried on
+    its own so that the others still move.
+    """
+    validate_queue(name)
+    id_list = opt.job_ids(ids)
+    affected: list[uuid.UUID] = []
+    try:
+        result = yield Call(stmt, {"qname": name, "ids": id_list}, savepoint=True)
+        affected = list(result.scalars().all())
+    except Conflict:
+        for job in id_list:
+            try:
+                result = yield Call(stmt, {"qname": name, "ids": [job]}, savepoint=True)
+            except Conflict:
+                continue
+            affected.extend(result.scalars().all())
+    yield from _found_or_missing(ctx, name, affected)
+    return Settled(len(id_list), affected)
+
+
 def resume(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(ctx, settle_sql.resume_jobs(), name, ids))
+    return (yield from _requeue(ctx, settle_sql.resume_jobs(), name, ids))
 
 
 def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(ctx, settle_sql.retry_jobs(), name, ids))
+    return (yield from _requeue(ctx, settle_sql.retry_jobs(), name, ids))
 
 
 def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
