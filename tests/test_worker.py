@@ -261,3 +261,73 @@ def test_handlers_can_be_given_as_a_mapping_and_narrowed_by_configure(harness: H
     assert list(w.specs) == ["b"] and w.specs["b"].concurrency == 5
     with pytest.raises(InvalidOptionsError, match="no handler registered for 'c'"):
         w.configure(queues=["c"])
+
+
+def test_worker_built_from_a_sessionmaker_gives_its_sessions_to_handlers(
+    harness: Harness,
+) -> None:
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.orm import sessionmaker
+
+    from alkstore_sa import AsyncWorker, Worker
+
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q"))
+    job_id = send(h, "q")
+    seen: list[Any] = []
+    if h.is_async:
+        assert h.async_engine is not None
+        w: Any = AsyncWorker(
+            async_sessionmaker(h.async_engine, info={"app": "shop"}),
+            schema=h.schema,
+            supervise=False,
+            poll_interval=0.1,
+        )
+
+        async def handler(job: Job, session: Any) -> None:
+            seen.append(session.info.get("app"))
+
+    else:
+        w = Worker(
+            sessionmaker(h.engine, info={"app": "shop"}),
+            schema=h.schema,
+            supervise=False,
+            poll_interval=0.1,
+        )
+
+        def handler(job: Job, session: Any) -> None:  # type: ignore[misc]
+            seen.append(session.info.get("app"))
+
+    h.workers.append(w)
+    w.register("q", handler, transactional=True)
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "completed")
+    h.stop(w)
+    assert seen == ["shop"]
+
+
+def test_worker_refuses_something_that_is_not_an_engine(harness: Harness) -> None:
+    from alkstore_sa import AsyncWorker, Worker
+
+    cls: Any = AsyncWorker if harness.is_async else Worker
+    with pytest.raises(InvalidOptionsError, match="bind"):
+        cls("postgresql://nowhere/db")
+
+
+def test_errors_of_the_fetch_loop_reach_on_error_and_the_loop_carries_on(
+    harness: Harness,
+) -> None:
+    from alkstore_sa.errors import QueueNotFoundError
+
+    h = harness
+    errors: list[tuple[BaseException, Job | None]] = []
+    w = h.worker(poll_interval=0.1, on_error=lambda exc, job: errors.append((exc, job)))
+    w.register("missing", h.handler())
+    h.start(w)
+    wait_for(lambda: errors)
+    h.service_tx(lambda q: q.create_queue("missing"))
+    job_id = send(h, "missing")
+    wait_for(lambda: state_of(h, "missing", job_id) == "completed", timeout=10)
+    h.stop(w)
+    exc, job = errors[0]
+    assert isinstance(exc, QueueNotFoundError) and job is None
