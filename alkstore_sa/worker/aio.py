@@ -103,6 +103,7 @@ class AsyncWorker(WorkerBase):
         self._give_up = asyncio.Event()
         self._keeper_stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._job_tasks: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
         self._supervisor = self._make_supervisor("AsyncSupervisor", self.engine)
 
@@ -176,7 +177,9 @@ class AsyncWorker(WorkerBase):
         self._stopping.set()
         for state in self._queues.values():
             state.wake.set()
-        await asyncio.gather(*(s.task for s in self._queues.values() if s.task is not None))
+        loops = [s.task for s in self._queues.values() if s.task is not None]
+        if loops:
+            await asyncio.wait(loops, timeout=10.0)
         deadline = monotonic() + timeout
         while self._running() and monotonic() < deadline and not self._force.is_set():
             with contextlib.suppress(TimeoutError):
@@ -253,7 +256,11 @@ class AsyncWorker(WorkerBase):
             state.backlog = len(jobs) == want
             for job in jobs:
                 attempt = self._begin(spec, job, fetched_at)
-                attempt.handle = asyncio.create_task(self._execute(state, attempt))
+                task = asyncio.create_task(self._execute(state, attempt))
+                # The loop keeps only weak references to tasks: hold them here.
+                self._job_tasks.add(task)
+                task.add_done_callback(self._job_tasks.discard)
+                attempt.handle = task
             if len(jobs) < want:
                 await _wait(state.wake, spec.poll_interval)
 

@@ -188,7 +188,9 @@ class Worker(WorkerBase):
             state.wake.set()
         for state in self._queues.values():
             if state.thread is not None:
-                state.thread.join()
+                # A fetch never waits on row locks (SKIP LOCKED); the bound is for
+                # a database that stopped answering.
+                state.thread.join(10.0)
         deadline = monotonic() + timeout
         while self._running() and monotonic() < deadline and not self._force.is_set():
             self._force.wait(min(0.05, max(0.0, deadline - monotonic())))
