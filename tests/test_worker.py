@@ -90,6 +90,26 @@ def test_raising_handler_fails_job_for_retry_with_error_output(harness: Harness)
     assert w.stats()["q"].failed == 1
 
 
+def test_raising_handler_with_backoff_waits_the_additive_backoff_delay(harness: Harness) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q", retry_limit=3, retry_delay=2, retry_backoff=True))
+    job_id = send(h, "q")
+
+    def boom(job: Job) -> None:
+        raise ValueError("later")
+
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(boom))
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "retry")
+    h.stop(w)
+    [[delay]] = h.sql(
+        "SELECT extract(epoch FROM start_after - now()) FROM {s}.job WHERE id = :id", id=job_id
+    )
+    # pg-boss's additive backoff for the first retry: 2 + 2^1/2 * (1 + random()) s
+    assert 2.5 < delay <= 4
+
+
 def test_failing_past_retry_limit_moves_job_to_dead_letter(harness: Harness) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("dlq"))
