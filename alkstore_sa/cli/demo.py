@@ -53,13 +53,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=int(os.environ.get("ALKSTORE_DEMO_JOBS", "300")),
+        default=os.environ.get("ALKSTORE_DEMO_JOBS", "300"),
         help=f"orders to place, 1 to {MAX_JOBS} (env ALKSTORE_DEMO_JOBS; default 300)",
     )
     p.add_argument(
         "--concurrency",
         type=int,
-        default=int(os.environ.get("ALKSTORE_DEMO_CONCURRENCY", "8")),
+        default=os.environ.get("ALKSTORE_DEMO_CONCURRENCY", "8"),
         help="handlers running at once (env ALKSTORE_DEMO_CONCURRENCY; default 8)",
     )
     p.set_defaults(handler=_run)

@@ -24,6 +24,10 @@ from ._common import CommandError, guarded, leaf
 def register(sub: Any) -> None:
     env = os.environ.get
     p = leaf(sub, "worker", "run your application's worker until SIGINT/SIGTERM")
+    p.description = (
+        "Run the Worker or AsyncWorker named by --app until SIGINT/SIGTERM. The worker "
+        "brings its own engine and schema; --database-url and --schema do not apply."
+    )
     p.add_argument(
         "--app",
         default=env("ALKSTORE_APP"),
@@ -40,13 +44,15 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--concurrency",
         type=int,
-        default=_int(env("ALKSTORE_CONCURRENCY")),
+        # A string default goes through ``type`` too, so a bad value is reported
+        # by this command only, not when the parser is built.
+        default=env("ALKSTORE_CONCURRENCY"),
         help="jobs run at once per queue (env ALKSTORE_CONCURRENCY)",
     )
     p.add_argument(
         "--shutdown-timeout",
         type=float,
-        default=_float(env("ALKSTORE_SHUTDOWN_TIMEOUT")),
+        default=env("ALKSTORE_SHUTDOWN_TIMEOUT"),
         help="seconds running jobs get to finish on SIGTERM (env ALKSTORE_SHUTDOWN_TIMEOUT)",
     )
     p.add_argument(
@@ -55,14 +61,6 @@ def register(sub: Any) -> None:
         help="DEBUG shows every job (env ALKSTORE_LOG_LEVEL; default INFO)",
     )
     p.set_defaults(handler=_run)
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text else None
-
-
-def _float(text: str | None) -> float | None:
-    return float(text) if text else None
 
 
 def load_worker(spec: str) -> Worker | AsyncWorker:
