@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -88,6 +88,38 @@ def run_script(script: str, *args: str, timeout: float = 60) -> str:
     if done.returncode != 0:
         raise NodeError(f"{script} exited with {done.returncode}: {done.stderr[-4000:]}")
     return done.stdout
+
+
+NODE_OPTION_NAMES = {
+    "priority": "priority",
+    "start_after": "startAfter",
+    "singleton_key": "singletonKey",
+    "singleton_seconds": "singletonSeconds",
+    "expire_seconds": "expireInSeconds",
+    "retention_seconds": "retentionSeconds",
+    "deletion_seconds": "deleteAfterSeconds",
+    "retry_limit": "retryLimit",
+    "retry_delay": "retryDelay",
+    "retry_backoff": "retryBackoff",
+    "retry_delay_max": "retryDelayMax",
+}
+"""Our send option names and Node pg-boss's, for the same job."""
+
+
+def to_node_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Our send options under Node's names."""
+    return {NODE_OPTION_NAMES[k]: v for k, v in options.items()}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; return the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
 
 
 def iso(value: dt.datetime) -> dict[str, str]:
@@ -228,13 +260,7 @@ class NodeBoss:
         self, predicate: Callable[[], bool], timeout: float = 10, interval: float = 0.05
     ) -> bool:
         """Poll ``predicate`` until it holds or ``timeout`` passes; return the last answer."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if predicate():
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(interval)
+        return wait_until(predicate, timeout, interval)
 
     # ------------------------------------------------------------ shutdown
 
@@ -302,6 +328,19 @@ def node_modules() -> None:
             pytest.fail(reason)
         pytest.skip(reason)
     ensure_node_modules()
+
+
+PY_APP = "alkstore-interop"
+"""application_name of the ``py_engine`` connections (Node's is ``pgboss``)."""
+
+
+@pytest.fixture
+def py_engine(database_url: str) -> Iterator[Engine]:
+    """An engine for the Python side whose sessions tell themselves apart from Node's
+    in ``pg_stat_activity`` and ``current_setting('application_name')``."""
+    eng = create_engine(database_url, connect_args={"application_name": PY_APP})
+    yield eng
+    eng.dispose()
 
 
 @pytest.fixture
