@@ -253,18 +253,17 @@ def _wait_settled(engine: Engine, schema: str, jobs: int, began: float) -> float
 def _progress(shop: _Shop, jobs: int, out: TextIO, stop: threading.Event) -> None:
     began = time.monotonic()
     while True:
+        last = stop.wait(0.1)  # once stopped, draw the final state, then end the line
         done = min(shop.settled, jobs)
         width = 30
         filled = width * done // jobs
         rate = done / max(time.monotonic() - began, 1e-6)
         out.write(
             f"\r  [{'#' * filled}{'-' * (width - filled)}] {done:>5}/{jobs} settled, "
-            f"{len(shop.committed):>5} placed, {rate:7.0f} jobs/s "
+            f"{len(shop.committed):>5} placed, {rate:7.0f} jobs/s " + ("\n" if last else "")
         )
         out.flush()
-        if stop.wait(0.1):
-            out.write("\n")
-            out.flush()
+        if last:
             return
 
 
