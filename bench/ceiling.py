@@ -1,0 +1,216 @@
+"""The raw-SQL ceiling: plain psycopg 3 running the statements alkstore_sa builds.
+
+The SQL below is written by hand as plain strings, on purpose: it is what a
+careful engineer would send with psycopg directly, with the same shape as the
+statements of ``alkstore_sa/sql`` (same CTEs, joins, predicates, literals and
+bound arrays), so the database does the same work and only the Python layers
+differ. ``bench.shapes`` checks that both produce the same query plans.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+INPUT_COLUMNS = (
+    ("id", "uuid"),
+    ("priority", "integer"),
+    ("data", "text"),
+    ("start_at", "timestamptz"),
+    ("start_in", "interval"),
+    ("singleton_key", "text"),
+    ("singleton_seconds", "integer"),
+    ("singleton_offset", "integer"),
+    ("expire_seconds", "integer"),
+    ("deletion_seconds", "integer"),
+    ("retention_seconds", "integer"),
+    ("retry_limit", "integer"),
+    ("retry_delay", "integer"),
+    ("retry_backoff", "boolean"),
+    ("retry_delay_max", "integer"),
+    ("dead_letter", "text"),
+)
+
+_UNNEST = ", ".join(f"%(in_{n})s::{t}[]" for n, t in INPUT_COLUMNS)
+_SRC_COLUMNS = ", ".join(n for n, _ in INPUT_COLUMNS)
+
+INSERT_SQL = (
+    """
+WITH ins AS (
+  INSERT INTO {s}.job (id, name, priority, data, retry_limit, retry_delay, retry_backoff,
+                       retry_delay_max, expire_seconds, deletion_seconds, singleton_key,
+                       singleton_on, start_after, keep_until, dead_letter, policy)
+  SELECT src.id, q.name, coalesce(src.priority, 0), CAST(src.data AS jsonb),
+         coalesce(src.retry_limit, q.retry_limit),
+         coalesce(src.retry_delay, q.retry_delay),
+         coalesce(src.retry_backoff, q.retry_backoff, false),
+         coalesce(src.retry_delay_max, q.retry_delay_max),
+         coalesce(src.expire_seconds, q.expire_seconds),
+         coalesce(src.deletion_seconds, q.deletion_seconds),
+         src.singleton_key,
+         CASE WHEN src.singleton_seconds IS NOT NULL THEN 'epoch'::timestamp
+              + src.singleton_seconds * floor((extract(epoch FROM now())
+              + coalesce(src.singleton_offset, 0)) / CAST(src.singleton_seconds AS numeric))
+              * interval '1 second' END,
+         coalesce(src.start_at, now() + coalesce(src.start_in, interval '0')),
+         coalesce(src.start_at, now() + coalesce(src.start_in, interval '0'))
+              + coalesce(src.retention_seconds, q.retention_seconds) * interval '1 second',
+         coalesce(src.dead_letter, q.dead_letter),
+         q.policy
+  FROM unnest("""
+    + _UNNEST
+    + ") AS src("
+    + _SRC_COLUMNS
+    + """)
+  JOIN {s}.queue AS q ON true
+  WHERE q.name = %(qname)s
+  ON CONFLICT DO NOTHING
+  RETURNING id, start_after
+)
+SELECT hdr.found, ins.id,
+       (SELECT pg_notify(%(channel)s, %(qname)s)
+         WHERE EXISTS (SELECT ins.id FROM ins WHERE ins.start_after <= now())) AS notified
+FROM (SELECT EXISTS (SELECT name FROM {s}.queue WHERE name = %(qname)s) AS found) AS hdr
+LEFT OUTER JOIN ins ON true
+"""
+)
+
+JOB_COLUMNS = (
+    "id, name, priority, data, state, retry_limit, retry_count, retry_delay, retry_backoff, "
+    "retry_delay_max, expire_seconds, deletion_seconds, singleton_key, singleton_on, "
+    "start_after, created_on, started_on, completed_on, keep_until, output, dead_letter, policy"
+)
+
+_NAMES = [c.strip() for c in JOB_COLUMNS.split(",")]
+COL_DATA = _NAMES.index("data")
+COL_STARTED_ON = _NAMES.index("started_on")
+
+FETCH_SQL = (
+    """
+WITH next AS (
+  SELECT id, singleton_key, priority, created_on FROM {s}.job
+  WHERE name = %(qname)s AND state < 'active'
+    AND EXISTS (SELECT name FROM {s}.queue
+                WHERE name = %(qname)s AND policy = %(cached_policy)s)
+    AND start_after < now()
+    AND (policy IS NULL OR policy NOT IN ('singleton', 'stately'))
+  ORDER BY priority DESC, created_on, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE {s}.job AS j SET state = 'active',
+         retry_count = CASE WHEN j.started_on IS NOT NULL THEN j.retry_count + 1
+                            ELSE j.retry_count END,
+         started_on = now()
+  FROM next WHERE j.name = %(qname)s AND j.id = next.id
+  RETURNING """
+    + ", ".join(f"j.{c}" for c in _NAMES)
+    + """
+)
+SELECT """
+    + JOB_COLUMNS
+    + """ FROM claimed ORDER BY priority DESC, created_on, id
+"""
+)
+
+COMPLETE_SQL = """
+UPDATE {s}.job AS j SET state = 'completed', completed_on = now(),
+       output = CAST(src.output AS jsonb)
+FROM unnest(%(ids)s::uuid[], %(outputs)s::text[], %(fences)s::timestamptz[])
+     AS src(id, output, fence)
+WHERE j.name = %(qname)s AND j.id = src.id AND j.state = 'active'
+  AND (src.fence IS NULL OR j.started_on = src.fence)
+RETURNING j.id
+"""
+
+
+class Statements:
+    """The ceiling's statements with the schema filled in (composed once)."""
+
+    def __init__(self, schema: str) -> None:
+        ident = sql.Identifier(schema)
+        self.insert = sql.SQL(INSERT_SQL).format(s=ident)
+        self.fetch = sql.SQL(FETCH_SQL).format(s=ident)
+        self.complete = sql.SQL(COMPLETE_SQL).format(s=ident)
+        self.channel = f"alkstore_{schema}"
+
+
+def insert_params(st: Statements, queue: str, datas: Sequence[Any]) -> dict[str, Any]:
+    """Arrays for :data:`INSERT_SQL`: a fresh id and JSON text per job, the rest NULL."""
+    n = len(datas)
+    nulls: list[None] = [None] * n
+    params: dict[str, Any] = {f"in_{name}": nulls for name, _ in INPUT_COLUMNS}
+    params["in_id"] = [uuid.uuid4() for _ in range(n)]
+    params["in_data"] = [
+        None if d is None else json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+        for d in datas
+    ]
+    params["qname"] = queue
+    params["channel"] = st.channel
+    return params
+
+
+def send(conn: psycopg.Connection[Any], st: Statements, queue: str, datas: Sequence[Any]) -> int:
+    """Insert the jobs (no commit); return how many were inserted."""
+    rows = conn.execute(st.insert, insert_params(st, queue, datas)).fetchall()
+    return sum(1 for r in rows if r[1] is not None)
+
+
+async def asend(
+    conn: psycopg.AsyncConnection[Any], st: Statements, queue: str, datas: Sequence[Any]
+) -> int:
+    cur = await conn.execute(st.insert, insert_params(st, queue, datas))
+    rows = await cur.fetchall()
+    return sum(1 for r in rows if r[1] is not None)
+
+
+def fetch_params(queue: str, limit: int) -> dict[str, Any]:
+    # The queue's policy, as alkstore_sa's client-side cache would know it.
+    return {"qname": queue, "limit": limit, "cached_policy": "standard"}
+
+
+def fetch(conn: psycopg.Connection[Any], st: Statements, queue: str, limit: int) -> list[Any]:
+    return conn.execute(st.fetch, fetch_params(queue, limit)).fetchall()
+
+
+async def afetch(
+    conn: psycopg.AsyncConnection[Any], st: Statements, queue: str, limit: int
+) -> list[Any]:
+    cur = await conn.execute(st.fetch, fetch_params(queue, limit))
+    return await cur.fetchall()
+
+
+def complete_params(
+    queue: str, jobs: Sequence[tuple[uuid.UUID, datetime | None]]
+) -> dict[str, Any]:
+    return {
+        "qname": queue,
+        "ids": [j[0] for j in jobs],
+        "outputs": [None] * len(jobs),
+        "fences": [j[1] for j in jobs],
+    }
+
+
+def complete(
+    conn: psycopg.Connection[Any],
+    st: Statements,
+    queue: str,
+    jobs: Sequence[tuple[uuid.UUID, datetime | None]],
+) -> int:
+    return len(conn.execute(st.complete, complete_params(queue, jobs)).fetchall())
+
+
+async def acomplete(
+    conn: psycopg.AsyncConnection[Any],
+    st: Statements,
+    queue: str,
+    jobs: Sequence[tuple[uuid.UUID, datetime | None]],
+) -> int:
+    cur = await conn.execute(st.complete, complete_params(queue, jobs))
+    return len(await cur.fetchall())

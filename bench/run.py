@@ -1,0 +1,223 @@
+"""``python -m bench``: every scenario, alkstore_sa and ceiling interleaved, N repetitions."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from . import shapes
+from .common import (
+    DEFAULT_URL,
+    Config,
+    Sample,
+    drop,
+    dumps,
+    install,
+    median,
+    new_schema,
+    percentile,
+    spread,
+)
+from .scenarios import Variant, drain, latency, mixed, send
+
+SCENARIO_MODULES = {"send": send, "drain": drain, "latency": latency, "mixed": mixed}
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("ALKSTORE_DATABASE_URL", DEFAULT_URL),
+        help="PostgreSQL URL (env ALKSTORE_DATABASE_URL; default %(default)s)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (at least 3; default 3)")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only scenarios whose name contains this text (repeatable)",
+    )
+    p.add_argument("--json", type=Path, help="where to write the JSON results")
+    p.add_argument(
+        "--mixed-rate",
+        type=float,
+        default=500.0,
+        help="jobs/s offered by the senders of the mixed scenario (default %(default)s)",
+    )
+    p.add_argument("--keep-schema", action="store_true", help="do not drop the bench schema")
+    return p.parse_args(argv)
+
+
+def collect(cfg: Config, only: list[str]) -> list[Variant]:
+    out: list[Variant] = []
+    for module in SCENARIO_MODULES.values():
+        for v in module.variants(cfg):
+            if not only or any(o in v.scenario for o in only):
+                out.append(v)
+    return out
+
+
+def run_all(cfg: Config, variants: list[Variant]) -> list[Sample]:
+    """Every variant, interleaved: per repetition, per scenario, per round, each variant once."""
+    samples: list[Sample] = []
+    by_scenario: dict[str, list[Variant]] = defaultdict(list)
+    for v in variants:
+        by_scenario[v.scenario].append(v)
+    for rep in range(cfg.reps):
+        for scenario, group in by_scenario.items():
+            rounds = max(v.rounds for v in group)
+            for r in range(rounds):
+                index = rep * rounds + r
+                # Alternate the order so neither side always runs on a warmer cache.
+                ordered = group if index % 2 == 0 else list(reversed(group))
+                for v in ordered:
+                    t0 = time.perf_counter()
+                    got = v.run(cfg)
+                    for s in got:
+                        s.round = index
+                    samples.extend(got)
+                    shown = ", ".join(f"{s.value:,.1f} {s.metric}" for s in got[:2])
+                    print(
+                        f"[rep {rep + 1}/{cfg.reps} round {r + 1}/{rounds}] {scenario:<22} "
+                        f"{v.name:<26} {shown}  ({time.perf_counter() - t0:.1f}s)",
+                        flush=True,
+                    )
+    return samples
+
+
+def summarise(variants: list[Variant], samples: list[Sample]) -> list[dict[str, Any]]:
+    """Median, spread and ratio to the ceiling of every (scenario, variant, metric).
+
+    The ratio is the median of the per-round ratios (each round runs both sides
+    back to back), which cancels most of the drift of a shared machine; its
+    interquartile range is reported alongside.
+    """
+    values: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
+    for s in samples:
+        values[(s.scenario, s.variant, s.metric)][s.round] = s.value
+    by_name = {(v.scenario, v.name): v for v in variants}
+    rows: list[dict[str, Any]] = []
+    for (scenario, variant, metric), by_round in values.items():
+        vals = list(by_round.values())
+        v = by_name.get((scenario, variant))
+        row: dict[str, Any] = {
+            "scenario": scenario,
+            "variant": variant,
+            "metric": metric,
+            "median": median(vals),
+            "spread_pct": spread(vals),
+            "values": vals,
+            "compared_with": v.ceiling if v else None,
+            "note": v.note if v else "",
+        }
+        base = values.get((scenario, v.ceiling, metric)) if v and v.ceiling else None
+        if base:
+            ratios = [by_round[i] / base[i] for i in by_round if base.get(i)]
+            if ratios:
+                row["ratio"] = median(ratios)
+                row["ratio_iqr"] = [percentile(ratios, 25), percentile(ratios, 75)]
+            if v and v.target and ratios and metric in v.target_metrics:
+                op, goal = v.target
+                row["target"] = f"{op} {goal:g}"
+                row["met"] = row["ratio"] >= goal if op == ">=" else row["ratio"] <= goal
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table (so the README can hold it as it is)."""
+    head = ("scenario", "variant", "metric", "median", "spread", "vs", "ratio", "IQR", "target")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        ratio = r.get("ratio")
+        target = r.get("target", "")
+        if target:
+            target += " ok" if r.get("met") else " MISSED"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["scenario"],
+                    r["variant"],
+                    r["metric"],
+                    f"{r['median']:,.1f}",
+                    f"{r['spread_pct']:.0f}%",
+                    r["compared_with"] or "",
+                    f"{ratio:.2f}" if isinstance(ratio, float) else "",
+                    "{:.2f}-{:.2f}".format(*r["ratio_iqr"]) if "ratio_iqr" in r else "",
+                    target,
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "psycopg": psycopg.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.reps < 3:
+        print("--reps must be at least 3", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING)
+    cfg = Config(
+        url=args.database_url,
+        schema=new_schema(),
+        quick=args.quick,
+        reps=args.reps,
+        mixed_rate=args.mixed_rate,
+    )
+    started = time.perf_counter()
+    install(cfg)
+    try:
+        with cfg.raw(autocommit=True) as conn:
+            server = conn.execute("SHOW server_version").fetchone()
+        # The ceiling is only a ceiling if the database does the same work on both sides.
+        if not shapes.compare(cfg, show_sql=False):
+            print("warning: the ceiling's plans differ from alkstore_sa's", file=sys.stderr)
+        variants = collect(cfg, args.only)
+        samples = run_all(cfg, variants)
+    finally:
+        if not args.keep_schema:
+            drop(cfg)
+        cfg.close()
+    rows = summarise(variants, samples)
+    print()
+    print(table(rows))
+    elapsed = time.perf_counter() - started
+    print(f"\n{len(samples)} samples in {elapsed:.0f}s")
+    out = args.json or RESULTS / f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "when": dt.datetime.now(dt.UTC).isoformat(),
+        "quick": cfg.quick,
+        "reps": cfg.reps,
+        "seconds": elapsed,
+        "machine": {**machine(), "postgres": server[0] if server else None},
+        "summary": rows,
+        "samples": [s.to_json() for s in samples],
+    }
+    out.write_text(dumps(doc))
+    print(f"results written to {out}")
+    return 0

@@ -1,0 +1,225 @@
+"""Scenarios 1 and 2: ``send`` one job per transaction, and ``send_many`` in batches.
+
+Besides alkstore_sa and the raw psycopg ceiling, the "SQLAlchemy floor"
+variants run our compiled statement through a plain ``Session.execute`` with
+parameters built the ceiling's way: the distance ceiling -> floor is the cost
+of SQLAlchemy's Session itself, floor -> alkstore is the cost of our layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from alkstore_sa import AsyncQueueService, JobSpec, QueueService
+from alkstore_sa._driver import execution_options
+from alkstore_sa.sql.send import insert_jobs
+
+from .. import ceiling
+from ..common import QUEUE, Config, Sample, Stopwatch, reset
+from . import Variant
+
+WARMUP = 20
+SINGLE = "send 1 job/tx"
+
+Body = Callable[[Config, list[list[dict[str, Any]]]], None]
+
+
+def _batches(n_batches: int, size: int) -> list[list[dict[str, Any]]]:
+    return [[{"n": b * size + i} for i in range(size)] for b in range(n_batches)]
+
+
+# Each body sends every batch in its own committed transaction.
+
+
+def alkstore_sync(cfg: Config, batches: list[list[dict[str, Any]]]) -> None:
+    engine, schema = cfg.engine, cfg.schema
+    if len(batches[0]) == 1:
+        for (data,) in batches:
+            with Session(engine) as session, session.begin():
+                QueueService(session, schema=schema).send(QUEUE, data)
+        return
+    for datas in batches:
+        jobs: list[JobSpec] = [{"data": d} for d in datas]
+        with Session(engine) as session, session.begin():
+            QueueService(session, schema=schema).send_many(QUEUE, jobs)
+
+
+def floor_sync(cfg: Config, batches: list[list[dict[str, Any]]]) -> None:
+    st, stmt, opts = (
+        ceiling.Statements(cfg.schema),
+        insert_jobs(notify=True),
+        execution_options(cfg.schema),
+    )
+    for datas in batches:
+        with Session(cfg.engine) as session, session.begin():
+            session.execute(
+                stmt, ceiling.insert_params(st, QUEUE, datas), execution_options=opts
+            ).all()
+
+
+def ceiling_sync(cfg: Config, batches: list[list[dict[str, Any]]]) -> None:
+    st = ceiling.Statements(cfg.schema)
+    with cfg.raw() as conn:
+        for datas in batches:
+            ceiling.send(conn, st, QUEUE, datas)
+            conn.commit()
+
+
+class AsyncSender:
+    """An async sending loop whose engine or connection outlives warm-up and measurement."""
+
+    def __init__(self, cfg: Config, kind: str) -> None:
+        self.cfg, self.kind = cfg, kind
+        self.st = ceiling.Statements(cfg.schema)
+        self.opts = execution_options(cfg.schema)
+        self.engine: Any = None
+        self.conn: Any = None
+
+    async def open(self) -> None:
+        if self.kind == "ceiling":
+            self.conn = await self.cfg.araw()
+        else:
+            self.engine = self.cfg.async_engine()
+
+    async def send(self, batches: list[list[dict[str, Any]]]) -> None:
+        schema, st = self.cfg.schema, self.st
+        if self.kind == "ceiling":
+            for datas in batches:
+                await ceiling.asend(self.conn, st, QUEUE, datas)
+                await self.conn.commit()
+        elif self.kind == "floor":
+            stmt = insert_jobs(notify=True)
+            for datas in batches:
+                async with AsyncSession(self.engine) as session, session.begin():
+                    params = ceiling.insert_params(st, QUEUE, datas)
+                    (await session.execute(stmt, params, execution_options=self.opts)).all()
+        else:
+            for (data,) in batches:
+                async with AsyncSession(self.engine) as session, session.begin():
+                    await AsyncQueueService(session, schema=schema).send(QUEUE, data)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+
+def _timed(body: Body, n_batches: int, size: int) -> Callable[[Config], float]:
+    def run(cfg: Config) -> float:
+        body(cfg, _batches(WARMUP, size) if size == 1 else _batches(1, size))
+        batches = _batches(n_batches, size)
+        with Stopwatch() as w:
+            body(cfg, batches)
+        return n_batches * size / w.seconds
+
+    return run
+
+
+def _atimed(kind: str, n_batches: int) -> Callable[[Config], float]:
+    def run(cfg: Config) -> float:
+        async def main() -> float:
+            sender = AsyncSender(cfg, kind)
+            await sender.open()
+            try:
+                await sender.send(_batches(WARMUP, 1))
+                batches = _batches(n_batches, 1)
+                with Stopwatch() as w:
+                    await sender.send(batches)
+            finally:
+                await sender.close()
+            return n_batches / w.seconds
+
+        return asyncio.run(main())
+
+    return run
+
+
+def _variant(
+    scenario: str,
+    name: str,
+    fn: Callable[[Config], float],
+    base: str | None = None,
+    target: tuple[str, float] | None = None,
+    *,
+    rounds: int,
+    note: str = "",
+) -> Variant:
+    def run(cfg: Config) -> list[Sample]:
+        reset(cfg)
+        return [Sample(scenario, name, "jobs/s", fn(cfg))]
+
+    return Variant(scenario, name, run, base, note, target, rounds=rounds)
+
+
+def variants(cfg: Config) -> list[Variant]:
+    rounds = cfg.size(5, 3)
+    n = cfg.size(1500, 300) // rounds
+    floor = "our statement through a bare Session.execute"
+    out = [
+        _variant(SINGLE, "ceiling sync", _timed(ceiling_sync, n, 1), rounds=rounds),
+        _variant(
+            SINGLE,
+            "SQLAlchemy floor sync",
+            _timed(floor_sync, n, 1),
+            "ceiling sync",
+            rounds=rounds,
+            note=floor,
+        ),
+        _variant(
+            SINGLE,
+            "alkstore sync",
+            _timed(alkstore_sync, n, 1),
+            "ceiling sync",
+            (">=", 0.85),
+            rounds=rounds,
+        ),
+        _variant(SINGLE, "ceiling async", _atimed("ceiling", n), rounds=rounds),
+        _variant(
+            SINGLE,
+            "SQLAlchemy floor async",
+            _atimed("floor", n),
+            "ceiling async",
+            rounds=rounds,
+            note=floor,
+        ),
+        _variant(
+            SINGLE,
+            "alkstore async",
+            _atimed("alkstore", n),
+            "ceiling async",
+            (">=", 0.85),
+            rounds=rounds,
+        ),
+    ]
+    for size, full, quick in ((10, 5_000, 1_000), (100, 20_000, 5_000), (1000, 60_000, 15_000)):
+        scenario = f"send_many {size}/tx"
+        n_batches = max(1, cfg.size(full, quick) // size // rounds)
+        target = (">=", 0.7) if size == 1000 else None
+        out += [
+            _variant(
+                scenario, "ceiling sync", _timed(ceiling_sync, n_batches, size), rounds=rounds
+            ),
+            _variant(
+                scenario,
+                "SQLAlchemy floor sync",
+                _timed(floor_sync, n_batches, size),
+                "ceiling sync",
+                rounds=rounds,
+                note=floor,
+            ),
+            _variant(
+                scenario,
+                "alkstore sync",
+                _timed(alkstore_sync, n_batches, size),
+                "ceiling sync",
+                target,
+                rounds=rounds,
+            ),
+        ]
+    return out
