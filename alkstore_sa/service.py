@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import ops
@@ -69,7 +69,9 @@ class QueueService:
                                 call.statement, call.params, execution_options=opts
                             )
                             result = executed.freeze()()
-                    except IntegrityError:
+                    except DBAPIError as exc:
+                        if not ops.is_conflict(exc):
+                            raise
                         call = op.throw(ops.Conflict())
                         continue
                 else:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from . import ops
@@ -65,7 +65,9 @@ class AsyncQueueService:
                                 call.statement, call.params, execution_options=opts
                             )
                             result = executed.freeze()()
-                    except IntegrityError:
+                    except DBAPIError as exc:
+                        if not ops.is_conflict(exc):
+                            raise
                         call = op.throw(ops.Conflict())
                         continue
                 else:

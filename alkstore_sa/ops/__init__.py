@@ -7,7 +7,7 @@ drift apart: they run the very same code.
 """
 
 from . import inspect, maintenance
-from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema
+from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
     delete_queue,
@@ -58,6 +58,7 @@ __all__ = [
     "get_queues",
     "get_schedules",
     "inspect",
+    "is_conflict",
     "maintenance",
     "publish",
     "redrive",

@@ -16,8 +16,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One statement to run. ``savepoint``: run it inside a SAVEPOINT and send an
-    ``IntegrityError`` back into the operation instead of poisoning the transaction."""
+    """One statement to run. ``savepoint``: run it inside a SAVEPOINT and send a
+    conflict (see :func:`is_conflict`) back into the operation as :class:`Conflict`
+    instead of poisoning the transaction."""
 
     statement: Executable
     params: Mapping[str, Any] | None = None
@@ -82,4 +83,21 @@ def check_schema(ctx: Context) -> Op[None]:
 
 
 class Conflict(Exception):
-    """Sent into an operation when its savepoint statement hit a unique index."""
+    """Sent into an operation when its savepoint statement hit a unique index
+    (or deadlocked on one with another session)."""
+
+
+# A deadlock on a unique index (with a client that takes no key locks, see
+# sql/fetch.py) is answered as a conflict. Serialization failures are not: under
+# SERIALIZABLE the caller must retry the whole transaction, so they are raised.
+_CONFLICT_CODES = frozenset({"40P01"})  # deadlock_detected
+
+
+def is_conflict(error: BaseException) -> bool:
+    """Is ``error`` (a SQLAlchemy ``DBAPIError``) a conflict with other sessions?"""
+    from sqlalchemy.exc import DBAPIError, IntegrityError
+
+    if isinstance(error, IntegrityError):
+        return True
+    code = getattr(getattr(error, "orig", None), "sqlstate", None)
+    return isinstance(error, DBAPIError) and code in _CONFLICT_CODES

@@ -60,13 +60,22 @@ def _claim(
     stmt = fetch_sql.fetch_jobs(
         priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
     )
-    try:
-        result = yield Call(
-            stmt, {"qname": name, "limit": batch_size, "cached_policy": policy}, savepoint=aware
+    params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
+    if aware:
+        # Lock the keys first, in their own statement (see sql/fetch.py).
+        locked = yield Call(
+            fetch_sql.lock_keys(priority=priority, ignore_start_after=ignore_start_after),
+            {**params, "lock_schema": ctx.schema},
         )
+        params["keys"] = list(locked.scalars().all())
+        if not params["keys"]:
+            return []
+    try:
+        result = yield Call(stmt, params, savepoint=aware)
     except Conflict:
-        # Another session activated a job of the same key first (i2/i3):
-        # pg-boss answers with no jobs, and so do we.
+        # A client that takes no key locks (Node pg-boss) activated a job of the
+        # same key first, or deadlocked with us: pg-boss answers with no jobs,
+        # and so do we.
         return []
     return [Job.from_row(row) for row in result.mappings().all()]
 
