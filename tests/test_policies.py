@@ -112,7 +112,7 @@ def test_different_keys_do_not_interfere(env: Any) -> None:
         fetched = env.tx(lambda q: q.fetch(queue, 10))
         assert sorted(j.singleton_key for j in fetched) == ["a", "b", "c"], queue
 
-    each_queue(QUEUED_KEY_POLICIES + ("singleton",), check)
+    each_queue((*QUEUED_KEY_POLICIES, "singleton"), check)
 
 
 def test_no_key_is_one_shared_key(env: Any) -> None:
@@ -132,7 +132,7 @@ def test_finished_job_frees_its_key(env: Any) -> None:
             job_id = env.tx(lambda q: q.send(queue, None, singleton_key="k"))
             assert job_id is not None, f"{queue} after {finish}"
             env.tx(lambda q: q.fetch(queue))
-            env.tx(lambda q, f=finish: getattr(q, f)(queue, job_id))
+            env.tx(lambda q, f=finish, j=job_id: getattr(q, f)(queue, j))
         assert env.tx(lambda q: q.send(queue, None, singleton_key="k")) is not None, queue
 
     each_queue(QUEUED_KEY_POLICIES, check)
