@@ -347,6 +347,15 @@ def test_send_many_returns_none_for_rejected_jobs(env: Any) -> None:
     assert env.sql("SELECT count(*) FROM {s}.job") == [(3,)]
 
 
+def test_send_many_gives_an_id_repeated_in_the_batch_to_its_first_job_only(
+    env: Any, queue: str
+) -> None:
+    given = uuid.uuid4()
+    ids = env.tx(lambda q: q.send_many(queue, [{"id": given, "data": 1}, {"id": given, "data": 2}]))
+    assert ids == [given, None]
+    assert job_row(env, given).data == 1
+
+
 def test_send_many_applies_per_job_options(env: Any, queue: str) -> None:
     ids = env.tx(
         lambda q: q.send_many(
