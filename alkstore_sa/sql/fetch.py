@@ -30,6 +30,7 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
+    literal_column,
     not_,
     or_,
     select,
@@ -83,7 +84,10 @@ def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[ColumnEl
             )
         )
     else:
-        conditions.append(or_(j.c.policy.is_(None), j.c.policy.not_in(RACY_POLICIES)))
+        # Literals, not an expanding IN parameter: the statement text is final at
+        # compile time (no per-execution rendering) and the planner sees constants.
+        racy = [literal_column(f"'{policy}'", Text) for policy in RACY_POLICIES]
+        conditions.append(or_(j.c.policy.is_(None), j.c.policy.not_in(racy)))
     return conditions
 
 
