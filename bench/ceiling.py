@@ -37,7 +37,6 @@ INPUT_COLUMNS = (
     ("dead_letter", "text"),
 )
 
-_UNNEST = ", ".join(f"%(in_{n})s::{t}[]" for n, t in INPUT_COLUMNS)
 _SRC_COLUMNS = ", ".join(n for n, _ in INPUT_COLUMNS)
 
 INSERT_SQL = (
@@ -63,9 +62,7 @@ WITH ins AS (
               + coalesce(src.retention_seconds, q.retention_seconds) * interval '1 second',
          coalesce(src.dead_letter, q.dead_letter),
          q.policy
-  FROM unnest("""
-    + _UNNEST
-    + ") AS src("
+  FROM unnest({unnest}) AS src("""
     + _SRC_COLUMNS
     + """)
   JOIN {s}.queue AS q ON true
@@ -130,30 +127,44 @@ RETURNING j.id
 """
 
 
+def unnest_arguments(given: frozenset[str]) -> str:
+    """The arrays of the insert: bound for the ``given`` inputs, NULL for the others.
+
+    alkstore_sa leaves out the inputs no job of a batch uses; so does the ceiling.
+    """
+    return ", ".join(
+        f"%(in_{n})s::{t}[]" if n in given else f"NULL::{t}[]" for n, t in INPUT_COLUMNS
+    )
+
+
+GIVEN = frozenset({"id", "data"})
+"""The inputs of the benchmark's jobs (data and nothing else)."""
+
+
 class Statements:
     """The ceiling's statements with the schema filled in (composed once)."""
 
     def __init__(self, schema: str) -> None:
         ident = sql.Identifier(schema)
-        self.insert = sql.SQL(INSERT_SQL).format(s=ident)
+        insert = INSERT_SQL.replace("{unnest}", unnest_arguments(GIVEN))
+        self.insert = sql.SQL(insert).format(s=ident)
         self.fetch = sql.SQL(FETCH_SQL).format(s=ident)
         self.complete = sql.SQL(COMPLETE_SQL).format(s=ident)
         self.channel = f"alkstore_{schema}"
 
 
 def insert_params(st: Statements, queue: str, datas: Sequence[Any]) -> dict[str, Any]:
-    """Arrays for :data:`INSERT_SQL`: a fresh id and JSON text per job, the rest NULL."""
-    n = len(datas)
-    nulls: list[None] = [None] * n
-    params: dict[str, Any] = {f"in_{name}": nulls for name, _ in INPUT_COLUMNS}
-    params["in_id"] = [uuid.uuid4() for _ in range(n)]
-    params["in_data"] = [
-        None if d is None else json.dumps(d, separators=(",", ":"), ensure_ascii=False)
-        for d in datas
-    ]
-    params["qname"] = queue
-    params["channel"] = st.channel
-    return params
+    """Parameters of :data:`INSERT_SQL` for jobs with data only: ids (ascending,
+    as alkstore_sa sends them, so a batch stays first-in first-out) and JSON text."""
+    return {
+        "in_id": sorted(uuid.uuid4() for _ in datas),
+        "in_data": [
+            None if d is None else json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+            for d in datas
+        ],
+        "qname": queue,
+        "channel": st.channel,
+    }
 
 
 def send(conn: psycopg.Connection[Any], st: Statements, queue: str, datas: Sequence[Any]) -> int:

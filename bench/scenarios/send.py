@@ -52,7 +52,7 @@ def alkstore_sync(cfg: Config, batches: list[list[dict[str, Any]]]) -> None:
 def floor_sync(cfg: Config, batches: list[list[dict[str, Any]]]) -> None:
     st, stmt, opts = (
         ceiling.Statements(cfg.schema),
-        insert_jobs(notify=True),
+        insert_jobs(notify=True, given=ceiling.GIVEN),
         execution_options(cfg.schema),
     )
     for datas in batches:
@@ -93,7 +93,7 @@ class AsyncSender:
                 await ceiling.asend(self.conn, st, QUEUE, datas)
                 await self.conn.commit()
         elif self.kind == "floor":
-            stmt = insert_jobs(notify=True)
+            stmt = insert_jobs(notify=True, given=ceiling.GIVEN)
             for datas in batches:
                 async with AsyncSession(self.engine) as session, session.begin():
                     params = ceiling.insert_params(st, QUEUE, datas)
