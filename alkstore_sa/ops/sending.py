@@ -18,21 +18,50 @@ from ..sql import send as send_sql
 from ._core import Call, Context, Op
 from .queues import _require_queue
 
+_DATA_ONLY = frozenset({"data"})
+
 
 def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
-    arrays: dict[str, list[Any]] = {f"in_{n}": [] for n, _ in send_sql.INPUT_COLUMNS}
-    ids: list[uuid.UUID] = []
+    """The statement's input arrays (``in_<column>``) and the jobs' ids, in input order.
+
+    Only columns some job sets get an array; the others stay NULL in SQL.
+    """
+    n = len(specs)
     # The jobs of one statement share created_on, and fetch breaks that tie by
     # id: ascending ids keep a batch first-in, first-out.
-    fresh = iter(sorted(uuid.uuid4() for _ in specs))
+    fresh = sorted(uuid.uuid4() for _ in specs)
+    arrays: dict[str, list[Any]] = {"in_id": fresh}
+    ids: list[uuid.UUID] = fresh
     for index, spec in enumerate(specs):
-        data = spec.get("data")
-        options = {k: v for k, v in spec.items() if k != "data"}
-        row = _send_row(options, data, index if len(specs) > 1 else None, next(fresh))
-        ids.append(row["id"])
+        if spec.keys() <= _DATA_ONLY:
+            # The common bulk case, a job with data and no options: nothing else
+            # to check, and only the data column to fill.
+            row: dict[str, Any] = {"data": _encode_data(spec.get("data"), index if n > 1 else None)}
+        else:
+            options = {k: v for k, v in spec.items() if k != "data"}
+            row = _send_row(options, spec.get("data"), index if n > 1 else None, fresh[index])
+            if row["id"] != fresh[index]:
+                if ids is fresh:
+                    ids = list(fresh)
+                ids[index] = row["id"]
         for key, value in row.items():
-            arrays[f"in_{key}"].append(value)
+            if value is not None and key != "id":
+                column = arrays.get(f"in_{key}")
+                if column is None:
+                    column = arrays[f"in_{key}"] = [None] * n
+                column[index] = value
+    if ids is not fresh:
+        arrays["in_id"] = ids
     return arrays, ids
+
+
+def _encode_data(data: Any, index: int | None) -> str | None:
+    try:
+        return opt.encode_json("data", data)
+    except InvalidOptionsError as exc:
+        if index is None:
+            raise
+        raise type(exc)(f"jobs[{index}].{exc.option}", exc.problem) from None
 
 
 def _send_row(
@@ -111,9 +140,8 @@ def send_many(
     yield from _check_dead_letters(name, specs)
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.
-    used = {k: v for k, v in arrays.items() if k == "in_id" or v.count(None) != len(v)}
-    stmt = send_sql.insert_jobs(notify=ctx.notify, given=frozenset(k[3:] for k in used))
-    result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **used})
+    stmt = send_sql.insert_jobs(notify=ctx.notify, given=frozenset(k[3:] for k in arrays))
+    result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **arrays})
     rows = result.all()
     if not rows[0].found:
         raise QueueNotFoundError(name, ctx.schema)
