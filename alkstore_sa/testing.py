@@ -115,7 +115,9 @@ def assert_enqueued(
     Passing the session of the code under test sees its uncommitted jobs.
     Returns the matching jobs.
 
-    >>> assert_enqueued(session, "emails", data={"to": "ada@example.com"}, count=1)
+    Example::
+
+        assert_enqueued(session, "emails", data={"to": "ada@example.com"}, count=1)
     """
     jobs = enqueued(target, queue, data=data, schema=schema)
     what = "" if data is _ANY else f" with data matching {data!r}"
@@ -134,7 +136,9 @@ def refute_enqueued(
 ) -> None:
     """Assert that ``queue`` holds no matching queued job.
 
-    >>> refute_enqueued(session, "emails")
+    Example::
+
+        refute_enqueued(session, "emails")
     """
     jobs = enqueued(target, queue, data=data, schema=schema)
     if jobs:
@@ -157,10 +161,12 @@ class InlineQueueService:
     """A stand-in for :class:`~alkstore_sa.QueueService` whose ``send`` runs the
     handler at once, with no database: for unit tests of code that enqueues.
 
-    >>> jobs = InlineQueueService({"emails": send_email})
-    >>> signup(jobs, "ada@example.com")        # calls jobs.send("emails", {...})
-    >>> [job.output for job in jobs.performed]
-    [{'value': 'sent'}]
+    Example::
+
+        jobs = InlineQueueService({"emails": send_email})
+        signup(jobs, "ada@example.com")        # calls jobs.send("emails", {...})
+        [job.output for job in jobs.performed]
+        # -> [{'value': 'sent'}]
 
     Options are validated as ``send`` would, then ignored: the handler runs once,
     now, whatever ``start_after``, and is not retried. ``performed`` lists every

@@ -1,11 +1,13 @@
 """Workers: run handlers for queued jobs (threads or asyncio).
 
->>> from alkstore_sa import Worker
->>> worker = Worker(engine, schema="pgboss")               # doctest: +SKIP
->>> @worker.handler("emails", concurrency=5)
-... def send_email(job):
-...     mailer.send(**job.data)
->>> worker.run()                                           # doctest: +SKIP
+Example::
+
+    from alkstore_sa import Worker
+    worker = Worker(engine, schema="pgboss")
+    @worker.handler("emails", concurrency=5)
+    def send_email(job):
+        mailer.send(**job.data)
+    worker.run()
 
 See ``docs/how-to/workers.md`` for the full picture: wake-ups, fencing,
 leases, timeouts and graceful shutdown.

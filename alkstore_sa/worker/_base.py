@@ -169,8 +169,10 @@ class WorkerBase(Registry):
     def stats(self) -> dict[str, QueueCounts]:
         """Counters per queue since the worker was created.
 
-        >>> worker.stats()["emails"].completed                 # doctest: +SKIP
-        42
+        Example::
+
+            worker.stats()["emails"].completed
+            # -> 42
         """
         with self._book:
             running: dict[str, int] = defaultdict(int)

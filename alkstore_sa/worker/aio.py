@@ -42,11 +42,13 @@ class _QueueState:
 class AsyncWorker(WorkerBase):
     """Runs async handlers for queued jobs as asyncio tasks.
 
-    >>> worker = AsyncWorker(async_engine, schema="pgboss", concurrency=20)
-    >>> @worker.handler("emails", batch_size=10)
-    ... async def send_email(job):
-    ...     await mailer.send(**job.data)
-    >>> await worker.run()                      # until SIGINT/SIGTERM  # doctest: +SKIP
+    Example::
+
+        worker = AsyncWorker(async_engine, schema="pgboss", concurrency=20)
+        @worker.handler("emails", batch_size=10)
+        async def send_email(job):
+            await mailer.send(**job.data)
+        await worker.run()                      # until SIGINT/SIGTERM
 
     Same options and semantics as :class:`~alkstore_sa.Worker`, with an
     :class:`~sqlalchemy.ext.asyncio.AsyncEngine` or an ``async_sessionmaker``;

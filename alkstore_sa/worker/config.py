@@ -149,9 +149,11 @@ class Registry:
     def handler(self, queue: str, **options: Any) -> Callable[[F], F]:
         """Decorator form of :meth:`register`.
 
-        >>> @worker.handler("emails", concurrency=5, batch_size=5)
-        ... def send_email(job):
-        ...     return {"sent": True}
+        Example::
+
+            @worker.handler("emails", concurrency=5, batch_size=5)
+            def send_email(job):
+                return {"sent": True}
         """
 
         def decorate(fn: F) -> F:

@@ -110,8 +110,10 @@ def drain(
     stands still inside a transaction, so jobs run whatever their
     ``start_after``, as with ``with_scheduled=True``.
 
-    >>> drain(engine, worker).completed                  # doctest: +SKIP
-    3
+    Example::
+
+        drain(engine, worker).completed
+        # -> 3
 
     :raises InvalidOptionsError: for async handlers (use :func:`adrain`), or
         after ``max_jobs`` attempts (handlers that keep sending jobs).
@@ -196,8 +198,10 @@ async def adrain(
     """:func:`drain` for async handlers (an :class:`~alkstore_sa.AsyncWorker`), with an
     :class:`~sqlalchemy.ext.asyncio.AsyncEngine` or ``AsyncSession``.
 
-    >>> (await adrain(async_engine, worker)).completed   # doctest: +SKIP
-    3
+    Example::
+
+        (await adrain(async_engine, worker)).completed
+        # -> 3
     """
     specs = handler_specs(handlers, queue, want_async=True)
     schema = schema or str(getattr(handlers, "schema", DEFAULT_SCHEMA))

@@ -54,9 +54,11 @@ class _Shared:
 class Listener:
     """One LISTEN connection for a database, shared by every worker of the process.
 
-    >>> listener = Listener.acquire("postgresql://localhost/app")
-    >>> sub = listener.subscribe("alkstore_pgboss", print)   # prints queue names
-    >>> listener.release(sub)
+    Example::
+
+        listener = Listener.acquire("postgresql://localhost/app")
+        sub = listener.subscribe("alkstore_pgboss", print)   # prints queue names
+        listener.release(sub)
 
     :param conninfo: a libpq connection string or ``postgresql://`` URL.
     :param poll_seconds: how long one wait for notifications lasts; channel

@@ -47,14 +47,16 @@ class _QueueState:
 class Worker(WorkerBase):
     """Runs sync handlers for queued jobs, in a thread pool per queue.
 
-    >>> worker = Worker(engine, schema="pgboss", concurrency=4)
-    >>> @worker.handler("emails", batch_size=4)
-    ... def send_email(job):                    # returns -> completed, raises -> failed
-    ...     return mailer.send(**job.data)
-    >>> @worker.handler("invoices", transactional=True)
-    ... def bill(job, session):                 # commits with the job's completion
-    ...     session.add(Invoice(order_id=job.data["order"]))
-    >>> worker.run()                            # until SIGINT/SIGTERM  # doctest: +SKIP
+    Example::
+
+        worker = Worker(engine, schema="pgboss", concurrency=4)
+        @worker.handler("emails", batch_size=4)
+        def send_email(job):                    # returns -> completed, raises -> failed
+            return mailer.send(**job.data)
+        @worker.handler("invoices", transactional=True)
+        def bill(job, session):                 # commits with the job's completion
+            session.add(Invoice(order_id=job.data["order"]))
+        worker.run()                            # until SIGINT/SIGTERM
 
     :param bind: an :class:`~sqlalchemy.engine.Engine` or a
         :class:`~sqlalchemy.orm.sessionmaker` bound to one (its settings are used
