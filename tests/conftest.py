@@ -199,7 +199,9 @@ class Env:
 
 
 @pytest.fixture(params=["sync", "async"])
-def env(request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str) -> Iterator[Env]:
+def env(
+    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
+) -> Iterator[Env]:
     """The service suite runs once with QueueService and once with AsyncQueueService."""
     e = Env(request.param, engine, schema, database_url)
     yield e
