@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService, migrate
+
+T = TypeVar("T")
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1/test"
 QUEUE = "bench"
@@ -47,6 +49,7 @@ class Config:
     quick: bool
     reps: int
     mixed_rate: float = 500.0
+    mixed_async: bool = False
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -57,7 +60,8 @@ class Config:
         """A new async engine: create it inside the event loop that will use it."""
         return create_async_engine(sa_url(self.url), pool_size=24, max_overflow=8)
 
-    def size(self, full: int, quick: int) -> int:
+    def size(self, full: T, quick: T) -> T:
+        """``full`` normally, ``quick`` with ``--quick``."""
         return quick if self.quick else full
 
     def raw(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:

@@ -57,6 +57,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=500.0,
         help="jobs/s offered by the senders of the mixed scenario (default %(default)s)",
     )
+    p.add_argument(
+        "--mixed-async",
+        action="store_true",
+        help="also run the mixed scenario with the AsyncWorker (3 more minutes)",
+    )
     p.add_argument("--keep-schema", action="store_true", help="do not drop the bench schema")
     return p.parse_args(argv)
 
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         reps=args.reps,
         mixed_rate=args.mixed_rate,
+        mixed_async=args.mixed_async,
     )
     started = time.perf_counter()
     install(cfg)

@@ -166,7 +166,7 @@ def _variant(name: str, body: Callable[[Config, int], Clock], n: int, base: str 
 
 
 def variants(cfg: Config) -> list[Variant]:
-    n = cfg.size(150, 50)
+    n = cfg.size(150, 25)
     return [
         _variant("ceiling LISTEN", run_ceiling, n, None),
         _variant("Worker defaults", run_worker, n, "ceiling LISTEN"),

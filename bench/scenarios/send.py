@@ -158,8 +158,8 @@ def _variant(
 
 
 def variants(cfg: Config) -> list[Variant]:
-    rounds = cfg.size(5, 3)
-    n = cfg.size(1500, 300) // rounds
+    rounds = cfg.size(5, 2)
+    n = cfg.size(1500, 200) // rounds
     floor = "our statement through a bare Session.execute"
     out = [
         _variant(SINGLE, "ceiling sync", _timed(ceiling_sync, n, 1), rounds=rounds),
@@ -197,7 +197,7 @@ def variants(cfg: Config) -> list[Variant]:
             rounds=rounds,
         ),
     ]
-    for size, full, quick in ((10, 5_000, 1_000), (100, 20_000, 5_000), (1000, 60_000, 15_000)):
+    for size, full, quick in ((10, 5_000, 500), (100, 20_000, 2_000), (1000, 60_000, 6_000)):
         scenario = f"send_many {size}/tx"
         n_batches = max(1, cfg.size(full, quick) // size // rounds)
         target = (">=", 0.7) if size == 1000 else None
