@@ -36,7 +36,7 @@ def _docker_url() -> str | None:
         docker.from_env().ping()
     except Exception:
         return None
-    from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+    from testcontainers.postgres import PostgresContainer
 
     container = PostgresContainer("postgres:15", driver="psycopg")
     container.start()
@@ -48,10 +48,12 @@ def _docker_url() -> str | None:
 
 def _embedded_url() -> str | None:
     try:
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver
     except ImportError:
         return None
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="alkstore-test-"), cleanup_mode="delete")
+    server = pgserver.get_server(  # type: ignore[attr-defined]
+        tempfile.mkdtemp(prefix="alkstore-test-"), cleanup_mode="delete"
+    )
     return _normalise(server.get_uri())
 
 
