@@ -18,8 +18,8 @@ DEFAULT_SCHEMA = "pgboss"
 SCHEMA_VERSION = 26
 """The pg-boss schema version this library reads and writes."""
 
-_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.:/-]+$")
+_SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _SCHEMA_MAX = 50
 QUEUE_NAME_MAX = 200
 
@@ -34,7 +34,7 @@ def validate_schema(schema: object) -> str:
     """
     if not isinstance(schema, str):
         raise InvalidNameError("schema", f"must be a string, not {type(schema).__name__}")
-    if not schema or len(schema) > _SCHEMA_MAX or not _SCHEMA_RE.match(schema):
+    if not schema or len(schema) > _SCHEMA_MAX or not _SCHEMA_RE.fullmatch(schema):
         raise InvalidNameError(
             "schema",
             f"{schema!r} must match ^[A-Za-z_][A-Za-z0-9_]*$ and have at most "
@@ -51,7 +51,7 @@ def validate_queue(name: object, option: str = "name") -> str:
     """
     if not isinstance(name, str):
         raise InvalidNameError(option, f"must be a string, not {type(name).__name__}")
-    if not name or len(name) > QUEUE_NAME_MAX or not _QUEUE_RE.match(name):
+    if not name or len(name) > QUEUE_NAME_MAX or not _QUEUE_RE.fullmatch(name):
         raise InvalidNameError(
             option,
             f"{name!r} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits and _ . : / -",
