@@ -67,13 +67,17 @@ def fired(engine: Engine, schema: str, queue: str) -> list[Any]:
 
 
 def send_it_slots(engine: Engine, schema: str, key: str) -> int:
-    """Minute slots in which the schedule was fired (one send-it job each, by i4)."""
+    """Minute slots whose send-it job has been worked (one send-it job per slot, by i4).
+
+    A send-it job still queued when a timekeeper stops (a minute boundary passed in
+    the meantime) has not fired yet, so only completed ones count.
+    """
     with engine.connect() as conn:
         return int(
             conn.execute(
                 text(
                     f'SELECT count(DISTINCT singleton_on) FROM "{schema}".job '
-                    "WHERE name = :n AND singleton_key = :k"
+                    "WHERE name = :n AND singleton_key = :k AND state = 'completed'"
                 ),
                 {"n": SEND_IT_QUEUE, "k": key},
             ).scalar_one()

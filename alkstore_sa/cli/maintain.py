@@ -73,13 +73,15 @@ def _maintain(args: argparse.Namespace) -> int:
             supervisor = Supervisor(engine, schema=schema, **_settings(args))
         except AlkstoreError as exc:
             raise CommandError(str(exc)) from None
-        report = guarded(lambda: supervisor.run_once(force=args.force))
-        emit(args, report)
-        if not args.loop:
-            return 1 if report.errors else 0
         stop = threading.Event()
+        # Installed before the first pass: a SIGTERM that arrives while it runs
+        # must end the loop cleanly, not kill the process.
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
+            report = guarded(lambda: supervisor.run_once(force=args.force))
+            emit(args, report)
+            if not args.loop:
+                return 1 if report.errors else 0
             while not stop.wait(max(supervisor.next_due_in(), 0.05)):
                 report = guarded(supervisor.run_once)
                 if not report.idle:
