@@ -1,30 +1,34 @@
 """Scenario 5: senders and workers at the same time, for a while.
 
-Four sender threads each send single-job transactions at a paced rate (an
-offered load, as an application would), while the workers drain the queue with
-concurrency 10 and fetch batches of 10. Reported: the sustained completion
-rate, the latency from each sender's commit to its handler's start
-(p50/p95/p99) and the largest backlog seen. The ceiling runs raw senders and 10
-raw fetch/complete threads woken by a raw LISTEN connection (polling every
-0.5 s as a floor), like the workers.
+A separate sender process (an application service) runs four threads that each
+send single-job transactions at a paced rate, an offered load, while the
+workers drain the queue with concurrency 10 and fetch batches of 10.
+Reported: the sustained completion rate, the latency from each sender's commit
+to its handler's start (p50/p95/p99, on the system-wide monotonic clock, which
+both processes read) and the largest backlog seen. The ceiling runs raw
+senders and 10 raw fetch/complete threads woken by a raw LISTEN connection
+(polling every 0.5 s as a floor), like the workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import multiprocessing
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 from psycopg import sql
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService
 
 from .. import ceiling
-from ..common import QUEUE, Config, Sample, percentile, reset
+from ..common import QUEUE, Config, Sample, libpq_url, percentile, reset, sa_url
 from . import Variant
 
 SENDERS = 4
@@ -32,56 +36,87 @@ CONCURRENCY = 10
 BATCH = 10
 
 
-class Load:
-    """Paced senders plus bookkeeping of commit and start times."""
+def now() -> float:
+    """CLOCK_MONOTONIC: one clock for the sender process and the worker's."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
-    def __init__(self, cfg: Config, seconds: float, rate: float, raw: bool) -> None:
-        self.cfg, self.seconds, self.rate, self.raw = cfg, seconds, rate, raw
-        self.committed: dict[int, float] = {}
-        self.started: dict[int, float] = {}
-        self.keys = itertools.count()
-        self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
 
-    def begin(self) -> None:
-        per_thread = self.rate / SENDERS
-        for _ in range(SENDERS):
-            target = self._raw_sender if self.raw else self._sender
-            t = threading.Thread(target=target, args=(per_thread,), daemon=True)
-            t.start()
-            self.threads.append(t)
+def _send_process(url: str, schema: str, rate: float, raw: bool, pipe: Connection) -> None:
+    """The sender service: paced single-job transactions until told to stop."""
+    keys = itertools.count()
+    committed: dict[int, float] = {}
+    stop = threading.Event()
+    engine = create_engine(sa_url(url), pool_size=SENDERS)
 
-    def _pace(self, per_second: float) -> Any:
+    def pace(per_second: float) -> Iterator[int]:
         interval, due = 1.0 / per_second, time.perf_counter()
-        while not self.stop.is_set():
-            yield next(self.keys)
+        while not stop.is_set():
+            yield next(keys)
             due += interval
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
 
-    def _sender(self, per_second: float) -> None:
-        engine, schema = self.cfg.engine, self.cfg.schema
-        for k in self._pace(per_second):
+    def alkstore(per_second: float) -> None:
+        for k in pace(per_second):
             with Session(engine) as session, session.begin():
                 QueueService(session, schema=schema).send(QUEUE, {"k": k})
-            self.committed[k] = time.perf_counter()
+            committed[k] = now()
 
-    def _raw_sender(self, per_second: float) -> None:
-        st = ceiling.Statements(self.cfg.schema)
-        with self.cfg.raw() as conn:
-            for k in self._pace(per_second):
+    def raw_psycopg(per_second: float) -> None:
+        import psycopg
+
+        st = ceiling.Statements(schema)
+        with psycopg.connect(libpq_url(url)) as conn:
+            for k in pace(per_second):
                 ceiling.send(conn, st, QUEUE, [{"k": k}])
                 conn.commit()
-                self.committed[k] = time.perf_counter()
+                committed[k] = now()
+
+    # Warm up (imports, first connections) before saying ready.
+    with Session(engine) as session:
+        QueueService(session, schema=schema).get_queue(QUEUE)
+    pipe.send("ready")
+    pipe.recv()  # go
+    target = raw_psycopg if raw else alkstore
+    threads = [threading.Thread(target=target, args=(rate / SENDERS,)) for _ in range(SENDERS)]
+    for t in threads:
+        t.start()
+    pipe.recv()  # stop
+    stop.set()
+    for t in threads:
+        t.join()
+    engine.dispose()
+    pipe.send(committed)
+
+
+class Load:
+    """The sender process, and the start times the workers record."""
+
+    def __init__(self, cfg: Config, seconds: float, rate: float, raw: bool) -> None:
+        self.seconds = seconds
+        self.started: dict[int, float] = {}
+        self.committed: dict[int, float] = {}
+        ctx = multiprocessing.get_context("spawn")
+        self.pipe, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_send_process, args=(cfg.url, cfg.schema, rate, raw, child), daemon=True
+        )
+        self.process.start()
+        if not self.pipe.poll(60) or self.pipe.recv() != "ready":
+            raise RuntimeError("the sender process did not start")
+
+    def begin(self) -> None:
+        self.pipe.send("go")
 
     def handled(self, data: Any) -> None:
-        self.started.setdefault(int(data["k"]), time.perf_counter())
+        self.started.setdefault(int(data["k"]), now())
 
     def end(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+        if self.process.is_alive():
+            self.pipe.send("stop")
+            self.committed = self.pipe.recv()
+        self.process.join(10)
 
     def samples(self, scenario: str, variant: str, elapsed: float, backlog: int) -> list[Sample]:
         lat = [
