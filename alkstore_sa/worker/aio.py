@@ -237,12 +237,12 @@ class AsyncWorker(WorkerBase):
         spec, backoff = state.spec, Backoff()
         while not self._stopping.is_set():
             free = spec.concurrency - state.in_flight
-            if free <= 0:
+            if free < spec.fetch_threshold(state.backlog):
                 await _wait(state.wake, spec.poll_interval)
                 state.wake.clear()
                 continue
             state.wake.clear()
-            want = min(spec.batch_size, free)
+            want = min(spec.fetch_size, free)
             fetched_at = monotonic()
             try:
                 async with self.sessions.begin() as session:

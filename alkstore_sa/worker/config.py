@@ -14,7 +14,7 @@ from ..names import validate_queue
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CONCURRENCY = 1
-DEFAULT_BATCH_SIZE = 1
+MAX_DEFAULT_BATCH = 100
 DEFAULT_POLL_INTERVAL = 2.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
@@ -30,7 +30,8 @@ class HandlerSpec:
     :param fn: ``fn(job)``, or ``fn(job, session)`` when ``transactional``.
     :param concurrency: at most this many jobs of the queue run at once.
     :param batch_size: at most this many jobs are claimed per fetch statement
-        (never more than the free concurrency slots).
+        (never more than the free concurrency slots); by default the concurrency,
+        up to 100, so that a busy queue is claimed in batches, not job by job.
     :param poll_interval: seconds between fetches when no notification arrives.
     :param transactional: give the handler a session whose writes commit in the
         same transaction as the job's completion.
@@ -45,7 +46,7 @@ class HandlerSpec:
     queue: str
     fn: Callable[..., Any]
     concurrency: int = DEFAULT_CONCURRENCY
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     transactional: bool = False
     extend_lease: bool = True
@@ -57,7 +58,8 @@ class HandlerSpec:
         if not callable(self.fn):
             raise InvalidOptionsError("handler", f"{self.fn!r} is not callable")
         _positive_int("concurrency", self.concurrency, 10_000)
-        _positive_int("batch_size", self.batch_size, 100_000)
+        if self.batch_size is not None:
+            _positive_int("batch_size", self.batch_size, 100_000)
         _positive_float("poll_interval", self.poll_interval)
         for flag in ("transactional", "extend_lease", "priority"):
             if not isinstance(getattr(self, flag), bool):
@@ -65,6 +67,22 @@ class HandlerSpec:
                 raise InvalidOptionsError(flag, f"must be True or False, not {value!r}")
         if self.timeout is not None:
             _positive_float("timeout", self.timeout)
+
+    @property
+    def fetch_size(self) -> int:
+        """Jobs claimed per fetch when every slot is free."""
+        if self.batch_size is not None:
+            return min(self.batch_size, self.concurrency)
+        return min(self.concurrency, MAX_DEFAULT_BATCH)
+
+    def fetch_threshold(self, backlog: bool) -> int:
+        """Free slots to wait for before the next fetch.
+
+        While the queue has a backlog (the last claim came back full), waiting for
+        half a batch of free slots keeps claims large; one claim per freed slot
+        would cost a statement per job and fall behind under load.
+        """
+        return max(1, self.fetch_size // 2) if backlog else 1
 
     def job_timeout(self, expire_seconds: int) -> float | None:
         """Seconds this handler may run on a job with the given ``expire_seconds``."""

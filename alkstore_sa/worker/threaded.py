@@ -237,12 +237,13 @@ class Worker(WorkerBase):
         while not self._stopping.is_set():
             with state.lock:
                 free = spec.concurrency - state.in_flight
-            if free <= 0:
+                threshold = spec.fetch_threshold(state.backlog)
+            if free < threshold:
                 state.wake.wait(spec.poll_interval)
                 state.wake.clear()
                 continue
             state.wake.clear()
-            want = min(spec.batch_size, free)
+            want = min(spec.fetch_size, free)
             fetched_at = monotonic()
             try:
                 with self.sessions.begin() as session:
