@@ -7,15 +7,15 @@ import datetime as dt
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support.statements import recorded
 
 from alkstore_sa import (
     InvalidNameError,
@@ -33,20 +33,9 @@ from alkstore_sa.ops import Settlement
 Call = Callable[[Any, Any], Any]
 
 
-@contextmanager
-def statements(env: Any) -> Iterator[list[str]]:
+def statements(env: Any) -> Any:
     """Collect the SQL statements the service sends while the block runs."""
-    seen: list[str] = []
-    target = env.async_engine.sync_engine if env.async_engine is not None else env.engine
-
-    def record(*args: Any) -> None:
-        seen.append(args[2])
-
-    event.listen(target, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(target, "before_cursor_execute", record)
+    return recorded(env.async_engine.sync_engine if env.async_engine is not None else env.engine)
 
 
 @pytest.fixture

@@ -32,17 +32,12 @@ from support.node import (
 
 from alkstore_sa import Job, JobSpec, QueueService
 from alkstore_sa.worker import Worker
-
-try:
-    from alkstore_sa.worker.supervisor import Supervisor
-except ImportError:  # pragma: no cover - while the supervisor is being written
-    Supervisor = None  # type: ignore[assignment,misc]
+from alkstore_sa.worker.supervisor import Supervisor
 
 __all__ = ["node", "node_modules", "node_url", "py_engine"]  # fixtures used below
 
 pytestmark = [
     pytest.mark.interop,
-    pytest.mark.skipif(Supervisor is None, reason="alkstore_sa.worker.supervisor is missing"),
 ]
 
 NODE_APP = "pgboss"  # Node pg-boss's default application_name

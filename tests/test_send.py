@@ -11,7 +11,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
+from support.statements import recorded
 
 from alkstore_sa.names import notify_channel
 
@@ -23,20 +24,9 @@ def job_row(env: Any, job_id: uuid.UUID) -> Any:
     return row
 
 
-@contextmanager
-def statements(env: Any) -> Iterator[list[str]]:
+def statements(env: Any) -> Any:
     """Collect the SQL statements the service sends while the block runs."""
-    seen: list[str] = []
-    target = env.async_engine.sync_engine if env.async_engine is not None else env.engine
-
-    def record(*args: Any) -> None:
-        seen.append(args[2])
-
-    event.listen(target, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(target, "before_cursor_execute", record)
+    return recorded(env.async_engine.sync_engine if env.async_engine is not None else env.engine)
 
 
 @contextmanager

@@ -12,13 +12,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
+from support.statements import recorded
 
 from alkstore_sa import AsyncWorker, QueueService, Worker
 from alkstore_sa.records import Job
@@ -79,20 +80,11 @@ class Harness:
         assert isinstance(job, Job)
         return job
 
-    @contextmanager
-    def statements(self) -> Iterator[list[str]]:
+    def statements(self) -> Any:
         """SQL statements sent by the workers' engine while the block runs."""
-        seen: list[str] = []
-        target = self.async_engine.sync_engine if self.async_engine is not None else self.engine
-
-        def record(*args: Any) -> None:
-            seen.append(args[2])
-
-        event.listen(target, "before_cursor_execute", record)
-        try:
-            yield seen
-        finally:
-            event.remove(target, "before_cursor_execute", record)
+        return recorded(
+            self.async_engine.sync_engine if self.async_engine is not None else self.engine
+        )
 
     # ----------------------------------------------------------- workers
 
