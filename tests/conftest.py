@@ -208,3 +208,15 @@ def env(
     e = Env(request.param, engine, schema, database_url)
     yield e
     e.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def harness(
+    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
+) -> Iterator[Any]:
+    """A worker test harness (``tests/test_worker_support.py``), once sync and once async."""
+    from test_worker_support import Harness
+
+    h = Harness(request.param, engine, schema, database_url)
+    yield h
+    h.close()

@@ -7,35 +7,15 @@ Every test runs twice, with the threaded and with the asyncio worker (see
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
-from test_worker_support import Harness, harnesses, wait_for
+from test_worker_support import Harness, send, state_of, wait_for
 
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.records import Job
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(params=["sync", "async"])
-def harness(
-    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
-) -> Iterator[Harness]:
-    yield from harnesses(request, engine, schema, database_url)
-
-
-def send(h: Harness, queue: str, data: Any = None, **options: Any) -> uuid.UUID:
-    job_id = h.service_tx(lambda q: q.send(queue, data, **options))
-    assert isinstance(job_id, uuid.UUID)
-    return job_id
-
-
-def state_of(h: Harness, queue: str, job_id: uuid.UUID) -> str:
-    return str(h.job(queue, job_id).state.value)
 
 
 def test_returning_handler_completes_job_with_its_value_as_output(harness: Harness) -> None:

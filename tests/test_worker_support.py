@@ -11,11 +11,10 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
@@ -203,15 +202,13 @@ class Harness:
             self.loop.close()
 
 
-def harnesses(
-    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
-) -> Iterator[Harness]:
-    """Body of each worker test module's ``harness`` fixture, parametrized sync/async::
+def send(h: Harness, queue: str, data: Any = None, **options: Any) -> uuid.UUID:
+    """Send one job in its own transaction and return its id."""
+    job_id = h.service_tx(lambda q: q.send(queue, data, **options))
+    assert isinstance(job_id, uuid.UUID)
+    return job_id
 
-    @pytest.fixture(params=["sync", "async"])
-    def harness(request, engine, schema, database_url):
-        yield from harnesses(request, engine, schema, database_url)
-    """
-    h = Harness(request.param, engine, schema, database_url)
-    yield h
-    h.close()
+
+def state_of(h: Harness, queue: str, job_id: uuid.UUID) -> str:
+    """The job's current state, as text."""
+    return str(h.job(queue, job_id).state.value)

@@ -7,28 +7,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
-from test_worker_support import Harness, harnesses, wait_for
+from test_worker_support import Harness, send, state_of, wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(params=["sync", "async"])
-def harness(
-    request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
-) -> Iterator[Harness]:
-    yield from harnesses(request, engine, schema, database_url)
-
-
-def send(h: Harness, queue: str, data: Any = None, **options: Any) -> uuid.UUID:
-    job_id = h.service_tx(lambda q: q.send(queue, data, **options))
-    assert isinstance(job_id, uuid.UUID)
-    return job_id
 
 
 def insert_like_node(h: Harness, queue: str) -> uuid.UUID:
@@ -36,10 +22,6 @@ def insert_like_node(h: Harness, queue: str) -> uuid.UUID:
     [(job_id,)] = h.sql("INSERT INTO {s}.job (name, data) VALUES (:q, '{}') RETURNING id", q=queue)
     assert isinstance(job_id, uuid.UUID)
     return job_id
-
-
-def state_of(h: Harness, queue: str, job_id: uuid.UUID) -> str:
-    return str(h.job(queue, job_id).state.value)
 
 
 def test_committed_job_wakes_a_worker_that_polls_once_a_minute(harness: Harness) -> None:
