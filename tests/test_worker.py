@@ -6,6 +6,7 @@ Every test runs twice, with the threaded and with the asyncio worker (see
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -67,6 +68,29 @@ def test_raising_handler_fails_job_for_retry_with_error_output(harness: Harness)
         "SELECT extract(epoch FROM start_after - now()) FROM {s}.job WHERE id = :id", id=job_id
     )
     assert 20 < delay <= 30  # the queue's retry delay applies
+    assert w.stats()["q"].failed == 1
+
+
+def test_async_handler_leaking_a_cancelled_error_fails_its_job_instead_of_hanging(
+    harness: Harness,
+) -> None:
+    h = harness
+    if not h.is_async:
+        pytest.skip("only coroutines can let a CancelledError of their own escape")
+    h.service_tx(lambda q: q.create_queue("q", retry_limit=1, retry_delay=30))
+    job_id = send(h, "q")
+
+    async def awaits_a_cancelled_future(job: Job) -> None:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # raises CancelledError inside the handler, not a cancellation of it
+
+    w = h.worker(poll_interval=0.1)
+    w.register("q", awaits_a_cancelled_future)
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "retry")
+    h.stop(w)
+    assert h.job("q", job_id).output["name"] == "CancelledError"
     assert w.stats()["q"].failed == 1
 
 

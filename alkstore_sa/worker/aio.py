@@ -275,10 +275,14 @@ class AsyncWorker(WorkerBase):
             else:
                 try:
                     result = await attempt.spec.fn(attempt.job)
-                except asyncio.CancelledError:
-                    if attempt.status == RUNNING:
-                        raise  # not our cancellation: the loop is going away
-                    return
+                except asyncio.CancelledError as exc:
+                    if attempt.status != RUNNING:
+                        return  # cancelled by us (timeout, shutdown): already settled
+                    if _task_cancelled():
+                        raise  # this task itself is being cancelled: the loop is going away
+                    # The handler let a CancelledError of its own escape (it awaited
+                    # something cancelled elsewhere): that is a failure of the job.
+                    pending = self._finished(attempt, "fail", exc)
                 except Exception as exc:
                     pending = self._finished(attempt, "fail", exc)
                 else:
@@ -306,10 +310,12 @@ class AsyncWorker(WorkerBase):
             if attempt.status == SETTLING:
                 self._lost(attempt, "could not be completed (handler writes rolled back)")
             return None
-        except asyncio.CancelledError:
-            if attempt.status == RUNNING:
+        except asyncio.CancelledError as exc:
+            if attempt.status != RUNNING:
+                return None
+            if _task_cancelled():
                 raise
-            return None
+            return self._finished(attempt, "fail", exc)
         except Exception as exc:
             return self._finished(attempt, "fail", exc, taken=attempt.status == SETTLING)
         self._count(job.name, "completed")
@@ -415,3 +421,10 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
     return event.is_set()
+
+
+def _task_cancelled() -> bool:
+    """Whether the running task has a cancellation request pending (not merely a
+    CancelledError raised by something it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
