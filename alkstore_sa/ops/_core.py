@@ -87,17 +87,17 @@ class Conflict(Exception):
     (or deadlocked on one with another session)."""
 
 
-# A deadlock on a unique index (with a client that takes no key locks, see
-# sql/fetch.py) is answered as a conflict. Serialization failures are not: under
-# SERIALIZABLE the caller must retry the whole transaction, so they are raised.
-_CONFLICT_CODES = frozenset({"40P01"})  # deadlock_detected
+# A unique violation (a policy or throttle index) or a deadlock on a unique index
+# (with a client that takes no key locks, see sql/fetch.py) is answered as a
+# conflict. Anything else is a real error and is raised: a foreign-key or check
+# violation must not pass for "nothing happened", and under SERIALIZABLE the
+# caller must retry a serialization failure itself.
+_CONFLICT_CODES = frozenset({"23505", "40P01"})  # unique_violation, deadlock_detected
 
 
 def is_conflict(error: BaseException) -> bool:
     """Is ``error`` (a SQLAlchemy ``DBAPIError``) a conflict with other sessions?"""
-    from sqlalchemy.exc import DBAPIError, IntegrityError
+    from sqlalchemy.exc import DBAPIError
 
-    if isinstance(error, IntegrityError):
-        return True
     code = getattr(getattr(error, "orig", None), "sqlstate", None)
     return isinstance(error, DBAPIError) and code in _CONFLICT_CODES
