@@ -72,9 +72,17 @@ def test_active_and_finished_jobs_are_not_enqueued(
     engine: Engine, schema: str, session: Session
 ) -> None:
     session.commit()  # the queues, for the committed transactions below
-    committed(engine, schema, lambda q: q.send("q", "x"))
-    committed(engine, schema, lambda q: q.fetch("q"))
-    refute_enqueued(engine, "q", schema=schema)
+    first = committed(engine, schema, lambda q: q.send("q", "x"))
+    assert_enqueued(engine, "q", data="x", schema=schema)
+    [active] = committed(engine, schema, lambda q: q.fetch("q"))
+    assert active.id == first
+    refute_enqueued(engine, "q", schema=schema)  # active
+    committed(engine, schema, lambda q: q.complete("q", first))
+    second = committed(engine, schema, lambda q: q.send("q", "y"))
+    [job] = committed(engine, schema, lambda q: q.fetch("q"))
+    assert job.id == second
+    committed(engine, schema, lambda q: q.cancel("q", second))
+    refute_enqueued(engine, "q", schema=schema)  # completed and cancelled
 
 
 def test_refute_enqueued_fails_when_a_matching_job_is_queued(session: Session, schema: str) -> None:

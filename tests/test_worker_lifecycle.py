@@ -283,6 +283,7 @@ def test_supervise_without_a_supervisor_module_still_runs_jobs(
     h.service_tx(lambda q: q.create_queue("q"))
     job_id = send(h, "q")
     w = h.worker(supervise=True, poll_interval=0.1)
+    assert w._supervisor is None  # the patched import really hid the module
     w.register("q", h.handler())
     h.start(w)
     wait_for(lambda: state_of(h, "q", job_id) == "completed")
