@@ -351,7 +351,7 @@ class AsyncQueueService:
     ) -> ops.maintenance.SupervisionReport:
         """Run one supervision pass in the caller's transaction; return what it did.
 
-        The same pass a worker's supervisor runs (reference §9, §12): per queue,
+        The same pass a worker's supervisor runs (as pg-boss's maintenance does): per queue,
         refresh the cached counters, warn about long queues and expire jobs past
         their lease (retry, failed, dead letter), then delete finished jobs past
         ``deletion_seconds`` and queued jobs past ``keep_until``; then the cron

@@ -1,6 +1,6 @@
 """Test fixtures: a real PostgreSQL, a fresh schema per test, sync and async services.
 
-Database resolution (DESIGN §6): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
+Database resolution (docs/how-to/testing.md): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
 PostgreSQL when a Docker engine answers -> the embedded server of the ``embedded``
 extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
 """

@@ -1,4 +1,5 @@
-"""Cron firing: the timekeeper, the send-it queue, time zones and clock skew (reference §12).
+"""Cron firing: the timekeeper, the send-it queue, time zones and clock skew
+(pg-boss's cron scheduling).
 
 A :class:`FakeClock` carries the supervisor across minutes and daylight-saving
 changes in a few hundred milliseconds; the statements use its time, and the

@@ -1,4 +1,4 @@
-"""fail: retries, backoff, terminal failure and dead letters (reference §8)."""
+"""fail: retries, backoff, terminal failure and dead letters (pg-boss's failJobs)."""
 
 from __future__ import annotations
 

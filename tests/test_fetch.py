@@ -1,4 +1,4 @@
-"""fetch: claiming jobs in order, once, with pg-boss's columns (reference §5)."""
+"""fetch: claiming jobs in order, once, with pg-boss's columns (pg-boss's fetchNextJob)."""
 
 from __future__ import annotations
 

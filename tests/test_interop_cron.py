@@ -1,5 +1,5 @@
 """Interop, cron: a schedule stored by either side fires through either side's timekeeper,
-once per minute slot in total (reference §12).
+once per minute slot in total (pg-boss's cron scheduling).
 
 The timekeepers run on real time (Node's clock is the database's), at their
 shortest intervals; one test waits for a minute boundary and is marked ``slow``.

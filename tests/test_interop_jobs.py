@@ -1,6 +1,6 @@
 """Interop, jobs: sent on one side, worked on the other, with identical rows.
 
-Reference §4 (derived columns), §5 (fetch), §7 (complete/fail outputs), §8
+pg-boss's insertJobs (derived columns), fetchNextJob, complete/fail outputs, failJobs
 (retry, additive backoff, dead letter). Each test uses a fresh schema made by our
 migration and a Node pg-boss 11.1.2 instance without supervision.
 """
@@ -271,7 +271,7 @@ def test_jobs_inserted_by_node_are_fetched_by_python_in_priority_order(
 ) -> None:
     make_queues(engine, schema, "orders")
     boss = node(schema)
-    # insert() answers nothing in 11.1.2 (reference §4), whatever it inserted.
+    # insert() answers nothing in 11.1.2 (pg-boss's insertJobs), whatever it inserted.
     assert (
         boss.call("insert", "orders", [{"data": {"n": 1}}, {"data": {"n": 2}, "priority": 5}])
         is None

@@ -1,6 +1,6 @@
 """Interop, other operations: publish/subscribe, cancel/resume/retry, queue updates,
 live stats and schedule storage, each started on one side and checked on the other
-(reference §7, §12).
+(pg-boss's job and queue operations, cron scheduling).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Interop, queues and policies: a queue made on one side works on the other, and
-its policy binds both (reference §2.7, §10).
+its policy binds both (pg-boss's create_queue() function, queue policies).
 
 The policy lives in unique indexes, so it holds whoever sends or fetches; these
 tests take one step on each side and check the other side's answer.

@@ -1,7 +1,7 @@
 """Interop, start-up: one schema, created by either side, accepted by the other.
 
-Node pg-boss checks only ``<schema>.version`` (reference §13); our migration adopts
-a schema Node installed at version 26 (DESIGN §4). These tests prove both ways.
+Node pg-boss checks only ``<schema>.version`` (its start-up version check); our migration adopts
+a schema Node installed at version 26 (docs/how-to/alembic.md). These tests prove both ways.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Both sides throttle each step through the same columns (``queue.monitor_on``,
 ``queue.maintain_on``, ``version.cron_on``) and take the same advisory locks
-(reference §2.9, §9, §12), so every step runs once per interval across both.
+(pg-boss's advisory-lock keys), so every step runs once per interval across both.
 A test-only trigger records who won each throttle window (by application_name).
 """
 

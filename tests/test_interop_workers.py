@@ -1,8 +1,8 @@
 """Interop, workers: the Python Worker/AsyncWorker and Node's ``work()`` on shared queues.
 
 Node pg-boss 11.1.2 sends no NOTIFY, so our workers find Node's jobs by polling
-(reference §6, DESIGN §5). Failing handlers on both sides must walk a job through
-the same states to the same dead-letter copy (reference §8).
+(see docs/how-to/workers.md). Failing handlers on both sides must walk a job through
+the same states to the same dead-letter copy (pg-boss's failJobs).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Supervision steps: expiration, retention, queue counters, warnings (reference §8, §9).
+"""Supervision steps: expiration, retention, queue counters, warnings
+(as pg-boss's maintenance and failJobs do them).
 
 Time is moved with a :class:`FakeClock` whose time the statements use instead of
 the database's ``now()``: a week passes in a millisecond.
@@ -347,7 +348,7 @@ def test_supervise_skips_a_step_whose_pgboss_advisory_lock_is_held(
     info = env.tx(lambda q: q.create_queue("q", partition=partition, deletion_seconds=1))
     lock_key = "queue-stats" if key is None else info.table_name + key
     with engine.connect() as holder, holder.begin():
-        # The lock exactly as Node pg-boss computes it (reference §2.9).
+        # The lock exactly as Node pg-boss computes it (pg-boss's advisory-lock keys).
         holder.execute(
             text(
                 "SELECT pg_advisory_xact_lock(('x' || encode(sha224((current_database()"

@@ -1,4 +1,4 @@
-"""Queue policies, one row of reference §10 per test, on a shared and a partitioned queue.
+"""Queue policies, one row of pg-boss's policy table per test, on a shared and a partitioned queue.
 
 Each row follows pg-boss's verification sequence: send, send while the first is
 queued, fetch, send while one is active, fetch while one is active. The other
@@ -33,7 +33,7 @@ def each_queue(policies: tuple[str, ...], check: Callable[[str, str, bool], None
 
 
 def verification_sequence(env: Any, queue: str) -> tuple[bool, bool, int, bool, int]:
-    """The five steps of §10, all on singleton key ``k``."""
+    """The five steps of the policy table, all on singleton key ``k``."""
     first = env.tx(lambda q: q.send(queue, 1, singleton_key="k"))
     while_queued = env.tx(lambda q: q.send(queue, 2, singleton_key="k"))
     fetched = env.tx(lambda q: q.fetch(queue, 10))
@@ -64,7 +64,7 @@ QUEUED_KEY_POLICIES = ("short", "stately", "exclusive")
 """Policies that refuse a second queued job of a key."""
 
 
-# ------------------------------------------------------------------ the §10 table
+# ------------------------------------------------------------------ the policy table
 
 
 @KINDS

@@ -1,4 +1,5 @@
-"""Queues: create, update, delete, read and live stats (reference §2.7, §2.8, §3.2, §7)."""
+"""Queues: create, update, delete, read and live stats (pg-boss's
+create_queue(), delete_queue(), queue options and queue operations)."""
 
 from __future__ import annotations
 

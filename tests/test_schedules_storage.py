@@ -1,4 +1,4 @@
-"""Cron schedule storage and publish/subscribe (reference §7, §12).
+"""Cron schedule storage and publish/subscribe (as pg-boss stores them).
 
 Firing schedules belongs to the supervisor; here: what is stored, in which
 names (Node pg-boss reads the same rows), and what is refused.

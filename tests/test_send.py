@@ -1,4 +1,4 @@
-"""send and its variants: every option lands in the right column (reference §3.3, §4)."""
+"""send and its variants: every option lands in the right column (as pg-boss's insertJobs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""complete, cancel, resume, retry, delete, get and redrive; fencing (reference §7)."""
+"""complete, cancel, resume, retry, delete, get and redrive; fencing
+(pg-boss's job operations)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``create_queue(text, jsonb)`` and ``delete_queue(text)`` behave as pg-boss's own.
 
-Our two plpgsql functions are written from the documented behaviour (reference
-§2.7-2.8), not copied. Each test installs our migration in one schema and Node
+Our two plpgsql functions are written from the documented behaviour of pg-boss's
+functions, not copied. Each test installs our migration in one schema and Node
 pg-boss 11.1.2's construction plan in another, sends both the very statements the
 Node client sends (``SELECT <schema>.create_queue('<name>', '<json>'::jsonb)`` inside
 its advisory-locked transaction), and compares the resulting queue rows and catalogs.

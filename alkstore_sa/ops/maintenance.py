@@ -1,4 +1,5 @@
-"""Supervision as operations: monitor, expire, delete, cron (reference §8, §9, §12).
+"""Supervision as operations: monitor, expire, delete, cron
+(as pg-boss's maintenance, failJobs and cron timekeeper do them).
 
 A supervision pass is a generator of *units*. A unit is an ordinary operation
 (it yields :class:`Call` objects) meant to run in one transaction of its own.

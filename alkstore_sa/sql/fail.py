@@ -1,4 +1,4 @@
-"""The fail statement: delete, re-insert as retry or failed, dead-letter (reference §8).
+"""The fail statement: delete, re-insert as retry or failed, dead-letter (pg-boss's failJobs).
 
 pg-boss fails jobs by deleting the rows and inserting them again in one
 statement, rather than updating them in place. We keep that shape: it is what

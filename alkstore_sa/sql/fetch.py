@@ -1,4 +1,4 @@
-"""The claim statement: one CTE with ``FOR UPDATE SKIP LOCKED`` (reference §5).
+"""The claim statement: one CTE with ``FOR UPDATE SKIP LOCKED`` (pg-boss's fetchNextJob).
 
 Singleton and stately queues need one more statement first, :func:`lock_keys`.
 Activating a job of those policies inserts into a unique index (i2, i3); if

@@ -1,4 +1,4 @@
-"""Advisory locks shared with Node pg-boss (reference §2.9)."""
+"""Advisory locks shared with Node pg-boss (the same keys pg-boss computes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Statements of the supervisor: throttles, queue counters, deletion (reference §9, §12).
+"""Statements of the supervisor: throttles, queue counters, deletion
+(as pg-boss's maintenance does them).
 
 Every statement that compares against the current time takes it as
 ``COALESCE(:now, now())``: production binds NULL and gets the database clock,

@@ -1,4 +1,5 @@
-"""Queue, schedule and subscription statements (reference §2.7, §7, §12)."""
+"""Queue, schedule and subscription statements (pg-boss's
+create_queue(), queue operations and cron schedules)."""
 
 from __future__ import annotations
 

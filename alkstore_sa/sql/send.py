@@ -2,7 +2,7 @@
 
 One statement for one job or thousands: the jobs arrive as parallel arrays that
 ``unnest`` turns into rows, and every option missing on a job falls back to the
-queue's value in SQL, exactly as pg-boss derives its job columns (reference §4).
+queue's value in SQL, exactly as pg-boss derives its job columns (pg-boss's insertJobs).
 """
 
 from __future__ import annotations

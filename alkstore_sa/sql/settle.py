@@ -1,4 +1,4 @@
-"""Statements that move jobs between states by id (reference §7)."""
+"""Statements that move jobs between states by id (pg-boss's job and queue operations)."""
 
 from __future__ import annotations
 

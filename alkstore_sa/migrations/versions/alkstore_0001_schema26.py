@@ -83,8 +83,8 @@ def _job_columns(state_type: postgresql.ENUM) -> list[sa.Column[object]]:
 
 
 # The two functions Node pg-boss calls. Written for alkstore_sa from the documented
-# behaviour (reference §2.7-2.8); "@S@" stands for the quoted schema identifier and
-# "@L@" for the schema as a string literal.
+# behaviour of pg-boss's create_queue()/delete_queue(); "@S@" stands for the quoted
+# schema identifier and "@L@" for the schema as a string literal.
 CREATE_QUEUE = """
 CREATE FUNCTION @S@.create_queue(queue_name text, options jsonb)
 RETURNS void
