@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, job_ids
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
 T = TypeVar("T")
@@ -215,33 +215,87 @@ class AsyncQueueService:
         return await self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after))
 
     async def complete(
-        self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str], output: Any = None
+        self,
+        name: str,
+        jobs: Job | uuid.UUID | str | Sequence[Job | uuid.UUID | str],
+        output: Any = None,
     ) -> Settled:
-        """Mark active jobs completed, storing ``output``."""
-        items = [ops.Settlement(i, output) for i in job_ids(ids)]
+        """Mark active jobs completed, storing ``output``.
+
+        Worker code passes the fetched :class:`~alkstore_sa.Job` (or a list of
+        them): the completion is fenced on its ``started_on`` and applies only
+        while the job is still ``active`` in that attempt. If the job expired and
+        was fetched again, a late completion from the first attempt changes
+        nothing (it is not in ``affected``).
+
+        An id is UNFENCED: it completes whatever attempt is active now, as
+        pg-boss's ``complete`` does. Use ids for administration, never in a
+        handler or worker; use the Job there.
+
+        :raises InvalidOptionsError: for a Job of another queue or one that was
+            never fetched (no ``started_on``), before any SQL.
+        """
+        items = ops.working.settlements(name, jobs, output)
         return await self._run(ops.complete_many(self._ctx, name, items))
 
     async def fail(
-        self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str], output: Any = None
+        self,
+        name: str,
+        jobs: Job | uuid.UUID | str | Sequence[Job | uuid.UUID | str],
+        output: Any = None,
     ) -> Settled:
-        """Fail unfinished jobs: retry with the job's delay/backoff while retries
-        remain, else ``failed`` and a copy to the dead letter queue."""
-        items = [ops.Settlement(i, output) for i in job_ids(ids)]
+        """Fail jobs: retry with the job's delay/backoff while retries remain,
+        else ``failed`` and a copy to the dead letter queue.
+
+        Given the fetched :class:`~alkstore_sa.Job`, the failure is fenced on its
+        ``started_on``: it applies only while the job is still ``active`` in that
+        attempt, so it cannot touch a job that expiry already moved to ``retry``
+        or that another worker fetched again.
+
+        An id is UNFENCED: it fails any job that is not finished (created,
+        retry or active), as pg-boss's ``fail`` does. Use ids for
+        administration; in worker code use the Job.
+
+        :raises InvalidOptionsError: for a Job of another queue or one that was
+            never fetched (no ``started_on``), before any SQL.
+        """
+        items = ops.working.settlements(name, jobs, output)
         result = await self._run(ops.fail_many(self._ctx, name, items))
         return result.settled
 
-    async def complete_many(self, name: str, items: Sequence[ops.Settlement]) -> Settled:
-        """Complete jobs with per-job outputs and fencing tokens in one statement."""
+    async def complete_many(
+        self,
+        name: str,
+        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | ops.Settlement],
+    ) -> Settled:
+        """Complete jobs with per-job outputs in one statement.
+
+        Each item is a fetched :class:`~alkstore_sa.Job` (fenced, output
+        ``None``), ``(job, output)``, or an id or ``(id, output)`` (UNFENCED,
+        for administration), as :meth:`complete` describes.
+        """
         return await self._run(ops.complete_many(self._ctx, name, items))
 
-    async def fail_many(self, name: str, items: Sequence[ops.Settlement]) -> ops.FailResult:
-        """Fail jobs with per-job outputs and fencing tokens in one statement."""
+    async def fail_many(
+        self,
+        name: str,
+        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | ops.Settlement],
+    ) -> ops.FailResult:
+        """Fail jobs with per-job outputs in one statement.
+
+        Items as in :meth:`complete_many`: a Job or ``(job, output)`` is fenced
+        (see :meth:`fail`); an id or ``(id, output)`` is UNFENCED.
+        """
         return await self._run(ops.fail_many(self._ctx, name, items))
 
     async def extend_leases(
-        self, name: str, items: Sequence[ops.Settlement], extend_by: int
+        self, name: str, items: Sequence[Job | ops.Settlement], extend_by: int
     ) -> list[uuid.UUID]:
-        """Push the expiry of active jobs to ``extend_by`` seconds from now (fenced)."""
+        """Push the expiry of active jobs to ``extend_by`` seconds from now.
+
+        Always fenced: pass the fetched :class:`~alkstore_sa.Job`; only a job
+        still ``active`` in that attempt is extended.
+        """
         return await self._run(ops.extend_leases(self._ctx, name, items, extend_by))
 
     async def cancel(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:

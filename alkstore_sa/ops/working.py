@@ -82,7 +82,12 @@ def _claim(
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """One job to complete or fail: its output and, for workers, the fencing token."""
+    """One job to complete or fail: its output and, for workers, the fencing token.
+
+    With ``started_on`` the settlement is fenced: it applies only while the job
+    is still ``active`` in the attempt that started then. Without it (``None``)
+    it is unfenced and follows pg-boss's by-id rules.
+    """
 
     id: uuid.UUID
     output: Any = None
@@ -93,6 +98,70 @@ def _fence(value: object) -> datetime | None:
     if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
         return value
     raise InvalidOptionsError("started_on", f"must be an aware datetime or None, not {value!r}")
+
+
+def _of_job(name: str, job: Job, output: Any) -> Settlement:
+    """A fenced settlement of the attempt ``job`` was fetched in."""
+    if job.name != name:
+        raise InvalidOptionsError(
+            "jobs", f"job {job.id} belongs to queue {job.name!r}, not {name!r}"
+        )
+    if job.started_on is None:
+        # Never fetched, so there is no attempt to fence on; settling it anyway
+        # would silently be unfenced.
+        raise InvalidOptionsError(
+            "jobs",
+            f"job {job.id} has no started_on (it was not fetched); "
+            "pass its id to settle it unfenced",
+        )
+    return Settlement(job.id, output, job.started_on)
+
+
+JobRef = Job | uuid.UUID | str
+"""A job to settle: the fetched :class:`Job` (fenced) or its id (unfenced)."""
+
+SettleItem = JobRef | tuple[JobRef, Any] | Settlement
+"""One item of ``complete_many``/``fail_many``: a job, ``(job, output)`` or a Settlement."""
+
+
+def _one(name: str, ref: object, output: Any) -> Settlement:
+    if isinstance(ref, Job):
+        return _of_job(name, ref, output)
+    return Settlement(opt.job_id(ref), output)
+
+
+def settlements(name: str, jobs: object, output: Any = None) -> list[Settlement]:
+    """``complete``/``fail``'s argument: a fetched :class:`Job` or an id, or a list of them.
+
+    A Job is fenced on its ``started_on``; an id is not. Every item gets ``output``.
+    """
+    validate_queue(name)
+    if isinstance(jobs, Job | uuid.UUID | str):
+        jobs = [jobs]
+    if not isinstance(jobs, list | tuple | set | frozenset):
+        raise InvalidOptionsError("jobs", f"expected a Job, a UUID or a list of them, not {jobs!r}")
+    return [_one(name, ref, output) for ref in jobs]
+
+
+def settlement_items(name: str, items: object) -> list[Settlement]:
+    """``complete_many``/``fail_many``'s items, each one of: a fetched :class:`Job`,
+    an id, a ``(job or id, output)`` pair, or a :class:`Settlement`."""
+    validate_queue(name)
+    if not isinstance(items, list | tuple):
+        raise InvalidOptionsError("items", f"expected a list, not {items!r}")
+    out: list[Settlement] = []
+    for item in items:
+        if isinstance(item, Settlement):
+            out.append(item)
+        elif isinstance(item, tuple):
+            if len(item) != 2:
+                raise InvalidOptionsError(
+                    "items", f"a pair must be (job or id, output), not {item!r}"
+                )
+            out.append(_one(name, item[0], item[1]))
+        else:
+            out.append(_one(name, item, None))
+    return out
 
 
 def _settle_params(name: str, items: Sequence[Settlement]) -> dict[str, Any]:
@@ -116,14 +185,16 @@ def _found_or_missing(ctx: Context, name: str, affected: Sequence[object]) -> Op
         yield from _require_queue(ctx, name)
 
 
-def complete_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[Settled]:
-    validate_queue(name)
-    if not items:
+def complete_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[Settled]:
+    """Complete jobs: fenced items only while ``active`` in their attempt, unfenced
+    ones while ``active`` (pg-boss's complete by id)."""
+    settled = settlement_items(name, items)
+    if not settled:
         return Settled(0, [])
-    result = yield Call(settle_sql.complete_jobs(), _settle_params(name, items))
+    result = yield Call(settle_sql.complete_jobs(), _settle_params(name, settled))
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
-    return Settled(len(items), affected)
+    return Settled(len(settled), affected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,15 +206,17 @@ class FailResult:
     dead_lettered: int
 
 
-def fail_many(ctx: Context, name: str, items: Sequence[Settlement]) -> Op[FailResult]:
-    validate_queue(name)
-    if not items:
+def fail_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[FailResult]:
+    """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
+    ones while not finished (pg-boss's fail by id)."""
+    settled = settlement_items(name, items)
+    if not settled:
         return FailResult(Settled(0, []), {}, 0)
-    result = yield Call(fail_sql.fail_jobs(), _settle_params(name, items))
+    result = yield Call(fail_sql.fail_jobs(), _settle_params(name, settled))
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
     return FailResult(
-        Settled(len(items), [r.id for r in rows]),
+        Settled(len(settled), [r.id for r in rows]),
         {r.id: r.state for r in rows},
         int(rows[0].dead_lettered) if rows else 0,
     )
@@ -213,13 +286,14 @@ def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
 
 
 def extend_leases(
-    ctx: Context, name: str, items: Sequence[Settlement], extend_by: int
+    ctx: Context, name: str, items: Sequence[Job | Settlement], extend_by: int
 ) -> Op[list[uuid.UUID]]:
-    validate_queue(name)
+    """Always fenced: an item without ``started_on`` matches no job."""
+    settled = settlement_items(name, items)
     opt.check_int("extend_by", extend_by, minimum=1, maximum=opt.INT32_MAX // 2)
-    if not items:
+    if not settled:
         return []
-    params = _settle_params(name, items)
+    params = _settle_params(name, settled)
     del params["outputs"]
     result = yield Call(settle_sql.extend_lease(), {**params, "extend_by": extend_by})
     affected = list(result.scalars().all())

@@ -16,6 +16,7 @@ from sqlalchemy import (
     CTE,
     Select,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -148,8 +149,11 @@ def _fail_from(deleted: CTE) -> Select[Any]:
 def fail_jobs() -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``.
 
-    Guard: the job is not finished (``state < 'completed'``); with a fence, only the
-    attempt that started at that time.
+    Guard without a fence: the job is not finished (``state < 'completed'``), as
+    pg-boss's fail by id. With a fence: the job is ``active`` in the attempt that
+    started at that time. ``active`` matters: a job that expiry moved to
+    ``retry`` keeps its ``started_on``, so the fence alone would let a late
+    worker overwrite the timeout output and restart the retry delay.
     """
     src = settle_input()
     deleted = (
@@ -157,8 +161,13 @@ def fail_jobs() -> Select[Any]:
         .where(
             JOB.c.name == bindparam("qname", type_=Text),
             JOB.c.id == src.c.id,
-            JOB.c.state < state_text(JobState.COMPLETED),
-            or_(src.c.fence.is_(None), JOB.c.started_on == src.c.fence),
+            or_(
+                and_(src.c.fence.is_(None), JOB.c.state < state_text(JobState.COMPLETED)),
+                and_(
+                    JOB.c.state == state_text(JobState.ACTIVE),
+                    JOB.c.started_on == src.c.fence,
+                ),
+            ),
         )
         .returning(*JOB.c, cast(src.c.output, JSONB).label("new_output"))
         .cte("deleted")

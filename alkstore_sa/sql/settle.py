@@ -31,8 +31,9 @@ def _ids() -> Any:
 def settle_input() -> Any:
     """``unnest(:ids, :outputs, :fences)``: per-job output and fencing token.
 
-    A NULL fence means "no fencing" (API callers); a worker passes the
-    ``started_on`` it fetched, so it cannot settle a later attempt of the job.
+    A NULL fence means "no fencing" (settling by id, for administration); a
+    fetched Job gives its ``started_on``, and a fenced settlement applies only to
+    a job still ``active`` in that attempt, never to a later one.
     """
     return (
         func.unnest(
@@ -52,7 +53,11 @@ def settle_input() -> Any:
 
 @functools.cache
 def complete_jobs() -> Update:
-    """``active`` -> ``completed`` with each job's output; returns the ids changed."""
+    """``active`` -> ``completed`` with each job's output; returns the ids changed.
+
+    Both forms need ``active`` (pg-boss's complete by id); a fenced one also needs
+    the attempt that started at the fence.
+    """
     src = settle_input()
     return (
         JOB.update()
