@@ -60,9 +60,14 @@ def _format(code: str) -> str:
         input=code,
         capture_output=True,
         text=True,
-        check=True,
         cwd=ROOT,
     )
+    if done.returncode != 0:
+        # Say why: "returned non-zero exit status 1" alone hid a missing ruff once.
+        raise RuntimeError(
+            f"ruff could not format the generated service (install the test extra, which "
+            f"pins ruff): {done.stderr.strip()}"
+        )
     return done.stdout
 
 
