@@ -1,0 +1,191 @@
+"""Child worker processes, deadlines and database probes for the chaos tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, text
+
+import alkstore_sa
+
+HERE = Path(__file__).resolve().parent
+ROOT = Path(alkstore_sa.__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+class Deadline:
+    """A hard time budget for one test: every wait draws on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def wait_for(
+        self, what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05
+    ) -> T:
+        """Poll ``probe`` until it returns a truthy value, for ``timeout`` s at most."""
+        end = min(self.end, time.monotonic() + timeout)
+        while True:
+            value = probe()
+            if value:
+                return value
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(interval)
+
+
+class Child:
+    """One ``alkstore worker`` process, its output in a file."""
+
+    def __init__(self, label: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.label = label
+        self.proc = proc
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL (which also ends a stopped process) and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+class Children:
+    """Starts chaos workers; leaving the ``with`` block kills every one still alive."""
+
+    def __init__(self, database_url: str, schema: str, workdir: Path, **env: str) -> None:
+        self.database_url = database_url
+        self.schema = schema
+        self.workdir = workdir
+        self.env = env
+        self.started: list[Child] = []
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in self.started:
+            child.kill()
+
+    def start(self, label: str, **env: str) -> Child:
+        log = self.workdir / f"{label}.log"
+        environ = {
+            **os.environ,
+            "CHAOS_DATABASE_URL": self.database_url,
+            "CHAOS_SCHEMA": self.schema,
+            "CHAOS_LABEL": label,
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **self.env,
+            **env,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "alkstore_sa.cli",
+            "worker",
+            "--app",
+            "chaos_app:build",
+            "--log-level",
+            "INFO",
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, cwd=HERE, env=environ, stdout=out, stderr=out)
+        child = Child(label, proc, log)
+        self.started.append(child)
+        return child
+
+    def stop_gracefully(self, child: Child, timeout: float = 10) -> str:
+        """SIGTERM, wait for a clean exit, return the output."""
+        child.signal(signal.SIGTERM)
+        try:
+            code = child.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise AssertionError(f"{child.label} did not stop:\n{child.output()}") from None
+        assert code == 0, child.output()
+        return child.output()
+
+
+@contextlib.contextmanager
+def stopped(child: Child) -> Iterator[None]:
+    """Freeze ``child`` (SIGSTOP) for the block, so the database shows what it holds."""
+    child.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        child.signal(signal.SIGCONT)
+
+
+def rows(engine: Engine, schema: str, statement: str, **params: Any) -> list[Any]:
+    """Run ``statement`` (``{s}`` is the quoted schema) in its own transaction."""
+    with engine.begin() as conn:
+        result = conn.execute(text(statement.replace("{s}", f'"{schema}"')), params)
+        return list(result.all()) if result.returns_rows else []
+
+
+def states(engine: Engine, schema: str, queue: str) -> dict[str, int]:
+    """Jobs of ``queue`` by state."""
+    found = rows(
+        engine,
+        schema,
+        "SELECT state::text, count(*) FROM {s}.job WHERE name = :q GROUP BY 1",
+        q=queue,
+    )
+    return {state: n for state, n in found}
+
+
+def in_flight(engine: Engine, schema: str, label: str) -> set[Any]:
+    """Ids of active jobs whose current attempt (same ``started_on``) is ``label``'s."""
+    found = rows(
+        engine,
+        schema,
+        "SELECT j.id FROM {s}.job j JOIN {s}.chaos_attempt a"
+        " ON a.job_id = j.id AND a.started_on = j.started_on"
+        " WHERE j.state = 'active' AND a.label = :label",
+        label=label,
+    )
+    return {r.id for r in found}
+
+
+def terminate(engine: Engine, schema: str, app_prefix: str, listener: bool) -> int:
+    """``pg_terminate_backend`` this test's backends only; returns how many.
+
+    Pooled connections are found by their ``application_name`` prefix (unique per
+    test schema); the shared listening connection carries the library's fixed name,
+    so it is found by the channel of this test's schema in its last statement.
+    """
+    found = rows(
+        engine,
+        schema,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE pid <> pg_backend_pid() AND datname = current_database() AND ("
+        " starts_with(application_name, :prefix)"
+        " OR (:listener AND application_name = 'alkstore-listener'"
+        "     AND query = 'LISTEN ' || quote_ident(:channel)))",
+        prefix=app_prefix,
+        listener=listener,
+        channel=f"alkstore_{schema}",
+    )
+    return int(found[0][0])
