@@ -3,12 +3,56 @@
 Each limit keeps a row readable and claimable by every worker: a value past one of them
 is refused with :class:`~alkstore_sa.errors.InvalidOptionsError` when it is sent, and a
 row written past one by another client is failed on its own when it is claimed (see
-docs/concepts/guarantees.md).
+docs/concepts/guarantees.md). The limits and the reasons for them are listed in
+docs/concepts/limits.md.
 """
 
 from __future__ import annotations
+
+import datetime as dt
 
 #: Deepest nesting of arrays and objects accepted in job data and output. Python's JSON
 #: decoder recurses once per level; 256 leaves a worker thread ample stack under the
 #: default recursion limit of 1,000 frames.
 MAX_JSON_DEPTH = 256
+
+#: Largest ``singleton_key``, in bytes of UTF-8. The key enters the unique indexes of the
+#: job table together with the queue name (up to 200 bytes), the state and the
+#: throttle slot, and a btree entry may not exceed 2,704 bytes on 8 kB pages; past it
+#: PostgreSQL raises an error at insert or, worse, when the job is activated, which
+#: stops every fetch of the queue. With the longest queue name the widest index holds
+#: keys of about 2,470 incompressible bytes; 2,048 leaves room for alignment and
+#: for servers that store index entries slightly differently.
+MAX_SINGLETON_KEY_BYTES = 2048
+
+#: Largest schedule ``key``, in bytes of UTF-8. Firing a schedule sends a job whose
+#: ``singleton_key`` is ``"<queue>__<key>"`` (as pg-boss does), so the key leaves room
+#: for the longest queue name and the two underscores.
+MAX_SCHEDULE_KEY_BYTES = MAX_SINGLETON_KEY_BYTES - 202
+
+#: Largest published event name, in bytes of UTF-8. It is part of the primary key of
+#: the subscription table, with the queue name, under the same btree limit as
+#: :data:`MAX_SINGLETON_KEY_BYTES`.
+MAX_EVENT_BYTES = MAX_SINGLETON_KEY_BYTES
+
+#: Largest encoded job ``data`` (and job ``output``), in bytes of compact UTF-8 JSON.
+#: PostgreSQL would store up to about 255 MB in a jsonb value, but every fetch, retry
+#: and inspection reads the whole row: a queue row should carry references to large
+#: content, not the content. 1 MiB matches the default message limit of Kafka and of
+#: Amazon SQS. It is read when each job is sent, so an application that needs more may
+#: raise it at start-up.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+#: Earliest absolute ``start_after``. PostgreSQL stores much earlier times, but they
+#: must also come back as Python datetimes (from year 1) in the reader's session time
+#: zone, which may be up to a day west of UTC.
+EARLIEST_START = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
+
+#: Latest absolute ``start_after`` (exclusive). The job's ``keep_until`` is
+#: ``start_after`` plus up to 68 years of retention, and must stay below Python's year
+#: 10,000 in every session time zone.
+LATEST_START = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+
+#: Longest relative ``start_after``: about a thousand years from the database clock,
+#: which keeps the result before :data:`LATEST_START`.
+LONGEST_WAIT = dt.timedelta(days=365_000)

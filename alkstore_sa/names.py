@@ -22,6 +22,11 @@ _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _SCHEMA_MAX = 50
 QUEUE_NAME_MAX = 200
+"""Longest queue name, in characters; the accepted characters are ASCII, so also in bytes.
+
+Queue names (and ``dead_letter``, which names a queue) enter btree indexes next to
+a job's ``singleton_key``: the limits of :mod:`alkstore_sa.limits` leave room for
+names this long."""
 
 SEND_IT_QUEUE = "__pgboss__send-it"
 """The internal queue through which cron schedules are fired (shared with Node pg-boss)."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from . import limits
 from .errors import InvalidOptionsError
 from .models.enums import QueuePolicy
 from .names import validate_queue
@@ -87,14 +88,26 @@ def check_bool(option: str, value: object) -> bool:
     return value
 
 
-def check_text(option: str, value: object, *, allow_empty: bool = True) -> str:
-    """A string PostgreSQL can store in a ``text`` column (no NUL character)."""
+def check_text(
+    option: str, value: object, *, allow_empty: bool = True, max_bytes: int | None = None
+) -> str:
+    """A string PostgreSQL can store in a ``text`` column: no NUL character, valid
+    UTF-8 and, with ``max_bytes``, at most that many bytes once encoded (the limit of
+    a value that enters an index, see :mod:`alkstore_sa.limits`)."""
     if not isinstance(value, str):
         raise InvalidOptionsError(option, f"must be a string, not {value!r}")
     if not value and not allow_empty:
         raise InvalidOptionsError(option, "must be a non-empty string")
     if "\x00" in value:
         raise InvalidOptionsError(option, "must not contain the character U+0000")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidOptionsError(option, "contains a lone surrogate, not valid UTF-8") from None
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidOptionsError(
+            option, f"must be at most {max_bytes} bytes in UTF-8, not {size} bytes"
+        )
     return value
 
 
@@ -123,13 +136,15 @@ _INT_RULES: dict[str, tuple[int, int]] = {
 def _check_common(opts: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in opts.items():
-        if value is None and key in ("retry_delay_max", "dead_letter"):
+        if value is None and key in ("retry_delay_max", "dead_letter", "singleton_key"):
             out[key] = None
         elif key in _INT_RULES:
             lo, hi = _INT_RULES[key]
             out[key] = check_int(key, value, minimum=lo, maximum=hi)
         elif key in ("retry_backoff", "partition"):
             out[key] = check_bool(key, value)
+        elif key == "singleton_key":
+            out[key] = check_text(key, value, max_bytes=limits.MAX_SINGLETON_KEY_BYTES)
         else:
             out[key] = value
     if out.get("retry_delay_max") is not None and out.get("retry_backoff") is False:
@@ -183,22 +198,64 @@ def pgboss_queue_json(name: str, opts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def encode_json(option: str, value: Any) -> str | None:
-    """JSON text for a jsonb column, or ``None`` for SQL NULL; raises on unencodable data."""
+    """JSON text for a jsonb column, or ``None`` for SQL NULL.
+
+    Raises :class:`InvalidOptionsError` for what JSON or jsonb cannot hold, for
+    nesting deeper than :data:`~alkstore_sa.limits.MAX_JSON_DEPTH` and for text
+    longer than :data:`~alkstore_sa.limits.MAX_PAYLOAD_BYTES`.
+    """
     if value is None:
         return None
+    # Checked before encoding, without recursion: data nested past the limit could
+    # be encoded, but a worker's decoder would then fail on it at every fetch.
+    if json_depth_exceeds(value, limits.MAX_JSON_DEPTH):
+        raise InvalidOptionsError(
+            option,
+            f"nests arrays and objects deeper than {limits.MAX_JSON_DEPTH} levels "
+            "(or contains itself)",
+        )
     try:
         text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except (TypeError, ValueError) as exc:
         raise InvalidOptionsError(option, f"cannot be encoded as JSON: {exc}") from None
     # jsonb refuses what JSON allows in two places; caught here, because an error
     # from PostgreSQL would abort the caller's transaction.
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidOptionsError(option, "jsonb cannot store the character U+0000")
     try:
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidOptionsError(option, "contains a lone surrogate, not valid UTF-8") from None
+    if size > limits.MAX_PAYLOAD_BYTES:
+        raise InvalidOptionsError(
+            option,
+            f"is {size} bytes as JSON, more than the limit of {limits.MAX_PAYLOAD_BYTES} "
+            "(store large content elsewhere and send a reference to it)",
+        )
     return text
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def json_depth_exceeds(value: Any, limit: int) -> bool:
+    """Does ``value`` nest dicts, lists and tuples more than ``limit`` levels deep?
+
+    ``[]`` is one level, ``[[]]`` two. The walk keeps its own stack, so it works at any
+    depth, and stops at the first path past the limit (a value that contains itself
+    is infinitely deep).
+    """
+    if not isinstance(value, _CONTAINERS):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
+    return False
 
 
 # \u0000 preceded by an even number of backslashes is an escaped NUL (an odd
@@ -230,11 +287,13 @@ def output_value(value: Any) -> Any:
     return {"value": value}
 
 
-# Bounds that keep every derived timestamp (keep_until = start_after + retention)
-# inside what both PostgreSQL and Python's datetime can hold: a job out of range
-# would break every statement that returns it.
-_LATEST_START = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
-_LONGEST_WAIT = dt.timedelta(days=365_000)
+# Bounds that keep start_after and every timestamp derived from it (keep_until =
+# start_after + retention) inside what both PostgreSQL and Python's datetime can
+# hold, in UTC and in any session time zone: a job out of range would break every
+# statement that returns it. See alkstore_sa/limits.py.
+_EARLIEST_START = limits.EARLIEST_START
+_LATEST_START = limits.LATEST_START
+_LONGEST_WAIT = limits.LONGEST_WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +312,18 @@ def start_after(value: object) -> StartAfter:
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             raise InvalidOptionsError("start_after", "a datetime must be timezone-aware")
+        # Aware datetimes compare by their UTC instant, without converting (which
+        # would overflow at year 1 east of UTC or year 9999 west of it).
+        if value < _EARLIEST_START:
+            raise InvalidOptionsError(
+                "start_after",
+                f"must not be before {_EARLIEST_START.isoformat()} in UTC, not {value.isoformat()}",
+            )
         if value >= _LATEST_START:
-            raise InvalidOptionsError("start_after", f"must be before {_LATEST_START.year}")
+            raise InvalidOptionsError(
+                "start_after",
+                f"must be before {_LATEST_START.isoformat()} in UTC, not {value.isoformat()}",
+            )
         return StartAfter(value, None)
     if isinstance(value, dt.timedelta):
         if value > _LONGEST_WAIT:

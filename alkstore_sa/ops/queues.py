@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import options as opt
@@ -27,6 +27,11 @@ def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]
     else:
         if isinstance(names, str | bytes):
             raise InvalidOptionsError("names", "must be a list of queue names, not one name")
+        if not isinstance(names, Iterable) or isinstance(names, Mapping):
+            raise InvalidOptionsError(
+                "names", f"must be a list of queue names, not {type(names).__name__}"
+            )
+        names = list(names)
         for n in names:
             validate_queue(n)
         result = yield Call(queue_sql.get_queues(by_name=True), {"names": list(names)})
@@ -48,6 +53,7 @@ def create_queue(
     ctx: Context, name: str, exist_ok: bool, options: Mapping[str, Any]
 ) -> Op[QueueInfo]:
     validate_queue(name)
+    opt.check_bool("exist_ok", exist_ok)
     checked = opt.queue_options(name, options)
     dead = checked.get("dead_letter")
     if dead is not None:

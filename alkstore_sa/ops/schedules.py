@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import limits
 from .. import options as opt
 from ..names import validate_queue
 from ..records import ScheduleInfo
@@ -24,7 +25,7 @@ def schedule(
     ctx: Context, name: str, cron: str, data: Any, key: str, tz: str, options: Mapping[str, Any]
 ) -> Op[None]:
     validate_queue(name)
-    opt.check_text("key", key)
+    opt.check_text("key", key, max_bytes=limits.MAX_SCHEDULE_KEY_BYTES)
     cron, tz = validate_cron(cron, tz)
     # Validate the send options now, so that a schedule never fires bad jobs.
     _send_row(options, data, None)

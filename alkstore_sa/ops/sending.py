@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from .. import limits
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..names import validate_queue
@@ -88,8 +89,6 @@ def _checked_row(
     if checked.get("dead_letter") is not None:
         validate_queue(checked["dead_letter"], "dead_letter")
     key = checked.get("singleton_key")
-    if key is not None:
-        opt.check_text("singleton_key", key)
     return {
         "id": opt.job_id(checked["id"])
         if checked.get("id") is not None
@@ -126,11 +125,20 @@ def _check_dead_letters(name: str, specs: Sequence[Mapping[str, Any]]) -> Op[Non
         raise InvalidOptionsError("dead_letter", f"queue {sorted(missing)[0]!r} does not exist")
 
 
+def _job_list(jobs: object) -> list[Any]:
+    """The jobs of ``send_many`` as a list; anything but an iterable of jobs is refused."""
+    if isinstance(jobs, Mapping):
+        raise InvalidOptionsError("jobs", "must be a list of jobs, not one job")
+    if isinstance(jobs, str | bytes | bytearray) or not isinstance(jobs, Iterable):
+        raise InvalidOptionsError("jobs", f"must be a list of jobs, not {type(jobs).__name__}")
+    return list(jobs)
+
+
 def send_many(
     ctx: Context, name: str, jobs: Iterable[Mapping[str, Any]]
 ) -> Op[list[uuid.UUID | None]]:
     validate_queue(name)
-    specs = list(jobs)
+    specs = _job_list(jobs)
     for index, spec in enumerate(specs):
         if not isinstance(spec, Mapping):
             raise InvalidOptionsError(f"jobs[{index}]", "each job must be a mapping")
@@ -180,10 +188,16 @@ def send_debounced(
     return (yield from send(ctx, name, data, later))
 
 
+def _check_event(event: object) -> str:
+    # The event is part of the subscription table's primary key; names past the
+    # limit could never be subscribed to, so they are refused everywhere.
+    return opt.check_text("event", event, allow_empty=False, max_bytes=limits.MAX_EVENT_BYTES)
+
+
 def publish(
     ctx: Context, event: str, data: Any, options: Mapping[str, Any]
 ) -> Op[list[uuid.UUID | None]]:
-    opt.check_text("event", event, allow_empty=False)
+    _check_event(event)
     result = yield Call(queue_sql.subscribers(), {"event": event})
     ids: list[uuid.UUID | None] = []
     for queue in result.scalars().all():
@@ -192,13 +206,13 @@ def publish(
 
 
 def subscribe(ctx: Context, event: str, name: str) -> Op[None]:
-    opt.check_text("event", event, allow_empty=False)
+    _check_event(event)
     yield from _require_queue(ctx, name)
     yield Call(queue_sql.subscribe(), {"event": event, "qname": name})
 
 
 def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:
-    opt.check_text("event", event, allow_empty=False)
+    _check_event(event)
     validate_queue(name)
     result = yield Call(queue_sql.unsubscribe(), {"event": event, "qname": name})
     return bool(getattr(result, "rowcount", 0))

@@ -93,7 +93,8 @@ class WorkerBase(Registry):
             timeout=timeout,
             priority=priority,
         )
-        self.schema = validate_schema(schema or DEFAULT_SCHEMA)
+        # Only None means the default: an empty name is a mistake, not a wish for it.
+        self.schema = validate_schema(DEFAULT_SCHEMA if schema is None else schema)
         self.channel = notify_channel(self.schema)
         self.shutdown_timeout = _seconds("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self.flush_interval = _seconds("flush_interval", flush_interval, allow_zero=True)
