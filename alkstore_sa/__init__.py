@@ -8,6 +8,7 @@
 
 from .errors import (
     AlkstoreError,
+    ForeignRevisionError,
     InvalidNameError,
     InvalidOptionsError,
     JobLostError,
@@ -32,6 +33,7 @@ __all__ = [
     "AlkstoreError",
     "AsyncQueueService",
     "AsyncWorker",
+    "ForeignRevisionError",
     "InvalidNameError",
     "InvalidOptionsError",
     "Job",

@@ -1,4 +1,4 @@
-"""Keep your ``alembic revision --autogenerate`` blind to the queue schema.
+"""Keep your ``alembic revision --autogenerate`` blind to the queue schema and out of our package.
 
 The queue tables belong to alkstore_sa's own revisions. Without a filter, an
 application whose ``env.py`` sets ``include_schemas=True`` would see them (and every
@@ -23,22 +23,54 @@ then ``pgboss``); pass ``schemas=`` to name it (or several) explicitly. Besides 
 schema, the filters hide alkstore's own ``Table`` objects (should you add
 :data:`alkstore_sa.models.metadata` to ``target_metadata``) and the revision table
 ``alkstore_alembic_version`` wherever it lives.
+
+``combine`` also returns :func:`process_revision_directives`, a hook that refuses
+to write one of your new revisions into alkstore_sa's package folder or onto its
+``alkstore`` branch (which is where a plain ``alembic revision`` puts your first
+revision, because our revision is then the only head). It fires for
+``alembic revision --autogenerate``, and for plain ``alembic revision`` when
+``alembic.ini`` sets ``revision_environment = true``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, TypedDict
 
-from alembic.runtime.environment import IncludeNameFn, IncludeObjectFn, NameFilterParentNames
+from alembic.operations.ops import MigrationScript
+from alembic.runtime.environment import (
+    IncludeNameFn,
+    IncludeObjectFn,
+    NameFilterParentNames,
+    ProcessRevisionDirectiveFn,
+)
+from alembic.runtime.migration import MigrationContext
+from alembic.script import Script, ScriptDirectory
+from alembic.script.revision import RevisionError
+from alembic.util import coerce_resource_to_filename
 from sqlalchemy import Table
 from sqlalchemy.sql.schema import SchemaItem
 
-from .migrations import VERSION_TABLE
+from .migrations import (
+    REVISION_PREFIX,
+    VERSION_TABLE,
+    VERSIONS_DIR,
+    AlembicForeignRevisionError,
+    refuse_foreign_revisions,
+)
 from .models import metadata as alkstore_metadata
 from .names import DEFAULT_SCHEMA, validate_schema
 
-__all__ = ["AlkstoreFilters", "FilterOptions", "combine", "include_name", "include_object"]
+__all__ = [
+    "AlkstoreFilters",
+    "FilterOptions",
+    "combine",
+    "include_name",
+    "include_object",
+    "process_revision_directives",
+]
 
 
 class FilterOptions(TypedDict):
@@ -46,6 +78,7 @@ class FilterOptions(TypedDict):
 
     include_name: IncludeNameFn
     include_object: IncludeObjectFn
+    process_revision_directives: ProcessRevisionDirectiveFn
 
 
 def _schema_from_context() -> str:
@@ -59,11 +92,13 @@ def _schema_from_context() -> str:
 
 
 class AlkstoreFilters:
-    """``include_name`` and ``include_object`` hiding the queue schema(s).
+    """``include_name`` and ``include_object`` hiding the queue schema(s), and our revision hook.
 
     :param schemas: the queue schemas; by default the one the migrations target.
     :param include_name: your own name filter, consulted for everything else.
     :param include_object: your own object filter, consulted for everything else.
+    :param process_revision_directives: your own hook, run before ours (ours checks
+        the revisions as your hook leaves them).
 
     >>> filters = AlkstoreFilters(["jobs"])
     >>> filters.include_name("jobs", "schema", {})
@@ -78,10 +113,12 @@ class AlkstoreFilters:
         *,
         include_name: IncludeNameFn | None = None,
         include_object: IncludeObjectFn | None = None,
+        process_revision_directives: ProcessRevisionDirectiveFn | None = None,
     ) -> None:
         self._schemas = None if schemas is None else frozenset(map(validate_schema, schemas))
         self._user_name = include_name
         self._user_object = include_object
+        self._user_directives = process_revision_directives
 
     @property
     def schemas(self) -> frozenset[str]:
@@ -129,9 +166,24 @@ class AlkstoreFilters:
             or table.schema in self.schemas
         )
 
+    def process_revision_directives(
+        self, context: MigrationContext, revision: Any, directives: list[MigrationScript]
+    ) -> None:
+        """Alembic's ``process_revision_directives`` hook: yours, then ours.
+
+        Ours is :func:`process_revision_directives` (module level).
+        """
+        if self._user_directives is not None:
+            self._user_directives(context, revision, directives)
+        process_revision_directives(context, revision, directives)
+
     def options(self) -> FilterOptions:
-        """``{"include_name": ..., "include_object": ...}`` for ``context.configure``."""
-        return {"include_name": self.include_name, "include_object": self.include_object}
+        """The three hooks, by name, for ``context.configure(**...)``."""
+        return {
+            "include_name": self.include_name,
+            "include_object": self.include_object,
+            "process_revision_directives": self.process_revision_directives,
+        }
 
 
 _default = AlkstoreFilters()
@@ -154,15 +206,95 @@ def combine(
     include_object: IncludeObjectFn | None = None,
     *,
     schemas: Iterable[str] | None = None,
+    process_revision_directives: ProcessRevisionDirectiveFn | None = None,
 ) -> FilterOptions:
-    """Our filters wrapped around yours, ready for ``context.configure(**...)``.
+    """Our filters and revision hook wrapped around yours, for ``context.configure(**...)``.
 
-    Your filters see only what ours let through.
+    Your filters see only what ours let through; your ``process_revision_directives``
+    runs first and ours checks what it leaves.
 
     >>> opts = combine(include_name=lambda name, type_, parents: name != "legacy")
     >>> sorted(opts)
-    ['include_name', 'include_object']
+    ['include_name', 'include_object', 'process_revision_directives']
     """
     return AlkstoreFilters(
-        schemas, include_name=include_name, include_object=include_object
+        schemas,
+        include_name=include_name,
+        include_object=include_object,
+        process_revision_directives=process_revision_directives,
     ).options()
+
+
+def process_revision_directives(
+    context: MigrationContext, revision: Any, directives: list[MigrationScript]
+) -> None:
+    """Alembic hook: refuse a new revision bound for alkstore_sa's folder or branch.
+
+    Raises :class:`~alkstore_sa.errors.ForeignRevisionError` (as an Alembic
+    ``CommandError``, so ``alembic`` prints one line) before anything is written when
+    a new revision would
+
+    * be written into alkstore_sa's ``versions`` folder, or
+    * build on one of alkstore_sa's revisions (``--head`` resolving to ``alkstore@head``,
+      as a plain ``alembic revision`` does while ours is the only head);
+
+    and also when a revision of anybody else's already sits in that folder. The
+    message says how to start your own branch instead.
+    """
+    refuse_foreign_revisions()
+    script = context.script
+    for directive in directives:
+        if not isinstance(directive, MigrationScript):
+            continue
+        parents = _parents(script, directive.head)
+        ours = [p.revision for p in parents if _is_ours(p)]
+        folder = _destination(script, directive.version_path, parents)
+        into_ours = folder is not None and folder == VERSIONS_DIR
+        if not ours and not into_ours:
+            continue
+        what = f"the new revision {directive.rev_id!r} would "
+        if ours:
+            what += (
+                f"build on alkstore_sa's revision {ours[0]!r} (--head "
+                f"{directive.head or 'head'}), joining alkstore_sa's 'alkstore' branch"
+            )
+        if into_ours:
+            what += (" and " if ours else "") + (
+                f"be written into alkstore_sa's versions folder {VERSIONS_DIR}, where "
+                "`alkstore db upgrade` would run it on every database"
+            )
+        raise AlembicForeignRevisionError(what + ". Nothing was written")
+
+
+def _parents(script: ScriptDirectory | None, head: Any) -> list[Script]:
+    if script is None:
+        return []
+    try:
+        found = script.revision_map.get_revisions(head or "head")
+    except RevisionError:
+        return []  # Alembic itself reports an unknown head or several heads
+    return [r for r in found if isinstance(r, Script)]
+
+
+def _is_ours(rev: Script) -> bool:
+    return rev.revision.startswith(REVISION_PREFIX) or (
+        Path(rev.path).resolve().parent == VERSIONS_DIR
+    )
+
+
+def _destination(
+    script: ScriptDirectory | None, version_path: Any, parents: list[Script]
+) -> Path | None:
+    """The folder Alembic will write into, decided the way ``alembic revision`` does."""
+    if version_path:
+        return Path(os.fspath(version_path)).resolve()
+    if parents:
+        return Path(parents[0].path).resolve().parent
+    if script is None:
+        return None
+    locations = script.version_locations
+    if not locations:
+        return Path(script.dir, "versions").resolve()
+    if len(locations) == 1:
+        return coerce_resource_to_filename(os.fspath(locations[0])).resolve()
+    return None  # several locations and no parent: Alembic asks for --version-path

@@ -106,3 +106,25 @@ class JobLostError(AlkstoreError):
     This happens when a job outlived its expiry, was failed by the supervisor and
     possibly fetched again by another worker.
     """
+
+
+FIRST_REVISION_ADVICE = (
+    "start your application's own branch with `alembic revision --head base "
+    '--branch-label myapp --version-path migrations/versions -m "..."` and build '
+    'later revisions on it with `alembic revision --head myapp@head -m "..."` '
+    "(see docs/how-to/alembic.md)"
+)
+
+
+class ForeignRevisionError(AlkstoreError):
+    """An application's Alembic revision is in, or bound for, alkstore_sa's versions folder.
+
+    alkstore_sa's folder holds only its own revisions (their ids start with
+    ``alkstore_``): whatever else sits there would run on every database that
+    ``alkstore db upgrade`` touches. Raised before any migration runs; the message
+    names the file(s) and how to start your own branch. :attr:`paths` lists the files.
+    """
+
+    def __init__(self, problem: str, paths: tuple[str, ...] = ()) -> None:
+        self.paths = paths
+        super().__init__(f"{problem}; {FIRST_REVISION_ADVICE}")

@@ -5,6 +5,10 @@
 
 Every function takes an :class:`~sqlalchemy.engine.Engine`, a
 :class:`~sqlalchemy.engine.Connection` or a database URL.
+
+:func:`upgrade`, :func:`downgrade` and :func:`offline_sql` run only alkstore_sa's
+own revisions: a file of anybody else's in the package's ``versions`` folder raises
+:class:`~alkstore_sa.errors.ForeignRevisionError` before anything is connected or run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from contextlib import contextmanager
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     Column,
     Engine,
@@ -34,7 +39,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
 from .errors import SchemaNotInstalledError
-from .migrations import SCHEMA_OPTION, VERSION_TABLE, UnsupportedSchemaVersionError
+from .migrations import (
+    SCHEMA_OPTION,
+    VERSION_TABLE,
+    UnsupportedSchemaVersionError,
+    refuse_foreign_revisions,
+)
 from .models import Version
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
 
@@ -45,6 +55,9 @@ BASE = "alkstore@base"
 
 Bind = Engine | Connection | str
 
+VERSION_LOCATION = "alkstore_sa:migrations/versions"
+"""Where the standalone environment finds the revisions (a package resource)."""
+
 
 def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Config:
     """An Alembic :class:`~alembic.config.Config` for the standalone environment."""
@@ -52,7 +65,7 @@ def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Conf
     cfg.set_main_option("script_location", "alkstore_sa:migrations")
     # "os" would split on ":" on POSIX, and the package location contains one.
     cfg.set_main_option("path_separator", "space")
-    cfg.set_main_option("version_locations", "alkstore_sa:migrations/versions")
+    cfg.set_main_option("version_locations", VERSION_LOCATION)
     cfg.attributes[SCHEMA_OPTION] = validate_schema(schema)
     if url:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -65,6 +78,15 @@ def normalise_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _checked_config(schema: str, url: str | None = None) -> Config:
+    # Refused here, before a connection is opened; env.py checks again for
+    # callers of the Alembic commands.
+    cfg = alembic_config(schema, url)
+    script = ScriptDirectory.from_config(cfg)
+    refuse_foreign_revisions(script.version_locations or ())
+    return cfg
 
 
 @contextmanager
@@ -84,8 +106,8 @@ def _connection(bind: Bind) -> Iterator[Connection]:
 
 def upgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> None:
     """Create (or adopt) the schema-26 objects in ``schema``."""
+    cfg = _checked_config(schema)
     with _connection(bind) as conn:
-        cfg = alembic_config(schema)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
@@ -96,8 +118,8 @@ def downgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = BASE) ->
     Down to the base, this also drops the revision table and then the schema itself,
     unless something else still lives in it.
     """
+    cfg = _checked_config(schema)
     with _connection(bind) as conn:
-        cfg = alembic_config(schema)
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
         if revision == BASE:
@@ -134,7 +156,7 @@ def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
 
 def offline_sql(schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> str:
     """The SQL script that :func:`upgrade` runs, for review or for a DBA."""
-    cfg = alembic_config(schema, url="postgresql+psycopg://")
+    cfg = _checked_config(schema, url="postgresql+psycopg://")
     buf = io.StringIO()
     cfg.output_buffer = buf
     command.upgrade(cfg, revision, sql=True)

@@ -9,13 +9,24 @@ Three ways to run them:
 * offline: ``alembic upgrade alkstore@head --sql`` or ``alkstore db sql``.
 
 The schema comes from :func:`schema_name`.
+
+The ``versions`` folder holds alkstore_sa's revisions and nothing else (their ids
+start with ``alkstore_``); :func:`refuse_foreign_revisions` enforces that before any
+of them runs.
 """
 
 from __future__ import annotations
 
-from alembic import context
+import ast
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
 
-from ..errors import SchemaVersionError
+from alembic import context
+from alembic.util import CommandError, coerce_resource_to_filename
+
+from ..errors import ForeignRevisionError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
 
 BRANCH_LABEL = "alkstore"
@@ -26,6 +37,15 @@ VERSION_TABLE = "alkstore_alembic_version"
 
 SCHEMA_OPTION = "alkstore_schema"
 """Name of the ``-x`` argument and ``alembic.ini`` main option choosing the schema."""
+
+REVISION_PREFIX = "alkstore_"
+"""Every alkstore_sa revision id starts with this (``alkstore_0001``, ...)."""
+
+VERSIONS_DIR = Path(__file__).resolve().with_name("versions")
+"""The folder of alkstore_sa's revisions inside the installed package."""
+
+# The files Alembic loads as revisions from a version location (sources only).
+_REVISION_FILE = re.compile(r"(?!\.#|__init__).*\.py$")
 
 
 def schema_name() -> str:
@@ -49,3 +69,80 @@ class UnsupportedSchemaVersionError(SchemaVersionError):
 
     def __init__(self, schema: str, found: int | None) -> None:
         super().__init__(schema, found, SCHEMA_VERSION)
+
+
+class AlembicForeignRevisionError(ForeignRevisionError, CommandError):
+    """:class:`~alkstore_sa.errors.ForeignRevisionError` that is also Alembic's ``CommandError``.
+
+    Raised inside Alembic commands, so that the ``alembic`` command line prints it as
+    one ``FAILED:`` line instead of a traceback.
+    """
+
+
+def revision_id(path: str | os.PathLike[str]) -> str | None:
+    """The ``revision = "..."`` a revision file declares, read without running it.
+
+    ``None`` if the file does not assign a string literal to ``revision`` at top level
+    (or is not valid Python).
+    """
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=os.fspath(path))
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "revision" for t in targets):
+            value = node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return value.value
+    return None
+
+
+def foreign_revisions(directory: str | os.PathLike[str] = VERSIONS_DIR) -> list[Path]:
+    """The revision files in ``directory`` that are not alkstore_sa's, sorted.
+
+    A file is ours when the revision id it declares starts with ``alkstore_``.
+    The files are parsed, never imported.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or not _REVISION_FILE.match(path.name):
+            continue
+        rev = revision_id(path)
+        if rev is None or not rev.startswith(REVISION_PREFIX):
+            found.append(path)
+    return found
+
+
+def refuse_foreign_revisions(
+    locations: Iterable[str | os.PathLike[str]] = (VERSIONS_DIR,),
+) -> None:
+    """Raise :class:`AlembicForeignRevisionError` if a location holds a revision not ours.
+
+    ``locations`` are folders or package resources (``alkstore_sa:migrations/versions``),
+    as in Alembic's ``version_locations``; the standalone environment runs only our
+    revisions, so every one of its locations must hold only ours.
+    """
+    found: list[Path] = []
+    for location in locations:
+        loc = os.fspath(location)
+        found.extend(foreign_revisions(coerce_resource_to_filename(loc)))
+    if not found:
+        return
+    described = ", ".join(f"{p} (revision {revision_id(p)!r})" for p in found)
+    raise AlembicForeignRevisionError(
+        f"not an alkstore_sa revision, yet in alkstore_sa's versions folder, where "
+        f"`alkstore db upgrade` would run it on every database: {described}. Nothing was "
+        "run. Move it to your application's own versions folder (if it revises "
+        "'alkstore_0001', make it your branch's base: down_revision = None, "
+        "branch_labels = ('myapp',))",
+        tuple(str(p) for p in found),
+    )

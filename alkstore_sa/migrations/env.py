@@ -6,19 +6,31 @@ folder in ``version_locations`` instead.
 
 The revision history is recorded in ``<schema>.alkstore_alembic_version``, so
 several schemas in one database keep separate histories.
+
+This environment runs alkstore_sa's revisions only: a revision file of anybody
+else's in its version locations is refused before anything runs (see
+docs/how-to/alembic.md).
 """
 
 from __future__ import annotations
 
+import os
+
 from alembic import context
+from alembic.script import ScriptDirectory
 from sqlalchemy import engine_from_config, pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateSchema
 
-from alkstore_sa.migrations import VERSION_TABLE, schema_name
+from alkstore_sa.migrations import VERSION_TABLE, refuse_foreign_revisions, schema_name
 
 config = context.config
 schema = schema_name()
+
+# Before any connection or SQL: an application's revision that landed in our
+# folder would otherwise run on every database this environment upgrades.
+_script = ScriptDirectory.from_config(config)
+refuse_foreign_revisions(_script.version_locations or [os.path.join(_script.dir, "versions")])
 
 
 def _configure(**kwargs: object) -> None:
