@@ -122,6 +122,7 @@ def test_db_downgrade_removes_the_schema(cli: Cli) -> None:
         "schema": cli.schema,
         "status": "downgraded",
         "revision": None,
+        "message": "removed the queue schema objects",
     }
     assert not schema_exists(cli.engine, cli.schema)
 
@@ -168,9 +169,15 @@ def test_bad_database_url_is_a_one_line_error(capsys: pytest.CaptureFixture[str]
     _one_line_error(Ran(code, *capsys.readouterr()), "bad database URL")
 
 
-def test_unreachable_database_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["queue", "list", "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
-    _one_line_error(Ran(code, *capsys.readouterr()), "cannot reach the database")
+def test_unreachable_database_is_a_one_line_error_naming_it_without_the_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "postgresql://nobody:s3cret@127.0.0.1:1/none"
+    code = main(["queue", "list", "--database-url", url])
+    ran = Ran(code, *capsys.readouterr())
+    _one_line_error(ran, "cannot connect to database 'none' on 127.0.0.1:1", "refused")
+    assert ran.code == 1
+    assert "s3cret" not in ran.err
 
 
 def test_schema_not_installed_is_a_one_line_error(

@@ -176,11 +176,11 @@ def test_worker_command_rejects_an_app_that_is_not_a_worker(
 ) -> None:
     (tmp_path / "not_a_worker.py").write_text("thing = 42\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["worker", "--app", "not_a_worker:thing"]) == 1
+    assert main(["worker", "--app", "not_a_worker:thing"]) == 2
     assert "is a int, not a Worker" in capsys.readouterr().err
-    assert main(["worker", "--app", "no_such_module_here:x"]) == 1
+    assert main(["worker", "--app", "no_such_module_here:x"]) == 2
     assert "cannot import" in capsys.readouterr().err
-    assert main(["worker", "--app", "nocolon"]) == 1
+    assert main(["worker", "--app", "nocolon"]) == 2
     assert "module:attribute" in capsys.readouterr().err
 
 
@@ -196,7 +196,7 @@ def test_worker_command_rejects_a_queue_the_app_has_no_handler_for(
     monkeypatch.setenv("APP_SCHEMA", schema)
     monkeypatch.syspath_prepend(str(app_dir))
     code = main(["worker", "--app", "demo_app:build", "--queue", "nope", "--log-level", "ERROR"])
-    assert code == 1
+    assert code == 2
     assert "no handler registered for 'nope'" in capsys.readouterr().err
 
 
@@ -263,5 +263,5 @@ def test_demo_without_a_database_runs_on_an_embedded_server(
 
 
 def test_demo_rejects_a_job_count_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--jobs", "0", "--database-url", "postgresql://unused/x"]) == 1
+    assert main(["demo", "--jobs", "0", "--database-url", "postgresql://unused/x"]) == 2
     assert "--jobs must be between 1 and 10000" in capsys.readouterr().err

@@ -6,26 +6,42 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn
 
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from ..errors import AlkstoreError
 from ..names import DEFAULT_SCHEMA, validate_schema
-
-T = TypeVar("T")
 
 
 class CommandError(Exception):
-    """A one-line reason for a non-zero exit."""
+    """A one-line reason for a non-zero exit (1 unless ``code`` says otherwise)."""
 
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+class BadInput(CommandError):
+    """The command line or the environment is wrong: exit 2, like a usage error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 2)
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are exceptions, not ``sys.exit``.
+
+    ``main`` turns them into one line on stderr and exit code 2, like every other
+    error of the command line (``--help`` shows the usage).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{message} (see '{self.prog} --help')")
 
 
 def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
@@ -69,41 +85,41 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def schema_of(args: argparse.Namespace) -> str:
+def describe_url(url: str | None) -> str | None:
+    """``database 'app' on db.example:5432`` for a URL: no user, no password.
+
+    ``None`` if there is no URL or it cannot be parsed (its error is reported elsewhere).
+    """
+    if not url:
+        return None
     try:
-        return validate_schema(args.schema)
-    except AlkstoreError as exc:
-        raise CommandError(str(exc)) from None
+        parsed = make_url(normalise_url(url))
+    except (ArgumentError, ValueError):
+        return None
+    host = parsed.host or "the local socket"
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"database {parsed.database or '(default)'!r} on {host}{port}"
+
+
+def schema_of(args: argparse.Namespace) -> str:
+    """The ``--schema`` option, validated (a bad name is an InvalidNameError: exit 2)."""
+    return validate_schema(args.schema)
 
 
 @contextmanager
-def engine_from(args: argparse.Namespace, *, required: bool = True) -> Iterator[Engine]:
-    """An engine for ``--database-url``; errors become one-line reasons."""
+def engine_from(args: argparse.Namespace, **engine_options: Any) -> Iterator[Engine]:
+    """An engine for ``--database-url``; a missing or malformed URL is :class:`BadInput`."""
     url = args.database_url
     if not url:
-        raise CommandError("no database: pass --database-url or set ALKSTORE_DATABASE_URL")
+        raise BadInput("no database: pass --database-url or set ALKSTORE_DATABASE_URL")
     try:
-        engine = create_engine(normalise_url(url))
+        engine = create_engine(normalise_url(url), **engine_options)
     except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as exc:
-        raise CommandError(f"bad database URL: {exc}") from None
+        raise BadInput(f"bad database URL: {exc}") from None
     try:
         yield engine
     finally:
         engine.dispose()
-
-
-def guarded(fn: Callable[[], T]) -> T:
-    """Run ``fn``, turning our errors and connection failures into CommandError."""
-    try:
-        return fn()
-    except AlkstoreError as exc:
-        raise CommandError(str(exc)) from None
-    except OperationalError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise CommandError(f"cannot reach the database: {reason}") from None
-    except DBAPIError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise CommandError(f"database error: {reason}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -122,8 +138,7 @@ def emit(args: argparse.Namespace, value: Any, *, columns: Sequence[str] | None 
     if args.json:
         json.dump(plain, sys.stdout, default=str, indent=2)
         sys.stdout.write("\n")
-        return
-    if isinstance(plain, list):
+    elif isinstance(plain, list):
         print_table(plain, columns)
     elif isinstance(plain, dict):
         width = max((len(k) for k in plain), default=0)
@@ -131,6 +146,9 @@ def emit(args: argparse.Namespace, value: Any, *, columns: Sequence[str] | None 
             print(f"{key:<{width}}  {_cell(val)}")
     elif plain is not None:
         print(plain)
+    # Each result as soon as it is known (maintain --loop prints one per pass),
+    # even when stdout is a pipe.
+    sys.stdout.flush()
 
 
 def _cell(value: Any) -> str:
@@ -163,4 +181,4 @@ def parse_json(option: str, text: str | None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CommandError(f"{option} is not valid JSON: {exc}") from None
+        raise BadInput(f"{option} is not valid JSON: {exc}") from None

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from ..models.enums import QueuePolicy
 from ..service import QueueService
-from ._common import CommandError, engine_from, guarded, schema_of
+from ._common import CommandError, engine_from, schema_of
 
 T = TypeVar("T")
 
@@ -32,17 +32,12 @@ JOB_COLUMNS = (
 def in_transaction(args: argparse.Namespace, work: Callable[[QueueService], T]) -> T:
     """Run ``work(service)`` in one transaction, committed if it returns.
 
-    Our errors, connection failures and database errors become a one-line
-    :class:`CommandError`; the transaction is rolled back then.
+    Whatever it raises rolls the transaction back and reaches ``main``, which
+    reports it.
     """
     schema = schema_of(args)
-    with engine_from(args) as engine:
-
-        def run() -> T:
-            with Session(engine) as session, session.begin():
-                return work(QueueService(session, schema=schema))
-
-        return guarded(run)
+    with engine_from(args) as engine, Session(engine) as session, session.begin():
+        return work(QueueService(session, schema=schema))
 
 
 def require_queue(service: QueueService, name: str) -> None:

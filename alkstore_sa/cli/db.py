@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from .. import migrate
-from ._common import emit, engine_from, guarded, leaf, schema_of
+from ..names import SCHEMA_VERSION
+from ._common import emit, engine_from, leaf, schema_of
 
 
 def register(sub: Any) -> None:
@@ -33,42 +34,78 @@ def register(sub: Any) -> None:
 def _upgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        guarded(lambda: migrate.upgrade(engine, schema, args.revision))
-        revision = guarded(lambda: migrate.current(engine, schema))
+        before = migrate.current(engine, schema)
+        with engine.connect() as conn:
+            found = migrate.installed_version(conn, schema)
+        migrate.upgrade(engine, schema, args.revision)
+        revision = migrate.current(engine, schema)
+        version: int | None = None
         if args.revision == migrate.HEAD:
             # A schema recorded at our head may still have been moved on by a newer
             # Node pg-boss since; say so instead of reporting success.
-            guarded(lambda: migrate.check(engine, schema))
-    emit(args, {"schema": schema, "status": "upgraded", "revision": revision})
+            version = migrate.check(engine, schema)
+    if revision == before:
+        status, message = "unchanged", _already(version, revision)
+    elif before is None and found == SCHEMA_VERSION:
+        status, message = "adopted", f"adopted the schema {SCHEMA_VERSION} Node pg-boss created"
+    else:
+        status, message = "upgraded", f"upgraded to {_at(version, revision)}"
+    emit(
+        args,
+        {"schema": schema, "status": status, "revision": revision, "message": message},
+    )
     return 0
 
 
 def _downgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        guarded(lambda: migrate.downgrade(engine, schema, args.revision))
-        revision = guarded(lambda: migrate.current(engine, schema))
-    emit(args, {"schema": schema, "status": "downgraded", "revision": revision})
+        before = migrate.current(engine, schema)
+        # Nothing recorded: Alembic would do nothing, and a schema Node pg-boss
+        # created (no revision of ours) must not be touched.
+        if before is not None:
+            migrate.downgrade(engine, schema, args.revision)
+        revision = migrate.current(engine, schema)
+    if before is None:
+        status, message = "unchanged", "nothing to downgrade: no alkstore revision is recorded"
+    elif revision == before:
+        status, message = "unchanged", f"already at revision {revision}"
+    elif revision is None:
+        status, message = "downgraded", "removed the queue schema objects"
+    else:
+        status, message = "downgraded", f"downgraded to revision {revision}"
+    emit(
+        args,
+        {"schema": schema, "status": status, "revision": revision, "message": message},
+    )
     return 0
+
+
+def _already(version: int | None, revision: str | None) -> str:
+    return f"already at {_at(version, revision)}; nothing to do"
+
+
+def _at(version: int | None, revision: str | None) -> str:
+    return f"schema {version}" if version is not None else f"revision {revision}"
 
 
 def _current(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        revision = guarded(lambda: migrate.current(engine, schema))
+        revision = migrate.current(engine, schema)
     emit(args, {"schema": schema, "revision": revision})
     return 0
 
 
 def _sql(args: argparse.Namespace) -> int:
     schema = schema_of(args)
-    print(guarded(lambda: migrate.offline_sql(schema, args.revision)), end="")
+    print(migrate.offline_sql(schema, args.revision), end="")
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        version = guarded(lambda: migrate.check(engine, schema))
+        version = migrate.check(engine, schema)
     emit(args, {"schema": schema, "version": version, "status": "ok"})
     return 0

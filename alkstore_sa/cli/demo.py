@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
 from typing import Any, TextIO
 
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, create_engine, func, select
@@ -41,7 +43,7 @@ from .. import migrate
 from ..records import Job
 from ..service import QueueService
 from ..worker import Worker
-from ._common import CommandError, emit, guarded, leaf, normalise_url
+from ._common import BadInput, CommandError, emit, engine_from, leaf, normalise_url
 
 QUEUE, DLQ = "orders", "orders_dlq"
 PRODUCERS = 2
@@ -67,16 +69,14 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if not 1 <= args.jobs <= MAX_JOBS:
-        raise CommandError(f"--jobs must be between 1 and {MAX_JOBS}")
+        raise BadInput(f"--jobs must be between 1 and {MAX_JOBS}")
     if not 1 <= args.concurrency <= 100:
-        raise CommandError("--concurrency must be between 1 and 100")
+        raise BadInput("--concurrency must be between 1 and 100")
     progress = sys.stderr
-    with _database(args, progress) as (engine, where):
+    with _interrupt_once(), _database(args, progress) as (engine, where):
         schema = f"alkstore_demo_{uuid.uuid4().hex[:8]}"
         try:
-            report = guarded(
-                lambda: run_demo(engine, schema, args.jobs, args.concurrency, progress)
-            )
+            report = run_demo(engine, schema, args.jobs, args.concurrency, progress)
         finally:
             with contextlib.suppress(Exception), engine.begin() as conn:
                 conn.execute(DropSchema(schema, cascade=True, if_exists=True))
@@ -89,16 +89,34 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
+def _interrupt_once() -> Iterator[None]:
+    """Ctrl-C interrupts the demo once; a second one must not cut its clean-up short.
+
+    The first SIGINT raises KeyboardInterrupt as usual and ignores further ones
+    until the demo's schema (or embedded server) is gone; ``main`` then reports
+    the interruption.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def first(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def _database(args: argparse.Namespace, out: TextIO) -> Iterator[tuple[Engine, str]]:
     """An engine on ``--database-url``, or on an embedded server deleted afterwards."""
     if args.database_url:
-        engine = create_engine(
-            normalise_url(args.database_url), pool_size=args.concurrency + PRODUCERS + 2
-        )
-        try:
+        with engine_from(args, pool_size=args.concurrency + PRODUCERS + 2) as engine:
             yield engine, engine.url.render_as_string(hide_password=True)
-        finally:
-            engine.dispose()
         return
     try:
         with warnings.catch_warnings():
@@ -106,7 +124,7 @@ def _database(args: argparse.Namespace, out: TextIO) -> Iterator[tuple[Engine, s
             # Imported by name: an optional extra, typed or not depending on its version.
             pgserver: Any = importlib.import_module("pgserver")
     except ImportError:
-        raise CommandError(
+        raise BadInput(
             "no database: pass --database-url (or set ALKSTORE_DATABASE_URL), or install "
             "the embedded PostgreSQL with: pip install 'alkstore_sa[embedded]'"
         ) from None
@@ -217,8 +235,12 @@ def run_demo(
     began = time.monotonic()
     try:
         # A few producers, as a web app has a few request threads.
-        with ThreadPoolExecutor(PRODUCERS) as producers:
+        producers = ThreadPoolExecutor(PRODUCERS)
+        try:
             list(producers.map(lambda seq: shop.place(engine, seq), range(1, jobs + 1)))
+        finally:
+            # Interrupted: the orders not yet placed are dropped, not waited for.
+            producers.shutdown(wait=True, cancel_futures=True)
         elapsed = _wait_settled(engine, schema, jobs, began)
     finally:
         worker.stop()

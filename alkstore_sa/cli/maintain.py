@@ -13,9 +13,8 @@ import signal
 import threading
 from typing import Any
 
-from ..errors import AlkstoreError
 from ..worker.supervisor import Supervisor
-from ._common import CommandError, emit, engine_from, guarded, leaf, schema_of
+from ._common import emit, engine_from, leaf, schema_of
 
 _TUNING = (
     ("supervise_interval", float),
@@ -69,21 +68,18 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _maintain(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        try:
-            supervisor = Supervisor(engine, schema=schema, **_settings(args))
-        except AlkstoreError as exc:
-            raise CommandError(str(exc)) from None
+        supervisor = Supervisor(engine, schema=schema, **_settings(args))
         stop = threading.Event()
         # Installed before the first pass: a SIGTERM that arrives while it runs
         # must end the loop cleanly, not kill the process.
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
-            report = guarded(lambda: supervisor.run_once(force=args.force))
+            report = supervisor.run_once(force=args.force)
             emit(args, report)
             if not args.loop:
                 return 1 if report.errors else 0
             while not stop.wait(max(supervisor.next_due_in(), 0.05)):
-                report = guarded(supervisor.run_once)
+                report = supervisor.run_once()
                 if not report.idle:
                     emit(args, report)
         finally:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import QueueNotFoundError
 from ..service import QueueService
-from ._common import CommandError, emit, leaf
+from ._common import BadInput, emit, leaf
 from ._service import add_queue_options, in_transaction, queue_options
 
 LIST_COLUMNS = (
@@ -63,7 +63,7 @@ def _create(args: argparse.Namespace) -> int:
 def _update(args: argparse.Namespace) -> int:
     options = queue_options(args)
     if not options:
-        raise CommandError("nothing to update: give at least one option")
+        raise BadInput("nothing to update: give at least one option")
     emit(args, in_transaction(args, lambda q: q.update_queue(args.name, **options)))
     return 0
 

@@ -16,9 +16,8 @@ import os
 import sys
 from typing import Any
 
-from ..errors import AlkstoreError
 from ..worker import AsyncWorker, Worker
-from ._common import CommandError, guarded, leaf
+from ._common import BadInput, CommandError, describe_url, leaf
 
 
 def register(sub: Any) -> None:
@@ -51,63 +50,88 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_seconds,
         default=env("ALKSTORE_SHUTDOWN_TIMEOUT"),
         help="seconds running jobs get to finish on SIGTERM (env ALKSTORE_SHUTDOWN_TIMEOUT)",
     )
     p.add_argument(
         "--log-level",
+        # ``type`` also checks the environment default, which ``choices`` alone would not.
+        type=_log_level,
+        choices=LOG_LEVELS,
         default=env("ALKSTORE_LOG_LEVEL", "INFO"),
-        help="DEBUG shows every job (env ALKSTORE_LOG_LEVEL; default INFO)",
+        help="DEBUG shows every job; any case (env ALKSTORE_LOG_LEVEL; default INFO)",
     )
     p.set_defaults(handler=_run)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""Accepted by ``--log-level``, in any case."""
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(LOG_LEVELS)}, in any case)"
+        )
+    return level
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # NaN included
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+    return value
 
 
 def load_worker(spec: str) -> Worker | AsyncWorker:
     """Import ``module:attr`` and return the worker it names (calling it if need be)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise CommandError(f"--app must look like module:attribute, not {spec!r}")
+        raise BadInput(f"--app must look like module:attribute, not {spec!r}")
     # Like other app runners: the current directory is importable.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
+        if exc.name == module_name:  # the module named by --app is not there
+            raise BadInput(f"cannot import {module_name!r}: {exc}") from None
         raise CommandError(f"cannot import {module_name!r}: {exc}") from None
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise CommandError(f"{module_name!r} has no attribute {attr!r}") from None
+            raise BadInput(f"{module_name!r} has no attribute {attr!r}") from None
     if not isinstance(target, Worker | AsyncWorker) and callable(target):
         target = target()
     if not isinstance(target, Worker | AsyncWorker):
-        raise CommandError(f"{spec} is a {type(target).__name__}, not a Worker or AsyncWorker")
+        raise BadInput(f"{spec} is a {type(target).__name__}, not a Worker or AsyncWorker")
     return target
 
 
 def _run(args: argparse.Namespace) -> int:
     if not args.app:
-        raise CommandError("no app: pass --app module:attribute or set ALKSTORE_APP")
+        raise BadInput("no app: pass --app module:attribute or set ALKSTORE_APP")
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    worker = guarded(lambda: load_worker(args.app))
+    worker = load_worker(args.app)
+    # The worker's engine is not --database-url: name it if connecting fails.
+    args.connected_to = describe_url(worker.engine.url.render_as_string())
     queues = args.queues
     if queues is None and os.environ.get("ALKSTORE_QUEUES"):
         queues = [q.strip() for q in os.environ["ALKSTORE_QUEUES"].split(",") if q.strip()]
-    try:
-        worker.configure(queues=queues, concurrency=args.concurrency)
-        if args.shutdown_timeout is not None:
-            if args.shutdown_timeout < 0:
-                raise CommandError("--shutdown-timeout must be 0 or more seconds")
-            worker.shutdown_timeout = args.shutdown_timeout
-    except AlkstoreError as exc:
-        raise CommandError(str(exc)) from None
+    worker.configure(queues=queues, concurrency=args.concurrency)
+    if args.shutdown_timeout is not None:
+        worker.shutdown_timeout = args.shutdown_timeout
     if isinstance(worker, AsyncWorker):
-        guarded(lambda: asyncio.run(worker.run()))
+        asyncio.run(worker.run())
     else:
-        guarded(worker.run)
+        worker.run()
     return 0
