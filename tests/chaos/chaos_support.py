@@ -32,16 +32,25 @@ class Deadline:
         return self.end - time.monotonic()
 
     def wait_for(
-        self, what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05
+        self,
+        what: str,
+        probe: Callable[[], T | None],
+        timeout: float,
+        interval: float = 0.05,
+        show: Callable[[], object] | None = None,
     ) -> T:
-        """Poll ``probe`` until it returns a truthy value, for ``timeout`` s at most."""
+        """Poll ``probe`` until it returns a truthy value, for ``timeout`` s at most.
+
+        ``show`` gives what to print if it never does.
+        """
         end = min(self.end, time.monotonic() + timeout)
         while True:
             value = probe()
             if value:
                 return value
             if time.monotonic() > end:
-                raise AssertionError(f"timed out waiting for {what}")
+                seen = f" (last: {show()!r})" if show is not None else ""
+                raise AssertionError(f"timed out waiting for {what}{seen}")
             time.sleep(interval)
 
 
@@ -85,9 +94,13 @@ class Children:
     def __enter__(self) -> Children:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for child in self.started:
             child.kill()
+        if exc_type is not None:
+            # Shown by pytest with the failure: what each process was doing.
+            for child in self.started:
+                print(f"--- {child.label} (pid {child.pid}):\n{child.output()[-3000:]}")
 
     def start(self, label: str, **env: str) -> Child:
         log = self.workdir / f"{label}.log"
@@ -169,6 +182,13 @@ def in_flight(engine: Engine, schema: str, label: str) -> set[Any]:
     return {r.id for r in found}
 
 
+# psycopg quotes the channel as an identifier, always.
+LISTENER_OF = (
+    "application_name = 'alkstore-listener'"
+    " AND query = 'LISTEN \"' || replace(:channel, '\"', '\"\"') || '\"'"
+)
+
+
 def terminate(engine: Engine, schema: str, app_prefix: str, listener: bool) -> int:
     """``pg_terminate_backend`` this test's backends only; returns how many.
 
@@ -182,10 +202,20 @@ def terminate(engine: Engine, schema: str, app_prefix: str, listener: bool) -> i
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
         " WHERE pid <> pg_backend_pid() AND datname = current_database() AND ("
         " starts_with(application_name, :prefix)"
-        " OR (:listener AND application_name = 'alkstore-listener'"
-        "     AND query = 'LISTEN ' || quote_ident(:channel)))",
+        f" OR (:listener AND {LISTENER_OF}))",
         prefix=app_prefix,
         listener=listener,
         channel=f"alkstore_{schema}",
     )
     return int(found[0][0])
+
+
+def listeners(engine: Engine, schema: str) -> list[int]:
+    """Backend pids of the listening connections on this test schema's channel."""
+    found = rows(
+        engine,
+        schema,
+        f"SELECT pid FROM pg_stat_activity WHERE {LISTENER_OF}",
+        channel=f"alkstore_{schema}",
+    )
+    return [r.pid for r in found]
