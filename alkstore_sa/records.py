@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .limits import MAX_JSON_DEPTH
 from .models.enums import JobState, QueuePolicy
 
 
@@ -48,6 +51,84 @@ class Job:
         values = dict(row)
         values["state"] = JobState(values["state"])
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableJob(Job):
+    """A job row holding values Python cannot represent (written by another client).
+
+    Returned by ``get_job``, ``get_jobs`` and ``list_jobs`` so that one such row never
+    makes them fail; ``fetch`` never returns one: it fails the job instead (see
+    docs/concepts/limits.md). Each field named in :attr:`unreadable` holds a
+    stand-in: ``None`` for JSON, the nearest readable instant for a timestamp.
+    """
+
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Why each unreadable field could not be read, by field name."""
+
+
+# A JSON string (escapes included) or a bracket; brackets inside strings do not nest.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|([\[{])|[\]}]')
+
+
+def json_text_depth_exceeds(text: str, limit: int) -> bool:
+    """Does the JSON ``text`` nest arrays and objects more than ``limit`` levels?
+
+    ``[]`` is one level, as for :func:`alkstore_sa.options.json_depth_exceeds`. Text
+    with at most ``limit`` brackets cannot be deeper, and counting them is cheap, so
+    ordinary documents are never scanned.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        if token.group(1):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token.group()[0] != '"':
+            depth -= 1
+    return False
+
+
+def decode_json(text: str | None) -> tuple[Any, str | None]:
+    """Decode a JSON column read as text: ``(value, None)``, or ``(None, why)`` when
+    the text nests past :data:`~alkstore_sa.limits.MAX_JSON_DEPTH` or does not decode.
+
+    The depth is checked before decoding: Python's decoder recurses once per level
+    and would raise ``RecursionError`` (or exhaust a small thread stack) on it.
+    """
+    if text is None:
+        return None, None
+    if json_text_depth_exceeds(text, MAX_JSON_DEPTH):
+        return None, f"nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        return json.loads(text), None
+    except (RecursionError, ValueError) as exc:
+        return None, f"cannot be decoded: {type(exc).__name__}: {exc}"
+
+
+def read_job(row: Mapping[Any, Any]) -> Job:
+    """A :class:`Job` from a row of :func:`alkstore_sa.sql.reading.readable_columns`.
+
+    Never raises for what the row holds: a row with values Python cannot represent
+    becomes an :class:`UnreadableJob`.
+    """
+    values = dict(row)
+    problems: dict[str, str] = {}
+    marks = values.pop("unreadable")
+    if marks:
+        for mark in marks.split(";"):
+            name, _, stored = mark.partition("=")
+            problems[name] = f"{stored} is outside the range of Python's datetime"
+    for name in ("data", "output"):
+        values[name], problem = decode_json(values[name])
+        if problem is not None:
+            problems[name] = problem
+    values["state"] = JobState(values["state"])
+    if problems:
+        return UnreadableJob(**values, unreadable=problems)
+    return Job(**values)
 
 
 @dataclass(frozen=True, slots=True)

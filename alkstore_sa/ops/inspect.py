@@ -6,7 +6,7 @@ from ..errors import InvalidOptionsError
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..options import check_int
-from ..records import Job
+from ..records import Job, read_job
 from ..sql import inspect as inspect_sql
 from ._core import Call, Context, Op
 from .queues import _require_queue
@@ -30,4 +30,4 @@ def list_jobs(ctx: Context, name: str, state: object, limit: int) -> Op[list[Job
     check_int("limit", limit, minimum=1, maximum=LIST_LIMIT_MAX)
     yield from _require_queue(ctx, name)
     result = yield Call(inspect_sql.list_jobs(wanted), {"qname": name, "limit": limit})
-    return [Job.from_row(row) for row in result.mappings().all()]
+    return [read_job(row) for row in result.mappings().all()]

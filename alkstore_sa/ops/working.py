@@ -13,11 +13,13 @@ from sqlalchemy import Executable
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..names import validate_queue
-from ..records import Job, Settled
+from ..records import Job, Settled, UnreadableJob, read_job
 from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
+from ..sql import reading as reading_sql
 from ..sql import settle as settle_sql
 from ._core import Call, Conflict, Context, Op
+from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import _require_queue, get_queue
 from .sending import send_many
 
@@ -61,23 +63,73 @@ def _claim(
         priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
     )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
+    jobs: list[Job] = []
+    # Poison rows (see ops/poison.py) are failed and left out; while there were
+    # some, claim again for the free places, so jobs queued behind them are not
+    # kept waiting for the next poll. Each round fails at least one job, and the
+    # rounds are bounded so a queue full of poison cannot hold one fetch long.
+    for _ in range(_POISON_ROUNDS):
+        want = batch_size - len(jobs)
+        claimed, poisoned = yield from _claim_once(
+            ctx, name, aware, stmt, {**params, "limit": want}, priority, ignore_start_after
+        )
+        jobs.extend(claimed)
+        if not poisoned or len(jobs) >= batch_size:
+            break
+    return jobs
+
+
+_POISON_ROUNDS = 4
+
+
+def _claim_once(
+    ctx: Context,
+    name: str,
+    aware: bool,
+    stmt: Executable,
+    params: dict[str, Any],
+    priority: bool,
+    ignore_start_after: bool,
+) -> Op[tuple[list[Job], int]]:
+    """One claim: the jobs it activated and how many poison jobs it failed."""
+    poisoned = 0
     if aware:
         # Lock the keys first, in their own statement (see sql/fetch.py).
         locked = yield Call(
             fetch_sql.lock_keys(priority=priority, ignore_start_after=ignore_start_after),
             {**params, "lock_schema": ctx.schema},
         )
-        params["keys"] = list(locked.scalars().all())
-        if not params["keys"]:
-            return []
+        keys = list(locked.scalars().all())
+        # A key too large for the unique index would make the claim statement
+        # fail as a whole on activation: its jobs are failed instead, and the
+        # claim takes the other keys. We hold the key's lock, so no fetcher of
+        # ours races us for those jobs.
+        oversized = [k for k in keys if key_too_large(k)]
+        if oversized:
+            poisoned = yield from fail_unclaimable_keys(
+                ctx, name, oversized, params, priority, ignore_start_after
+            )
+            keys = [k for k in keys if not key_too_large(k)]
+        params["keys"] = keys
+        if not keys:
+            return [], poisoned
     try:
         result = yield Call(stmt, params, savepoint=aware)
     except Conflict:
         # A client that takes no key locks (Node pg-boss) activated a job of the
         # same key first, or deadlocked with us: pg-boss answers with no jobs,
         # and so do we.
-        return []
-    return [Job.from_row(row) for row in result.mappings().all()]
+        return [], poisoned
+    jobs = [read_job(row) for row in result.mappings().all()]
+    unreadable = [j for j in jobs if isinstance(j, UnreadableJob)]
+    if not unreadable:
+        return jobs, poisoned
+    # Activated but unreadable: fail them in the same transaction, so the
+    # caller never sees them and nobody runs them with stand-in values.
+    poisoned += yield from fail_poison(
+        ctx, name, [(j.id, "read", j.unreadable) for j in unreadable]
+    )
+    return [j for j in jobs if not isinstance(j, UnreadableJob)], poisoned
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,8 +331,11 @@ def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
 
 def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
     validate_queue(name)
-    result = yield Call(settle_sql.get_jobs(), {"qname": name, "ids": opt.job_ids(ids)})
-    jobs = [Job.from_row(r) for r in result.mappings().all()]
+    # Through readable_columns: a row Python cannot represent comes back as an
+    # UnreadableJob instead of failing the whole call.
+    stmt = reading_sql.readable(settle_sql.get_jobs())
+    result = yield Call(stmt, {"qname": name, "ids": opt.job_ids(ids)})
+    jobs = [read_job(r) for r in result.mappings().all()]
     yield from _found_or_missing(ctx, name, jobs)
     return jobs
 

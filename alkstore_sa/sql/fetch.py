@@ -26,19 +26,25 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
+    cast,
+    column,
+    delete,
     func,
     literal_column,
     not_,
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from ..models.enums import JobState
 from ._common import JOB, QUEUE, advisory_key, state, state_text
+from .fail import _fail_from as fail_from
+from .reading import readable_columns
 
 RACY_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers the ``active`` state: activating a job can conflict."""
@@ -186,4 +192,63 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
         .returning(*j.c)
         .cte("claimed")
     )
-    return select(*claimed.c).order_by(*_order(claimed.c, priority))
+    # Returned through readable_columns: a row another client wrote with values
+    # Python cannot hold must not make reading the whole batch fail (the caller
+    # fails that job instead, see ops/working.py).
+    return select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority))
+
+
+@functools.cache
+def keyed_jobs(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
+    """``(id, singleton_key)`` of up to ``:limit`` jobs of queue ``:qname`` that a
+    singleton-aware claim could take, with their keys in ``:keys``, row-locked
+    (``SKIP LOCKED``) for the caller to fail.
+
+    For keys too large for the unique index that activation enters: such a job
+    can never be activated, so it is failed instead (see ops/working.py).
+    """
+    j = JOB
+    conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=True)
+    conditions.append(_key(j.c.singleton_key) == func.any(bindparam("keys", type_=ARRAY(Text))))
+    return (
+        select(j.c.id, j.c.singleton_key)
+        .where(and_(*conditions))
+        .order_by(*_order(j.c, priority))
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+    )
+
+
+@functools.cache
+def fail_poison() -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
+
+    For jobs that can never run (a row no worker can read or activate): the
+    normal fail statement, so the job is dead-lettered like any failed job, but
+    with no retry left, because retrying a row that cannot be read or activated
+    would only fail again. ``retry_limit`` is lowered to ``retry_count`` for that,
+    which also leaves the record saying how many attempts there were.
+    Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("outputs", type_=ARRAY(Text())),
+        )
+        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
+        .render_derived()
+    )
+    returned = [
+        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
+    ]
+    deleted = (
+        delete(JOB)
+        .where(
+            JOB.c.name == bindparam("qname", type_=Text),
+            JOB.c.id == src.c.id,
+            JOB.c.state < state_text(JobState.COMPLETED),
+        )
+        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
+        .cte("deleted")
+    )
+    return fail_from(deleted)

@@ -1,0 +1,88 @@
+"""Job columns in a form every row can be read in, whatever another client wrote.
+
+PostgreSQL stores values that Python cannot hold: timestamps before year 1 or
+after year 9999 (and ``infinity``), and JSON nested deeper than Python's decoder
+recurses. Read as they are, one such row makes the driver raise while it reads the
+result, so the whole statement fails: for the claim that means every later fetch of
+the queue fails on the same row. These columns make reading never fail:
+
+* each timestamp is clamped into a range that converts to a Python datetime in any
+  session time zone, and ``unreadable`` names the columns that were clamped together
+  with their stored text, so the reader knows the value is a stand-in;
+* ``data`` and ``output`` come back as JSON text, decoded per row by
+  :func:`alkstore_sa.records.read_job`, which checks the nesting depth first.
+
+For rows that are fine this costs a few comparisons per row in the database and no
+extra round trip; JSON is decoded in Python either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Select,
+    Text,
+    case,
+    cast,
+    func,
+    literal_column,
+    or_,
+    select,
+)
+
+from ._common import JOB
+
+# timestamptz columns are converted to the session time zone by the driver, which
+# may be up to a day away from UTC: one day of margin at each end keeps the converted
+# value inside Python's years 1 to 9999.
+_TZ_LOW = "'0001-01-02 00:00:00+00'"
+_TZ_HIGH = "'9999-12-30 00:00:00+00'"
+# singleton_on (timestamp without time zone) is read as stored, so its range is exact.
+_NAIVE_LOW = "'0001-01-01 00:00:00'"
+_NAIVE_HIGH = "'9999-12-31 23:59:59.999999'"
+
+TIMESTAMP_COLUMNS = tuple(c.name for c in JOB.c if isinstance(c.type, DateTime))
+JSON_COLUMNS = ("data", "output")
+
+UNREADABLE = "unreadable"
+"""Label of the column listing clamped timestamps as ``name=stored text;...`` (or NULL)."""
+
+
+def _bound(text: str, aware: bool) -> ColumnElement[Any]:
+    return cast(literal_column(text), DateTime(timezone=aware))
+
+
+def readable_columns(columns: Any) -> list[ColumnElement[Any]]:
+    """The job columns of ``columns`` (a table's or a CTE's ``.c``), each labelled
+    with its own name, plus :data:`UNREADABLE`. See the module docstring."""
+    out: list[ColumnElement[Any]] = []
+    marks: list[ColumnElement[Any]] = []
+    for name in (c.name for c in JOB.c):
+        column = columns[name]
+        if name in JSON_COLUMNS:
+            out.append(cast(column, Text).label(name))
+        elif name in TIMESTAMP_COLUMNS:
+            aware = bool(getattr(JOB.c[name].type, "timezone", False))
+            low = _bound(_TZ_LOW if aware else _NAIVE_LOW, aware)
+            high = _bound(_TZ_HIGH if aware else _NAIVE_HIGH, aware)
+            too_high = column >= high if aware else column > high
+            out.append(case((column < low, low), (too_high, high), else_=column).label(name))
+            stored = literal_column(f"'{name}='", Text) + cast(column, Text)
+            marks.append(case((or_(column < low, too_high), stored)))
+        else:
+            out.append(column.label(name))
+    # concat_ws skips NULLs: rows that are fine give '' and so NULL.
+    out.append(func.nullif(func.concat_ws(";", *marks), "").label(UNREADABLE))
+    return out
+
+
+def readable(stmt: Select[Any]) -> Select[Any]:
+    """``stmt`` (selecting every job column) with its rows read as :func:`readable_columns`.
+
+    For statements without an ORDER BY: the outer select does not keep an inner order.
+    """
+    inner = stmt.subquery("j")
+    return select(*readable_columns(inner.c))
