@@ -1,0 +1,639 @@
+"""Every Python example in README.md and docs/ runs, so a doc example that breaks fails the tests.
+
+How a page is run (one test per page):
+
+- Its ```` ```python ```` blocks run **in order, in one namespace**, since later blocks build on
+  earlier ones. A block that is not meant to run is marked in the markdown by the line
+  ``<!-- not-run: why -->`` right before its fence (invisible once rendered); keep those rare.
+- The only change made to the text is the **URL rule**: every ``postgresql+psycopg://...``
+  literal becomes the URL of a database created for this test (``docs_<random>``, dropped
+  after), because the examples use the default schema ``pgboss``.
+- Names the reader's application supplies (``order``, ``deliver``, ``mailer``, ``myapp.jobs``,
+  an engine...) come from the page's **prelude** in :data:`PAGES`, which also does the setup the
+  page describes in prose or in shell (``alkstore db upgrade``: ``migrate.upgrade``).
+- Top-level ``await`` is allowed, as in ``python -m asyncio``; all blocks of a page share one
+  event loop.
+- A block that calls ``worker.run()`` would block until SIGINT/SIGTERM. While each block runs,
+  a watcher thread waits until a worker created by the block has fetched jobs and its queues
+  hold no due unfinished job, then calls the documented ``stop()`` (from another thread, as
+  ``Worker.stop`` allows; ``AsyncWorker.stop`` on the page's loop).
+- Blocks that define pytest tests (``docs/how-to/testing.md``) are written, after the page's
+  prelude imports, into a test module that an inner ``pytest.main`` runs; every test the page
+  defines must pass.
+- After the page, its ``check`` asserts what the examples should have done (the job rows, the
+  handlers' calls), so an example that runs without error but stores the wrong thing fails.
+
+``docs/how-to/alembic.md`` is not collected here: its blocks belong to an Alembic ``env.py``
+and a migration, and its own test runs them inside a temporary Alembic project.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import datetime as dt
+import inspect
+import re
+import sys
+import textwrap
+import threading
+import time
+import types
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.pool import NullPool
+
+from alkstore_sa import AsyncWorker, QueueService, Worker, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SKIPPED_PAGES = frozenset({"docs/how-to/alembic.md"})
+"""Pages whose Python blocks another test runs (see the module docstring)."""
+
+FENCE_OPEN = re.compile(r"^```python\s*$")
+FENCE_CLOSE = re.compile(r"^```\s*$")
+NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<reason>\S.*?)\s*-->\s*$")
+URL = re.compile(r"postgresql\+psycopg://[^\s\"'`]+")
+
+WORKER_DEADLINE = 30.0
+"""Seconds a block's worker may take before it is stopped anyway (and the check fails)."""
+
+
+# ---------------------------------------------------------------- collecting the blocks
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ```` ```python ```` block of a page."""
+
+    page: str
+    line: int  # line of the first line of code, 1-based
+    code: str
+    not_run: str | None  # the reason given by a not-run marker, if any
+
+
+def blocks_of(page: str) -> list[Block]:
+    """The Python blocks of ``page`` (a path relative to the repository), in order."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if not FENCE_OPEN.match(lines[i]):
+            i += 1
+            continue
+        marker = NOT_RUN.match(lines[i - 1]) if i > 0 else None
+        start = i + 1
+        end = start
+        while end < len(lines) and not FENCE_CLOSE.match(lines[end]):
+            end += 1
+        if end == len(lines):
+            raise AssertionError(f"{page}:{i + 1}: unclosed ```python block")
+        code = "\n".join(lines[start:end]) + "\n"
+        found.append(Block(page, start + 1, code, marker["reason"] if marker else None))
+        i = end + 1
+    return found
+
+
+def pages_with_examples() -> list[str]:
+    """README.md and docs/**/*.md that have Python blocks, except :data:`SKIPPED_PAGES`."""
+    candidates = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pages = [p.relative_to(ROOT).as_posix() for p in candidates]
+    return [p for p in pages if p not in SKIPPED_PAGES and blocks_of(p)]
+
+
+def with_database(code: str, url: str) -> str:
+    """The URL rule: every ``postgresql+psycopg://`` literal names the page's database."""
+    return URL.sub(url, code)
+
+
+def compiled(block: Block, url: str) -> types.CodeType:
+    # Padding with newlines makes tracebacks point at the markdown's own line numbers.
+    source = "\n" * (block.line - 1) + with_database(block.code, url)
+    code: types.CodeType = compile(
+        source, str(ROOT / block.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    )
+    return code
+
+
+# ---------------------------------------------------------------- a database per page
+
+
+@pytest.fixture
+def page_url(database_url: str) -> Iterator[str]:
+    """A fresh database on the test server for one page; dropped afterwards."""
+    name = "docs_" + uuid.uuid4().hex[:12]
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            # Anything the examples left connected (a pool, a listener) would block the drop.
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@dataclass
+class Ctx:
+    """What a prelude and a check get: the page's database, and an engine of the harness."""
+
+    url: str
+    engine: Engine
+    tmp_path: Path
+    loop: asyncio.AbstractEventLoop
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def sql(self, statement: str, **params: Any) -> list[Any]:
+        with self.engine.begin() as conn:
+            result = conn.execute(text(statement), params)
+            return list(result.all()) if result.returns_rows else []
+
+    def jobs(self, queue: str) -> list[Any]:
+        return self.sql(
+            "SELECT id, state::text AS state, data, output, priority, singleton_key, retry_limit"
+            " FROM pgboss.job WHERE name = :q ORDER BY created_on, id",
+            q=queue,
+        )
+
+    def service(self, fn: Callable[[QueueService], Any]) -> Any:
+        with Session(self.engine) as session, session.begin():
+            return fn(QueueService(session))
+
+
+# ---------------------------------------------------------------- the reader's application
+
+
+class AppBase(DeclarativeBase):
+    """Metadata of the stand-in application models, apart from the library's."""
+
+
+class Order(AppBase):
+    __tablename__ = "orders"
+    id: Mapped[int] = mapped_column(primary_key=True)  # autoincrement, as in most apps
+    item: Mapped[str] = mapped_column(default="")
+    shipped: Mapped[bool] = mapped_column(default=False)
+
+
+class Invoice(AppBase):
+    __tablename__ = "invoices"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    customer: Mapped[str] = mapped_column(default="")
+    order_id: Mapped[int | None] = mapped_column(default=None)
+
+
+class Recorder:
+    """Stands for the app's mailer or HTTP client: records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((args, kwargs))
+
+    async def post(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((args, kwargs))
+
+
+def install_schema(ctx: Ctx) -> None:
+    """What ``alkstore db upgrade --database-url ...`` does, plus the app's own tables."""
+    migrate.upgrade(ctx.engine, "pgboss")
+    AppBase.metadata.create_all(ctx.engine)
+
+
+def finished(ctx: Ctx, queue: str) -> list[Any]:
+    return [j for j in ctx.jobs(queue) if j.state == "completed"]
+
+
+# ---------------------------------------------------------------- the pages
+
+
+@dataclass
+class Page:
+    """How to run one page: its prelude, steps between blocks, and what to check after."""
+
+    prelude: Callable[[Ctx], dict[str, Any]]
+    check: Callable[[Ctx, dict[str, Any]], None]
+    before_block: dict[int, Callable[[Ctx], None]] = field(default_factory=dict)
+    pytest_tests: int | None = None  # the page defines this many pytest tests
+    cleanup: Callable[[Ctx], None] | None = None  # undoes what the page did to the process
+
+
+def readme_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    delivered: list[Any] = []
+    ctx.notes["delivered"] = delivered
+    return {"order": Order(item="book"), "deliver": delivered.append}
+
+
+def readme_five_minutes_pass(ctx: Ctx) -> None:
+    # The README sends with start_after=5 minutes; the worker block runs "later".
+    ctx.sql("UPDATE pgboss.job SET start_after = now() WHERE name = 'emails'")
+
+
+def readme_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [order_id] = [row.id for row in ctx.sql("SELECT id FROM orders")]
+    [job] = ctx.jobs("emails")
+    assert job.data == {"order": order_id}
+    assert job.singleton_key == f"order-{order_id}" and job.priority == 5
+    assert job.state == "completed" and job.output == {"sent": True}
+    assert ctx.notes["delivered"] == [order_id]
+
+
+def quickstart_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    ctx.notes["mailer"] = mailer = Recorder()
+    return {"Order": Order, "mailer": mailer}
+
+
+def quickstart_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [order_id] = [row.id for row in ctx.sql("SELECT id FROM orders")]
+    [job] = ctx.jobs("emails")
+    assert job.data == {"order": order_id}
+    assert job.state == "completed" and job.output == {"sent": True}
+    assert ctx.notes["mailer"].calls == [((order_id,), {})]
+    assert ctx.jobs("emails-dlq") == []
+
+
+def enqueue_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    ctx.service(lambda jobs: jobs.create_queue("invoices.render"))
+    return {
+        "engine": create_engine(ctx.url),
+        "async_engine": create_async_engine(ctx.url),
+        "Invoice": Invoice,
+    }
+
+
+def enqueue_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    invoice_ids = [row.id for row in ctx.sql("SELECT id FROM invoices ORDER BY id")]
+    assert len(invoice_ids) == 2
+    assert [job.data for job in ctx.jobs("invoices.render")] == [
+        {"invoice": i} for i in invoice_ids
+    ]
+
+
+def workers_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+
+    def setup(jobs: QueueService) -> None:
+        for queue in ("emails", "webhooks", "invoices"):
+            jobs.create_queue(queue)
+        jobs.send("emails", {"to": "ada@example.com", "subject": "Welcome"})
+        jobs.send("webhooks", {"url": "https://example.com/hook", "body": {"event": "paid"}})
+
+    ctx.service(setup)
+    ctx.notes["mailer"] = mailer = Recorder()
+    ctx.notes["http"] = http = Recorder()
+    return {"mailer": mailer, "http": http, "Invoice": Invoice}
+
+
+def workers_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    from alkstore_sa.testing import drain
+
+    [email] = finished(ctx, "emails")
+    assert email.output == {"sent": True}
+    assert ctx.notes["mailer"].calls == [((), {"to": "ada@example.com", "subject": "Welcome"})]
+    assert len(finished(ctx, "webhooks")) == 1
+    assert ctx.notes["http"].calls == [(("https://example.com/hook",), {"json": {"event": "paid"}})]
+    # The transactional handler of the last block, run the documented way for tests.
+    ctx.service(lambda jobs: jobs.send("invoices", {"order": 7}))
+    result = drain(ctx.engine, ns["worker"])
+    assert (result.completed, result.failed) == (1, 0)
+    assert [row.order_id for row in ctx.sql("SELECT order_id FROM invoices")] == [7]
+
+
+def supervision_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+
+    def send(jobs: QueueService) -> None:
+        jobs.create_queue("emails")
+        jobs.create_queue("reports", retry_limit=2)
+        for n in range(3):
+            jobs.send("emails", {"n": n})
+        jobs.send("reports", {"month": 5})
+
+    def work(jobs: QueueService) -> None:
+        # A transaction of its own: within the sending one, now() has not passed start_after.
+        done = jobs.fetch("emails", batch_size=3)
+        assert jobs.complete("emails", [job.id for job in done]).count == 3
+        assert len(jobs.fetch("reports")) == 1
+
+    ctx.service(send)
+    ctx.service(work)
+    # The report job's worker crashed an hour ago: its lease has run out.
+    ctx.sql("UPDATE pgboss.job SET started_on = now() - interval '1 hour' WHERE name = 'reports'")
+    [now] = ctx.sql("SELECT now()")
+    warnings: list[Any] = []
+    ctx.notes["warnings"] = warnings
+    return {"engine": create_engine(ctx.url), "alert": warnings.append, "start": now[0]}
+
+
+def supervision_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [report] = ctx.jobs("reports")
+    assert report.state == "retry" and report.output == {"value": {"message": "job timed out"}}
+    assert ctx.jobs("emails") == []  # deleted by the fake-clock pass
+    assert isinstance(ns["clock"].now(), dt.datetime)
+
+
+def interop_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    ctx.service(lambda jobs: jobs.create_queue("emails"))
+    return {"engine": create_engine(ctx.url)}
+
+
+def interop_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [job] = ctx.jobs("emails")
+    assert job.data == {"to": "a@example.com"}
+    assert (job.priority, job.retry_limit, job.state) == (5, 3, "created")
+
+
+def limits_prelude(ctx: Ctx) -> dict[str, Any]:
+    import alkstore_sa.limits
+
+    install_schema(ctx)
+    ctx.service(lambda jobs: jobs.create_queue("uploads"))
+    ctx.notes["max_payload"] = alkstore_sa.limits.MAX_PAYLOAD_BYTES
+    return {}
+
+
+def limits_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    # A 2 MiB payload, over the default 1 MiB limit, is accepted once the page raised it.
+    data = {"blob": "x" * (2 * 1024 * 1024)}
+    assert ctx.service(lambda jobs: jobs.send("uploads", data)) is not None
+
+
+def limits_cleanup(ctx: Ctx) -> None:
+    import alkstore_sa.limits
+
+    if "max_payload" in ctx.notes:
+        alkstore_sa.limits.MAX_PAYLOAD_BYTES = ctx.notes["max_payload"]
+
+
+MYAPP = '''
+"""Stand-in for the reader's application, as testing.md assumes it."""
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from alkstore_sa import QueueService
+from test_docs_examples import Order
+
+
+class EmailTaken(Exception):
+    pass
+
+
+def signup(session, email):
+    if email.startswith("taken@"):
+        raise EmailTaken(email)
+    QueueService(session).send("emails", {"to": email})
+
+
+def signup_with(jobs, email):
+    jobs.send("emails", {"to": email})
+
+
+def send_email(job):
+    return {"sent": True}
+
+
+def place_order(engine, item):
+    with Session(engine) as session, session.begin():
+        order = Order(item=item)
+        session.add(order)
+        session.flush()
+        QueueService(session).send("orders.ship", {"order": order.id})
+
+
+def shipped_orders(engine):
+    with Session(engine) as session:
+        return list(session.scalars(select(Order.item).where(Order.shipped).order_by(Order.id)))
+'''
+
+MYAPP_JOBS = """
+from sqlalchemy import create_engine
+from alkstore_sa import Worker
+from test_docs_examples import Order
+
+worker = Worker(create_engine({url!r}))
+
+
+@worker.handler("orders.ship", transactional=True)
+def ship(job, session):
+    session.get(Order, job.data["order"]).shipped = True
+"""
+
+
+def apptests_prelude(ctx: Ctx) -> dict[str, Any]:
+    # The doc's engine fixture installs the queue schema; the app's tables are the app's.
+    AppBase.metadata.create_all(ctx.engine)
+    app = ctx.tmp_path / "myapp"
+    app.mkdir()
+    (app / "__init__.py").write_text(MYAPP)
+    (app / "jobs.py").write_text(MYAPP_JOBS.format(url=ctx.url))
+    header = (
+        "from myapp import EmailTaken, place_order, send_email, shipped_orders, signup,"
+        " signup_with\n"
+    )
+    return {"__header__": header}
+
+
+def apptests_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert [row.shipped for row in ctx.sql("SELECT shipped FROM orders")] == [True]
+
+
+PAGES: dict[str, Page] = {
+    "README.md": Page(readme_prelude, readme_check, before_block={1: readme_five_minutes_pass}),
+    "docs/quickstart.md": Page(quickstart_prelude, quickstart_check),
+    "docs/how-to/enqueue-in-transaction.md": Page(enqueue_prelude, enqueue_check),
+    "docs/how-to/workers.md": Page(workers_prelude, workers_check),
+    "docs/how-to/supervision.md": Page(supervision_prelude, supervision_check),
+    "docs/how-to/node-interop.md": Page(interop_prelude, interop_check),
+    "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
+    "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
+}
+
+
+# ---------------------------------------------------------------- running a page
+
+
+def workers_in(ns: dict[str, Any]) -> list[Worker | AsyncWorker]:
+    return [v for v in ns.values() if isinstance(v, Worker | AsyncWorker)]
+
+
+def due_unfinished(ctx: Ctx, queues: list[str]) -> int:
+    [row] = ctx.sql(
+        "SELECT count(*) FROM pgboss.job WHERE name = ANY(:queues)"
+        " AND (state = 'active' OR (state < 'active' AND start_after <= now()))",
+        queues=queues,
+    )
+    return int(row[0])
+
+
+class WorkerStopper:
+    """Stops the workers a block starts with ``run()`` once their due jobs are finished."""
+
+    def __init__(self, ctx: Ctx, ns: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.ns = ns
+        self.before = {id(w) for w in workers_in(ns)}
+        self.done = threading.Event()
+        self.stopped: list[Worker | AsyncWorker] = []
+        self.thread = threading.Thread(target=self._watch, name="docs-stopper", daemon=True)
+
+    def __enter__(self) -> WorkerStopper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(WORKER_DEADLINE + 10)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + WORKER_DEADLINE
+        while not self.done.wait(0.1):
+            for worker in workers_in(self.ns):
+                if id(worker) in self.before or worker in self.stopped:
+                    continue
+                counts = worker.stats()
+                fetched = sum(c.fetched for c in counts.values())
+                idle = fetched > 0 and due_unfinished(self.ctx, list(worker.specs)) == 0
+                if idle or time.monotonic() > deadline:
+                    self.stopped.append(worker)
+                    self._stop(worker)
+
+    def _stop(self, worker: Worker | AsyncWorker) -> None:
+        if isinstance(worker, Worker):
+            worker.stop()
+        else:
+            asyncio.run_coroutine_threadsafe(worker.stop(), self.ctx.loop).result(60)
+
+
+def run_blocks(ctx: Ctx, page: str, ns: dict[str, Any]) -> None:
+    spec = PAGES[page]
+    for index, block in enumerate(b for b in blocks_of(page) if b.not_run is None):
+        if index in spec.before_block:
+            spec.before_block[index](ctx)
+        code = compiled(block, ctx.url)
+        with WorkerStopper(ctx, ns):
+            if code.co_flags & inspect.CO_COROUTINE:
+                ctx.loop.run_until_complete(types.FunctionType(code, ns)())
+            else:
+                exec(code, ns)
+
+
+def run_as_pytest_module(ctx: Ctx, page: str, header: str, expected: int) -> None:
+    """Write the page's blocks into a test module and run it with an inner pytest."""
+    code = [with_database(b.code, ctx.url) for b in blocks_of(page) if b.not_run is None]
+    module = ctx.tmp_path / "test_page.py"
+    module.write_text(header + "\n" + "\n\n".join(code))
+    (ctx.tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+    )
+
+    outcomes: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
+
+    class Outcomes:
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            if report.when == "call" or report.outcome != "passed":
+                outcomes[report.outcome].append(report.nodeid)
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ctx.tmp_path))
+    try:
+        code_ = pytest.main(
+            [str(module), "-q", "-p", "no:cacheprovider", "--import-mode=importlib"],
+            plugins=[Outcomes()],
+        )
+    finally:
+        sys.path.remove(str(ctx.tmp_path))
+        sys.path.remove(str(ROOT / "tests"))
+        for name in [m for m in sys.modules if m == "myapp" or m.startswith("myapp.")]:
+            jobs = sys.modules.pop(name)
+            engine = getattr(getattr(jobs, "worker", None), "engine", None)
+            if isinstance(engine, Engine):
+                engine.dispose()
+    assert code_ == pytest.ExitCode.OK, f"{page}: the examples' tests failed: {outcomes}"
+    assert len(outcomes["passed"]) == expected, outcomes
+
+
+def dispose_engines(ctx: Ctx, ns: dict[str, Any]) -> None:
+    engines = [v for v in ns.values() if isinstance(v, Engine | AsyncEngine)]
+    engines += [w.engine for w in workers_in(ns)]
+    for engine in engines:
+        if isinstance(engine, AsyncEngine):
+            ctx.loop.run_until_complete(engine.dispose())
+        else:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("page", pages_with_examples())
+def test_the_python_examples_of_the_page_run(page: str, page_url: str, tmp_path: Path) -> None:
+    spec = PAGES.get(page)
+    assert spec is not None, f"{page} has Python examples: give it an entry in PAGES"
+    loop = asyncio.new_event_loop()
+    ctx = Ctx(page_url, create_engine(page_url), tmp_path, loop)
+    ns: dict[str, Any] = {"__name__": "__docs__"}
+    try:
+        ns.update(spec.prelude(ctx))
+        if spec.pytest_tests is not None:
+            run_as_pytest_module(ctx, page, ns.pop("__header__", ""), spec.pytest_tests)
+        else:
+            run_blocks(ctx, page, ns)
+        spec.check(ctx, ns)
+    finally:
+        if spec.cleanup is not None:
+            spec.cleanup(ctx)
+        dispose_engines(ctx, ns)
+        ctx.engine.dispose()
+        loop.close()
+
+
+# ---------------------------------------------------------------- the collector itself
+
+
+def test_every_page_with_python_examples_is_run_and_every_entry_is_a_page() -> None:
+    assert sorted(pages_with_examples()) == sorted(PAGES)
+
+
+def test_the_url_rule_replaces_only_database_url_literals() -> None:
+    code = 'create_engine("postgresql+psycopg://app@db/app", echo=True)  # postgresql://x\n'
+    assert with_database(code, "postgresql+psycopg://u@h:5/docs_x") == (
+        'create_engine("postgresql+psycopg://u@h:5/docs_x", echo=True)  # postgresql://x\n'
+    )
+
+
+def test_a_block_marked_not_run_is_collected_with_its_reason(tmp_path: Path) -> None:
+    md = textwrap.dedent(
+        """\
+        <!-- not-run: needs Node -->
+        ```python
+        boss.start()
+        ```
+
+        ```python
+        x = 1
+        ```
+        """
+    )
+    page = tmp_path / "page.md"
+    page.write_text(md)
+    found = blocks_of(str(page))  # an absolute path: ROOT / it is the path itself
+    assert [(b.line, b.not_run, b.code) for b in found] == [
+        (3, "needs Node", "boss.start()\n"),
+        (7, None, "x = 1\n"),
+    ]
