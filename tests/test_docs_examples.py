@@ -24,7 +24,7 @@ How a page is run (one test per page):
   handlers' calls), so an example that runs without error but stores the wrong thing fails.
 
 ``docs/how-to/alembic.md`` is not collected here: its blocks belong to an Alembic ``env.py``
-and a migration, and its own test runs them inside a temporary Alembic project.
+and a migration, and ``tests/test_alembic_app.py`` runs them inside a throw-away Alembic project.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from alkstore_sa import AsyncWorker, QueueService, Worker, migrate
 ROOT = Path(__file__).resolve().parent.parent
 
 SKIPPED_PAGES = frozenset({"docs/how-to/alembic.md"})
-"""Pages whose Python blocks another test runs (see the module docstring)."""
+"""Pages whose Python blocks another test runs: alembic.md's, tests/test_alembic_app.py."""
 
 FENCE_OPEN = re.compile(r"^```python\s*$")
 FENCE_CLOSE = re.compile(r"^```\s*$")
