@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -35,8 +36,15 @@ from support.schemas import (
     throwaway,
 )
 
-from alkstore_sa import SchemaNotInstalledError, SchemaVersionError, alembic_filters, migrate
+from alkstore_sa import (
+    ForeignRevisionError,
+    SchemaNotInstalledError,
+    SchemaVersionError,
+    alembic_filters,
+    migrate,
+)
 from alkstore_sa.cli import main
+from alkstore_sa.migrations import VERSIONS_DIR, foreign_revisions
 from alkstore_sa.models import metadata as alkstore_metadata
 
 REPO = Path(__file__).resolve().parent.parent
@@ -529,3 +537,119 @@ def test_developer_environment_writes_new_revisions_on_the_alkstore_branch(
     assert "schema = schema_name()" in written
     assert Path(script.path).parent == tmp_path
     compile(written, script.path, "exec")  # the template renders valid Python
+
+
+# --------------------------------------------------------------------- foreign revisions
+
+# What `alembic revision --autogenerate` wrote into the package for the user of
+# docs/how-to/alembic.md before the page showed how to start an app's own branch.
+STRAY_REVISION = """
+from alembic import op
+import sqlalchemy as sa
+
+from alkstore_sa.migrations import schema_name
+
+revision = "4f1c0a2b9d3e"
+down_revision = "alkstore_0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True), schema=schema_name())
+
+
+def downgrade():
+    op.drop_table("orders", schema=schema_name())
+"""
+
+
+@pytest.fixture
+def versions_copy(tmp_path: Path) -> Path:
+    """A copy of the package's versions folder (never write into the package itself)."""
+    copy = tmp_path / "versions"
+    copy.mkdir()
+    for path in VERSIONS_DIR.glob("*.py"):
+        shutil.copy(path, copy / path.name)
+    return copy
+
+
+@pytest.fixture
+def stray(versions_copy: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The copy, with an application's revision in it, used by alkstore_sa.migrate."""
+    path = versions_copy / "4f1c0a2b9d3e_create_orders.py"
+    path.write_text(STRAY_REVISION)
+    monkeypatch.setattr(migrate, "VERSION_LOCATION", str(versions_copy))
+    return path
+
+
+def test_the_package_versions_folder_holds_only_alkstore_revisions() -> None:
+    assert sorted(p.name for p in VERSIONS_DIR.glob("*.py")) != []
+    assert foreign_revisions() == []
+
+
+def test_foreign_revisions_are_told_by_the_revision_id_they_declare(versions_copy: Path) -> None:
+    (versions_copy / "4f1c_app.py").write_text(STRAY_REVISION)
+    (versions_copy / "no_revision.py").write_text("x = 1\n")
+    (versions_copy / "broken.py").write_text("revision = (\n")
+    (versions_copy / "alkstore_0002_next.py").write_text('revision: str = "alkstore_0002"\n')
+    # Files Alembic does not load as revisions are not looked at.
+    (versions_copy / "__init__.py").write_text("")
+    (versions_copy / ".#alkstore_0001_schema26.py").write_text("")
+    (versions_copy / "README").write_text("")
+    found = [p.name for p in foreign_revisions(versions_copy)]
+    assert found == ["4f1c_app.py", "broken.py", "no_revision.py"]
+
+
+@pytest.mark.parametrize("call", ["upgrade", "downgrade", "offline_sql"])
+def test_migrate_refuses_a_foreign_revision_before_running_anything(
+    engine: Engine, fresh: str, stray: Path, call: str
+) -> None:
+    with pytest.raises(ForeignRevisionError) as caught:
+        if call == "offline_sql":
+            migrate.offline_sql(fresh)
+        else:
+            getattr(migrate, call)(engine, fresh)
+    message = str(caught.value)
+    assert str(stray) in message and "'4f1c0a2b9d3e'" in message
+    assert "Move it to your application's own versions folder" in message
+    assert "--head base --branch-label myapp --version-path migrations/versions" in message
+    assert caught.value.paths == (str(stray),)
+    assert not schema_exists(engine, fresh)
+
+
+def test_migrate_refuses_a_foreign_revision_before_connecting(stray: Path) -> None:
+    # Nothing listens on port 1: reaching the database would raise OperationalError.
+    with pytest.raises(ForeignRevisionError):
+        migrate.upgrade("postgresql://nobody@127.0.0.1:1/nothing", "pgboss")
+
+
+def test_migrate_runs_from_the_copy_once_the_foreign_revision_is_gone(
+    engine: Engine, fresh: str, stray: Path
+) -> None:
+    # The control case: the copy is what migrate uses, and only the stray file is refused.
+    stray.unlink()
+    migrate.upgrade(engine, fresh)
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+
+
+def test_the_package_environment_refuses_a_foreign_revision(
+    engine: Engine, database_url: str, fresh: str, stray: Path
+) -> None:
+    # Called through Alembic's own command, the package's env.py checks its locations.
+    cfg = migrate.alembic_config(fresh, url=database_url)
+    cfg.set_main_option("version_locations", str(stray.parent))
+    with pytest.raises(ForeignRevisionError, match="4f1c0a2b9d3e"):
+        command.upgrade(cfg, "heads")
+    assert not schema_exists(engine, fresh)
+
+
+def test_the_revision_hook_chains_the_users_hook_first() -> None:
+    seen: list[Any] = []
+    opts = alembic_filters.combine(
+        process_revision_directives=lambda context, revision, directives: seen.append(revision)
+    )
+    # No directives: ours has nothing to check beyond the package folder, which is clean.
+    context = MigrationContext.configure(dialect_name="postgresql")
+    opts["process_revision_directives"](context, "heads", [])
+    assert seen == ["heads"]
