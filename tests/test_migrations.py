@@ -529,11 +529,16 @@ def test_developer_environment_writes_new_revisions_on_the_alkstore_branch(
         "version_locations", f"{tmp_path}\n{REPO / 'alkstore_sa' / 'migrations' / 'versions'}"
     )
     script = command.revision(
-        cfg, "add alkstore_extra", head="alkstore@head", version_path=str(tmp_path)
+        cfg,
+        "add alkstore_extra",
+        head="alkstore@head",
+        version_path=str(tmp_path),
+        rev_id="alkstore_0002",
     )
     assert script is not None and not isinstance(script, list)
     written = Path(script.path).read_text()
     assert "down_revision: str | None = 'alkstore_0001'" in written
+    assert foreign_revisions(tmp_path) == []  # migrations/README.md's --rev-id is accepted
     assert "schema = schema_name()" in written
     assert Path(script.path).parent == tmp_path
     compile(written, script.path, "exec")  # the template renders valid Python
