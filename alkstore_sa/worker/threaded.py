@@ -64,8 +64,13 @@ class Worker(WorkerBase):
     :param schema: the queue schema.
     :param handlers: ``{queue: fn or HandlerSpec}``, as an alternative to
         :meth:`handler`.
-    :param concurrency, batch_size, poll_interval, extend_lease, timeout, priority:
-        defaults for every handler (see :class:`~alkstore_sa.worker.HandlerSpec`).
+    :param concurrency: default for every handler, as are the next five
+        (see :class:`~alkstore_sa.worker.HandlerSpec`).
+    :param batch_size: default for every handler.
+    :param poll_interval: default for every handler.
+    :param extend_lease: default for every handler.
+    :param timeout: default for every handler.
+    :param priority: default for every handler.
     :param shutdown_timeout: seconds :meth:`stop` lets running jobs finish.
     :param listen: wake up on ``NOTIFY`` (polling remains the floor).
     :param listen_dsn: connection string of the listening connection, if the
