@@ -415,3 +415,11 @@ def test_an_async_worker_with_an_empty_schema_name_is_refused(database_url: str)
 
 def test_a_worker_without_a_schema_uses_pgboss(engine: Engine) -> None:
     assert Worker(engine).schema == "pgboss"
+
+
+@pytest.mark.parametrize("flag", ["listen", "supervise"])
+def test_worker_flags_must_be_booleans(engine: Engine, flag: str) -> None:
+    with pytest.raises(InvalidOptionsError) as caught:
+        options: dict[str, Any] = {flag: "no"}
+        Worker(engine, **options)
+    assert caught.value.option == flag

@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops import FailResult
+from ..options import check_bool
 from ..records import Job, Settled
 from ._attempt import (
     ABANDONED,
@@ -98,9 +99,9 @@ class WorkerBase(Registry):
         self.channel = notify_channel(self.schema)
         self.shutdown_timeout = _seconds("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self.flush_interval = _seconds("flush_interval", flush_interval, allow_zero=True)
-        self.listen = bool(listen)
+        self.listen = check_bool("listen", listen)
         self.listen_dsn = listen_dsn
-        self.supervise = bool(supervise)
+        self.supervise = check_bool("supervise", supervise)
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
         self.name = name or type(self).__name__
