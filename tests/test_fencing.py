@@ -335,3 +335,33 @@ def test_stale_worker_attempt_cannot_settle_a_refetched_job(harness: Harness, la
     assert (now.state, now.started_on, now.output) == ("active", again.started_on, TIMED_OUT)
     stats = w.stats()["q"]
     assert (stats.completed, stats.failed) == (0, 0)
+
+
+def test_drain_does_not_settle_a_job_refetched_while_its_handler_ran(
+    engine: Any, schema: str
+) -> None:
+    from sqlalchemy.orm import Session
+
+    from alkstore_sa import QueueService
+    from alkstore_sa.testing import drain
+
+    def tx(fn: Any) -> Any:
+        with Session(engine) as session, session.begin():
+            return fn(QueueService(session, schema=schema))
+
+    tx(lambda q: q.create_queue("q", expire_seconds=5))
+    job_id = tx(lambda q: q.send("q", None))
+    second: list[Job] = []
+
+    def handler(job: Job) -> Any:
+        with engine.connect() as conn:
+            [(db_now,)] = conn.exec_driver_sql("SELECT now()").all()
+        tx(lambda q: q.supervise("q", force=True, now=db_now + dt.timedelta(seconds=60)))
+        time.sleep(0.01)
+        second.extend(tx(lambda q: q.fetch("q")))
+        return {"late": True}
+
+    drain(engine, {"q": handler}, schema=schema)
+    [again] = second
+    job = tx(lambda q: q.get_job("q", job_id))
+    assert (job.state.value, job.started_on, job.output) == ("active", again.started_on, TIMED_OUT)

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA
-from ..ops import Settlement
 from ..records import Job
 from ..service import QueueService
 from ..service_async import AsyncQueueService
@@ -161,7 +160,7 @@ def _run(target: Engine | Session, schema: str, spec: HandlerSpec, job: Job) -> 
             kind, output = prepare_output("complete", spec.fn(job, outer))
             if kind == "fail":
                 raise _Refused(output)
-            QueueService(outer, schema=schema).complete_many(job.name, [Settlement(job.id, output)])
+            QueueService(outer, schema=schema).complete_many(job.name, [(job, output)])
         return None
     except _Refused as refused:
         return "fail", refused.output, None
@@ -177,8 +176,8 @@ def _nested(session: Session, target: Engine | Session) -> Any:
 
 def _settle(svc: Any, job: Job, kind: Kind, output: Any, error: BaseException | None) -> Any:
     if kind == "complete":
-        return svc.complete_many(job.name, [Settlement(job.id, output)])
-    return svc.fail_many(job.name, [Settlement(job.id, output)])
+        return svc.complete_many(job.name, [(job, output)])
+    return svc.fail_many(job.name, [(job, output)])
 
 
 class _Refused(Exception):
@@ -248,7 +247,7 @@ async def _arun(
             if kind == "fail":
                 raise _Refused(output)
             svc = AsyncQueueService(outer, schema=schema)
-            await svc.complete_many(job.name, [Settlement(job.id, output)])
+            await svc.complete_many(job.name, [(job, output)])
         return None
     except _Refused as refused:
         return "fail", refused.output, None
