@@ -139,9 +139,9 @@ def refuse_foreign_revisions(
         return
     described = ", ".join(f"{p} (revision {revision_id(p)!r})" for p in found)
     raise AlembicForeignRevisionError(
-        f"not an alkstore_sa revision, yet in alkstore_sa's versions folder, where "
-        f"`alkstore db upgrade` would run it on every database: {described}. Nothing was "
-        "run. Move it to your application's own versions folder (if it revises "
+        f"a revision that is not alkstore_sa's sits in alkstore_sa's versions folder, "
+        f"where `alkstore db upgrade` would run it on every database: {described}. "
+        "Nothing was run. Move it to your application's own versions folder (if it revises "
         "'alkstore_0001', make it your branch's base: down_revision = None, "
         "branch_labels = ('myapp',))",
         tuple(str(p) for p in found),
