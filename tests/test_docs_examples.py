@@ -509,9 +509,11 @@ class WorkerStopper:
             for worker in workers_in(self.ns):
                 if id(worker) in self.before or worker in self.stopped:
                     continue
-                counts = worker.stats()
-                fetched = sum(c.fetched for c in counts.values())
-                idle = fetched > 0 and due_unfinished(self.ctx, list(worker.specs)) == 0
+                fetched = sum(c.fetched for c in worker.stats().values())
+                try:
+                    idle = fetched > 0 and due_unfinished(self.ctx, list(worker.specs)) == 0
+                except Exception:  # the deadline still stops it; the check will say why
+                    idle = False
                 if idle or time.monotonic() > deadline:
                     self.stopped.append(worker)
                     self._stop(worker)
@@ -596,6 +598,12 @@ def test_the_python_examples_of_the_page_run(page: str, page_url: str, tmp_path:
             run_blocks(ctx, page, ns)
         spec.check(ctx, ns)
     finally:
+        # A block that failed may leave a worker running; stop() is safe on any worker.
+        for worker in workers_in(ns):
+            if isinstance(worker, Worker):
+                worker.stop(0)
+            else:
+                loop.run_until_complete(worker.stop(0))
         if spec.cleanup is not None:
             spec.cleanup(ctx)
         dispose_engines(ctx, ns)
