@@ -26,7 +26,8 @@ from support.schemas import install_with_node_plan, random_schema, schema_exists
 
 import alkstore_sa
 from alkstore_sa import QueueService
-from alkstore_sa.cli import build_parser, main
+from alkstore_sa.cli import build_parser, failure, main
+from alkstore_sa.errors import ForeignRevisionError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -193,6 +194,13 @@ def test_other_library_errors_exit_1(
     assert call(capsys, "queue", "create", "q", *where).code == 0
     ran = call(capsys, "queue", "create", "q", "--fail-if-exists", *where)
     assert_one_line_error(ran, 1, "already exists")
+
+
+def test_a_library_error_with_a_multi_line_message_is_reported_on_one_line() -> None:
+    code, message = failure(ForeignRevisionError("found x.py\nand y.py", ("x.py", "y.py")))
+    assert code == 1
+    assert "\n" not in message
+    assert message.startswith("found x.py and y.py; ")
 
 
 BROKEN_APP = """
@@ -409,3 +417,54 @@ def test_ctrl_c_in_maintain_loop_says_interrupted_and_exits_130(
             proc.kill()
     assert proc.returncode == 130, err
     assert err == "alkstore: interrupted\n"
+
+
+# ----------------------------------------------------------------- maintain
+
+
+def test_maintain_pass_with_a_failing_step_logs_one_line_each_and_exits_1(
+    database_url: str, engine: Engine, schema: str
+) -> None:
+    send_jobs(engine, schema, "q", 1, None)
+    blocked = text(
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE :s"
+    )
+    with engine.connect() as holder:
+        # Every step that reads the jobs waits for this lock; each waiting statement is
+        # cancelled, so the steps fail the way a lost connection or a timeout would.
+        holder.execute(text(f'LOCK TABLE "{schema}".job IN ACCESS EXCLUSIVE MODE'))
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "maintain",
+                "--force",
+                "--no-cron",
+                "--database-url",
+                database_url,
+                "--schema",
+                schema,
+            ],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with engine.connect() as conn:
+                conn.execute(blocked, {"s": f"%{schema}%"})
+            time.sleep(0.1)
+        holder.rollback()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines[-1].startswith("alkstore: error: supervision failed in: stats")
+    # One line per failed step, as logged, naming the driver's error without its SQL.
+    assert lines[:-1] and all(
+        re.fullmatch(r"alkstore: error: supervision step \w+ failed: QueryCanceled: .*", line)
+        and "SELECT" not in line
+        for line in lines[:-1]
+    ), err
+    assert "errors" in out  # the pass's report still printed

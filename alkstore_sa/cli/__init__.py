@@ -25,7 +25,14 @@ from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import AlkstoreError, InvalidOptionsError
-from ._common import CommandError, Parser, add_global_options, describe_url
+from ._common import (
+    DEBUG_ENV,
+    CommandError,
+    Parser,
+    add_global_options,
+    debugging,
+    describe_url,
+)
 
 COMMANDS = ("db", "queue", "send", "jobs", "schedule", "worker", "maintain", "demo")
 
@@ -37,9 +44,6 @@ EXIT_INTERRUPTED = 130
 """Ctrl-C: 128 + SIGINT, as a shell reports a program killed by it."""
 EXIT_BROKEN_PIPE = 141
 """stdout was closed early (``| head -1``): 128 + SIGPIPE, as for other Unix tools."""
-
-DEBUG_ENV = "ALKSTORE_DEBUG"
-"""Set to ``1`` to print the traceback of a failure before its one-line message."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +91,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return EXIT_INTERRUPTED
     except Exception as exc:
         code, message = failure(exc, args)
-        if code != EXIT_USAGE and os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if code != EXIT_USAGE and debugging():
             traceback.print_exc()
         _say(f"error: {message}")
         return code

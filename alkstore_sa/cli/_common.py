@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -13,9 +14,62 @@ from typing import Any, NoReturn
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from ..names import DEFAULT_SCHEMA, validate_schema
+
+DEBUG_ENV = "ALKSTORE_DEBUG"
+"""Set to ``1`` to print the traceback of a failure before its one-line message."""
+
+
+def debugging() -> bool:
+    """Whether ``ALKSTORE_DEBUG`` asks for tracebacks."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def short_reason(exc: BaseException) -> str:
+    """``ExcType: first line``; for a database error, the driver's error without the SQL."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    lines = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {lines[0].strip()}" if lines else "")
+
+
+class _OneLineFormatter(logging.Formatter):
+    """``alkstore: warning: message`` on one line (the traceback only when debugging).
+
+    Exceptions among the arguments or attached to the record are shortened to
+    :func:`short_reason`: a database error's text would otherwise carry its SQL.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        args = record.args
+        if isinstance(args, tuple):
+            args = tuple(short_reason(a) if isinstance(a, BaseException) else a for a in args)
+        try:
+            text = str(record.msg) % args if args else str(record.msg)
+        except (TypeError, ValueError):
+            text = record.getMessage()
+        message = f"alkstore: {record.levelname.lower()}: {' '.join(text.split())}"
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f": {short_reason(record.exc_info[1])}"
+            if debugging():
+                message = self.formatException(record.exc_info) + "\n" + message
+        return message
+
+
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    """Library log records as one line each on stderr, unless logging is set up already.
+
+    Without it, Python prints a logged exception's traceback (its "last resort" handler).
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter())
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 class CommandError(Exception):

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ..worker.supervisor import Supervisor
-from ._common import emit, engine_from, leaf, schema_of
+from ._common import CommandError, emit, engine_from, leaf, log_to_stderr, schema_of
 
 _TUNING = (
     ("supervise_interval", float),
@@ -67,6 +67,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _maintain(args: argparse.Namespace) -> int:
     schema = schema_of(args)
+    log_to_stderr()
     with engine_from(args) as engine:
         supervisor = Supervisor(engine, schema=schema, **_settings(args))
         stop = threading.Event()
@@ -77,7 +78,11 @@ def _maintain(args: argparse.Namespace) -> int:
             report = supervisor.run_once(force=args.force)
             emit(args, report)
             if not args.loop:
-                return 1 if report.errors else 0
+                if report.errors:
+                    # Each error reads "<step>: <reason>"; the reasons were logged as they happened.
+                    steps = ", ".join(e.partition(": ")[0] for e in report.errors)
+                    raise CommandError(f"supervision failed in: {steps} (logged above)")
+                return 0
             while not stop.wait(max(supervisor.next_due_in(), 0.05)):
                 report = supervisor.run_once()
                 if not report.idle:
