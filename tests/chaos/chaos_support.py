@@ -219,3 +219,32 @@ def listeners(engine: Engine, schema: str) -> list[int]:
         channel=f"alkstore_{schema}",
     )
     return [r.pid for r in found]
+
+
+def open_transactions(engine: Engine, schema: str, label: str) -> int:
+    """Backends of the process ``label`` in a transaction or running a statement."""
+    found = rows(
+        engine,
+        schema,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = :app AND state IS DISTINCT FROM 'idle'",
+        app=f"chaos-{schema}-{label}",
+    )
+    return int(found[0][0])
+
+
+def freeze_between_transactions(engine: Engine, schema: str, child: Child, tries: int = 50) -> int:
+    """SIGSTOP ``child`` at a moment none of its connections is in a transaction.
+
+    A process frozen inside a transaction keeps that transaction's locks until
+    PostgreSQL ends the session (docs/concepts/guarantees.md); tests of what a frozen
+    worker's *job* becomes freeze it between transactions. Returns the tries it took.
+    """
+    for attempt in range(1, tries + 1):
+        child.signal(signal.SIGSTOP)
+        time.sleep(0.05)  # a statement it had sent finishes on the server
+        if open_transactions(engine, schema, child.label) == 0:
+            return attempt
+        child.signal(signal.SIGCONT)
+        time.sleep(0.01 * attempt)
+    raise AssertionError(f"{child.label} was never between transactions")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from chaos_app import create_tables
-from chaos_support import Children, Deadline, rows, states
+from chaos_support import Children, Deadline, freeze_between_transactions, in_flight, rows, states
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -36,7 +36,7 @@ def test_frozen_worker_past_its_lease_cannot_settle_the_job_another_worker_compl
         svc.create_queue("chaos", retry_limit=3, retry_delay=0, expire_seconds=2)
         job_id = svc.send("chaos", {"n": 1})
     settings = {
-        "CHAOS_FIRST_SLEEP": "1.0",  # the frozen attempt is still in its handler when thawed
+        "CHAOS_FIRST_SLEEP": "2.0",  # the frozen attempt is still in its handler when thawed
         "CHAOS_TRANSACTIONAL": "1" if transactional else "0",
     }
 
@@ -50,7 +50,8 @@ def test_frozen_worker_past_its_lease_cannot_settle_the_job_another_worker_compl
     with Children(database_url, schema, tmp_path, **settings) as kids:
         frozen = kids.start("frozen")
         deadline.wait_for("the first attempt", attempts, 20)
-        frozen.signal(signal.SIGSTOP)
+        tries = freeze_between_transactions(engine, schema, frozen)
+        assert in_flight(engine, schema, "frozen") == {job_id}  # frozen in its handler
         other = kids.start("other")
         deadline.wait_for(
             "the other worker to complete the job",
@@ -75,7 +76,8 @@ def test_frozen_worker_past_its_lease_cannot_settle_the_job_another_worker_compl
     print(
         f"\nfrozen worker ({'transactional' if transactional else 'plain'}): attempts "
         f"{[(a.label, a.retry_count) for a in tried]}, output {after.output}, "
-        f"retry_count {after.retry_count}, effects {[e.label for e in effects]}"
+        f"retry_count {after.retry_count}, effects {[e.label for e in effects]} "
+        f"(frozen between transactions at try {tries})"
     )
     assert after == before, "the thawed worker's late settlement changed the job"
     assert after.id == job_id and after.state == "completed"
