@@ -223,3 +223,22 @@ def _transactional(fn: Any) -> Any:
     from alkstore_sa.worker import HandlerSpec
 
     return HandlerSpec("q", fn, transactional=True)
+
+
+def test_drain_refuses_an_empty_schema_instead_of_using_the_default(engine: Engine) -> None:
+    with pytest.raises(InvalidOptionsError, match="schema"):
+        drain(engine, {"q": lambda job: None}, schema="")
+
+
+async def test_adrain_refuses_an_empty_schema_instead_of_using_the_default(
+    database_url: str,
+) -> None:
+    async def handler(job: Job) -> None:
+        return None
+
+    async_engine = create_async_engine(database_url)
+    try:
+        with pytest.raises(InvalidOptionsError, match="schema"):
+            await adrain(async_engine, {"q": handler}, schema="")
+    finally:
+        await async_engine.dispose()

@@ -118,7 +118,8 @@ def drain(
         after ``max_jobs`` attempts (handlers that keep sending jobs).
     """
     specs = handler_specs(handlers, queue, want_async=False)
-    schema = schema or str(getattr(handlers, "schema", DEFAULT_SCHEMA))
+    if schema is None:
+        schema = str(getattr(handlers, "schema", DEFAULT_SCHEMA))
     ignore = with_scheduled or isinstance(target, Session)
     tally = _Tally(max_jobs)
     progressed = True
@@ -203,7 +204,8 @@ async def adrain(
         # -> 3
     """
     specs = handler_specs(handlers, queue, want_async=True)
-    schema = schema or str(getattr(handlers, "schema", DEFAULT_SCHEMA))
+    if schema is None:
+        schema = str(getattr(handlers, "schema", DEFAULT_SCHEMA))
     ignore = with_scheduled or isinstance(target, AsyncSession)
     tally = _Tally(max_jobs)
     progressed = True
