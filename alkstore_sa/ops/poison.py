@@ -29,12 +29,20 @@ POISON_ERROR = "PoisonJob"
 """The ``name`` in the output of a job failed because it cannot be activated or read."""
 
 
+def _detail(reasons: Mapping[str, str]) -> str:
+    return "; ".join(f"{field}: {why}" for field, why in reasons.items())
+
+
 def poison_output(job_id: uuid.UUID, what: str, reasons: Mapping[str, str]) -> dict[str, Any]:
-    """The stored output of a poison job: ``{name, message, reasons}``, like an error's."""
-    detail = "; ".join(f"{field}: {why}" for field, why in reasons.items())
+    """The stored output of a poison job: ``{name, message, reasons}``, like an error's.
+
+    The message names the job: a dead letter copy gets a new id, and this keeps the
+    original one findable.
+    """
     return {
         "name": POISON_ERROR,
-        "message": f"job {job_id} cannot be {what} by this worker and was failed: {detail}",
+        "message": f"job {job_id} cannot be {what} by alkstore_sa and was failed without "
+        f"running: {_detail(reasons)}",
         "reasons": dict(reasons),
     }
 
@@ -78,10 +86,10 @@ def fail_poison(
         # Logged here, where the job is failed, so it is logged once per job
         # whichever worker or service call met it.
         log.warning(
-            "job %s of %r failed without running: %s",
+            "job %s of %r failed without running (a poison row): %s",
             row.id,
             name,
-            output["message"],
+            _detail(output["reasons"]),
             extra={
                 "action": "job_poisoned",
                 "queue": name,
