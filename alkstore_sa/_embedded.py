@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -15,6 +16,11 @@ from .errors import AlkstoreError
 
 class EmbeddedUnavailableError(AlkstoreError):
     """The ``embedded`` extra (pgserver) is not installed."""
+
+
+def embedded_available() -> bool:
+    """Whether the ``embedded`` extra is installed (without importing it)."""
+    return importlib.util.find_spec("pgserver") is not None
 
 
 def _import_pgserver() -> Any:

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,10 +37,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.schema import DropSchema
 
 from .. import migrate
+from .._embedded import embedded_available, embedded_postgres
 from ..records import Job
 from ..service import QueueService
 from ..worker import Worker
-from ._common import BadInput, CommandError, emit, engine_from, leaf, normalise_url
+from ._common import BadInput, CommandError, emit, engine_from, leaf
 
 QUEUE, DLQ = "orders", "orders_dlq"
 PRODUCERS = 2
@@ -118,23 +116,14 @@ def _database(args: argparse.Namespace, out: TextIO) -> Iterator[tuple[Engine, s
         with engine_from(args, pool_size=args.concurrency + PRODUCERS + 2) as engine:
             yield engine, engine.url.render_as_string(hide_password=True)
         return
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # pgserver's platformdirs chatter
-            # Imported by name: an optional extra, typed or not depending on its version.
-            pgserver: Any = importlib.import_module("pgserver")
-    except ImportError:
+    if not embedded_available():
         raise BadInput(
             "no database: pass --database-url (or set ALKSTORE_DATABASE_URL), or install "
             "the embedded PostgreSQL with: pip install 'alkstore_sa[embedded]'"
-        ) from None
-    out.write("starting an embedded PostgreSQL (pgserver)...\n")
-    with pgserver.get_server(
-        tempfile.mkdtemp(prefix="alkstore-demo-"), cleanup_mode="delete"
-    ) as pg:
-        engine = create_engine(
-            normalise_url(pg.get_uri()), pool_size=args.concurrency + PRODUCERS + 2
         )
+    out.write("starting an embedded PostgreSQL (pgserver)...\n")
+    with embedded_postgres("alkstore-demo-") as url:
+        engine = create_engine(url, pool_size=args.concurrency + PRODUCERS + 2)
         try:
             yield engine, "embedded PostgreSQL (deleted on exit)"
         finally:
