@@ -3,6 +3,7 @@
 >>> from alkstore_sa import QueueService
 >>> with Session(engine) as session, session.begin():      # doctest: +SKIP
 ...     session.add(order)
+...     session.flush()                                     # order.id is known now
 ...     QueueService(session).send("emails", {"order": order.id})
 """
 
@@ -20,7 +21,7 @@ from .errors import (
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
 from .options import JobSpec, QueueOptions, SendOptions
-from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
+from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled, UnreadableJob
 from .service import QueueService
 from .service_async import AsyncQueueService
 from .worker import AsyncWorker, Worker
@@ -52,5 +53,6 @@ __all__ = [
     "SchemaVersionError",
     "SendOptions",
     "Settled",
+    "UnreadableJob",
     "Worker",
 ]

@@ -209,6 +209,10 @@ class QueueService:
 
         Order: highest ``priority`` first (unless ``priority=False``), then oldest.
         On singleton and stately queues at most one job per key is activated.
+
+        A row that cannot be activated or read (written past the limits of
+        docs/concepts/limits.md by another client) is failed on its own, with an
+        output saying why and one WARNING log, and the rest of the batch is returned.
         """
         return self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after))
 
@@ -330,18 +334,23 @@ class QueueService:
         return self._run(ops.delete_by_state(self._ctx, name, "all"))
 
     def get_job(self, name: str, id: uuid.UUID | str) -> Job | None:
-        """One job by id, or ``None``."""
+        """One job by id, or ``None``.
+
+        A row holding values Python cannot represent comes back as an
+        :class:`~alkstore_sa.UnreadableJob` instead of raising.
+        """
         jobs = self._run(ops.get_jobs(self._ctx, name, id))
         return jobs[0] if jobs else None
 
     def get_jobs(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> list[Job]:
-        """Jobs by id (missing ones are left out)."""
+        """Jobs by id (missing ones are left out; unreadable ones as for :meth:`get_job`)."""
         return self._run(ops.get_jobs(self._ctx, name, ids))
 
     def list_jobs(self, name: str, state: str | None = None, limit: int = 100) -> list[Job]:
         """The queue's jobs, newest first, at most ``limit`` (1 to 10,000).
 
         ``state`` keeps only jobs in that state (``"created"``, ``"failed"``, ...).
+        Unreadable rows come back as :class:`~alkstore_sa.UnreadableJob`.
 
         :raises QueueNotFoundError: if the queue does not exist.
         :raises InvalidOptionsError: for an unknown state or a bad limit.
@@ -359,7 +368,8 @@ class QueueService:
         """Move waiting or failed jobs out of ``dead_letter`` into queue ``to``.
 
         Each becomes a new job of ``to`` (with ``to``'s settings and its original
-        data); returns the new ids. Oldest first, at most ``limit``.
+        data); returns the new ids. Oldest first, at most ``limit``. A job ``to``
+        refuses, or whose data cannot be read or sent again, stays where it is.
         """
         return self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit))
 

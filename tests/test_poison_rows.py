@@ -275,3 +275,23 @@ def test_worker_completes_every_job_queued_behind_a_poison_job(
     assert bad not in h.started
     assert_poison_failed(h.job("q", bad), field)
     assert len(poison_logs(caplog, bad)) == 1
+
+
+def test_redrive_leaves_an_unreadable_dead_letter_behind_and_moves_the_rest(
+    env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    env.tx(lambda q: (q.create_queue("dlq"), q.create_queue("q")))
+    deep = insert_raw(env, "dlq", "standard", data=deep_json(1000), state="'failed'")
+    oversized = insert_raw(
+        env, "dlq", "standard", data="jsonb_build_object('blob', repeat('x', 2 * 1024 * 1024))"
+    )
+    fine = insert_raw(env, "dlq", "standard", data="'{\"n\": 1}'::jsonb")
+    with caplog.at_level(logging.WARNING):
+        moved = env.tx(lambda q: q.redrive("dlq", "q"))
+    assert len(moved) == 1
+    [job] = env.tx(lambda q: q.list_jobs("q"))
+    assert job.data == {"n": 1}
+    left = {row.id for row in env.sql("SELECT id FROM {s}.job WHERE name = 'dlq'")}
+    assert left == {deep, oversized} and fine not in left
+    skipped = {r.job_id for r in caplog.records if getattr(r, "action", "") == "redrive_skipped"}
+    assert skipped == {str(deep), str(oversized)}

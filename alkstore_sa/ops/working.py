@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from sqlalchemy import Executable
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..names import validate_queue
-from ..records import Job, Settled, UnreadableJob, read_job
+from ..records import Job, Settled, UnreadableJob, decode_json, read_job
 from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
 from ..sql import reading as reading_sql
@@ -22,6 +23,8 @@ from ._core import Call, Conflict, Context, Op
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import _require_queue, get_queue
 from .sending import send_many
+
+_log = logging.getLogger(__name__)
 
 
 def _policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
@@ -361,7 +364,9 @@ def redrive(
 ) -> Op[list[uuid.UUID]]:
     """Move jobs waiting or failed in ``dead_letter`` into queue ``to`` as new jobs.
 
-    Jobs that ``to`` refuses (its policy or a taken id) stay in ``dead_letter``.
+    Jobs that ``to`` refuses (its policy or a taken id) stay in ``dead_letter``, and
+    so do jobs whose data cannot be read or sent again (another client wrote it past
+    the limits of docs/concepts/limits.md): those are logged, once per redrive.
     """
     from ..sql import redrive as redrive_sql
 
@@ -381,8 +386,29 @@ def redrive(
         return []
     # send_many gives a batch ascending ids, so the new jobs (which share one
     # created_on) are fetched in the order they were dead-lettered.
-    new_ids = yield from send_many(ctx, to, [{"data": row.data} for row in picked])
-    moved = [row.id for row, new in zip(picked, new_ids, strict=True) if new is not None]
+    sendable: list[tuple[uuid.UUID, Any]] = []
+    for row in picked:
+        data, reason = decode_json(row.data)
+        why = None if reason is None else f"data {reason}"
+        if why is None:
+            try:
+                opt.encode_json("data", data)
+            except InvalidOptionsError as exc:
+                why = str(exc)
+        if why is None:
+            sendable.append((row.id, data))
+        else:
+            _log.warning(
+                "job %s stays in %s: %s",
+                row.id,
+                dead_letter,
+                why,
+                extra={"action": "redrive_skipped", "queue": dead_letter, "job_id": str(row.id)},
+            )
+    if not sendable:
+        return []
+    new_ids = yield from send_many(ctx, to, [{"data": data} for _, data in sendable])
+    moved = [old for (old, _), new in zip(sendable, new_ids, strict=True) if new is not None]
     if moved:
         yield Call(redrive_sql.remove(), {"qname": dead_letter, "ids": moved})
     return [i for i in new_ids if i is not None]

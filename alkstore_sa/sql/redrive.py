@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Integer, Text, Uuid, bindparam, delete, func, select
+from sqlalchemy import Integer, Text, Uuid, bindparam, cast, delete, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models.enums import JobState
@@ -17,6 +17,9 @@ from ._common import JOB, state_text
 def pick(*, by_id: bool) -> Any:
     """Lock up to ``:limit`` waiting or failed jobs of ``:qname`` (optionally ``:ids``),
     oldest first, returning their ids and data. Active jobs are never taken.
+
+    ``data`` comes back as JSON text, decoded per row by the caller: a row another
+    client wrote past our limits must stay behind, not fail the whole redrive.
 
     The rows stay where they are, locked, until :func:`remove` deletes those that
     reached their new queue: a job the new queue refuses is not lost.
@@ -30,7 +33,7 @@ def pick(*, by_id: bool) -> Any:
     if by_id:
         conditions.append(JOB.c.id == func.any(bindparam("ids", type_=ARRAY(Uuid()))))
     return (
-        select(JOB.c.id, JOB.c.data)
+        select(JOB.c.id, cast(JOB.c.data, Text).label("data"))
         .where(*conditions)
         .order_by(JOB.c.created_on, JOB.c.id)
         .limit(bindparam("limit", type_=Integer))
