@@ -14,12 +14,12 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
+from .ops import driver
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
@@ -58,27 +58,7 @@ class QueueService:
         return self._drive(op)
 
     def _drive(self, op: ops.Op[T]) -> T:
-        session, opts = self.session, self._options
-        try:
-            call = next(op)
-            while True:
-                if call.savepoint:
-                    try:
-                        with session.begin_nested():
-                            executed = session.execute(
-                                call.statement, call.params, execution_options=opts
-                            )
-                            result = executed.freeze()()
-                    except DBAPIError as exc:
-                        if not ops.is_conflict(exc):
-                            raise
-                        call = op.throw(ops.Conflict())
-                        continue
-                else:
-                    result = session.execute(call.statement, call.params, execution_options=opts)
-                call = op.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        return driver.run(self.session, op, self._options)
 
     # ------------------------------------------------------------ queues
 

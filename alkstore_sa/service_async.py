@@ -10,12 +10,12 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from . import ops
 from ._driver import execution_options, make_context
 from .names import DEFAULT_SCHEMA
+from .ops import driver
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
 from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
 
@@ -54,29 +54,7 @@ class AsyncQueueService:
         return await self._drive(op)
 
     async def _drive(self, op: ops.Op[T]) -> T:
-        session, opts = self.session, self._options
-        try:
-            call = next(op)
-            while True:
-                if call.savepoint:
-                    try:
-                        async with session.begin_nested():
-                            executed = await session.execute(
-                                call.statement, call.params, execution_options=opts
-                            )
-                            result = executed.freeze()()
-                    except DBAPIError as exc:
-                        if not ops.is_conflict(exc):
-                            raise
-                        call = op.throw(ops.Conflict())
-                        continue
-                else:
-                    result = await session.execute(
-                        call.statement, call.params, execution_options=opts
-                    )
-                call = op.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        return await driver.arun(self.session, op, self._options)
 
     # ------------------------------------------------------------ queues
 

@@ -1,7 +1,8 @@
 """Generate ``alkstore_sa/service_async.py`` from ``alkstore_sa/service.py``.
 
 The async service must offer the same methods with the same signatures; both run
-the same operations (``alkstore_sa/_ops.py``), so only the driving differs. Run
+the same operations (``alkstore_sa/ops``) through the same driver
+(``alkstore_sa/ops/driver.py``), so only ``run``/``arun`` differs. Run
 ``python tools/gen_async.py`` after editing the sync service; a test fails when
 the generated file is stale.
 """
@@ -41,8 +42,9 @@ def convert(source: str) -> str:
     body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
     body = body.replace("self._drive(ops.check_schema", "await self._drive(ops.check_schema")
     body = body.replace("return self._drive(op)", "return await self._drive(op)")
-    body = body.replace("with session.begin_nested():", "async with session.begin_nested():")
-    body = body.replace("= session.execute(", "= await session.execute(")
+    body = body.replace(
+        "return driver.run(self.session,", "return await driver.arun(self.session,"
+    )
     # public methods: `def name(` -> `async def name(` and `self._run(` -> `await self._run(`
     body = re.sub(
         r"^(    )def (?!_)(?=[^\n]*\n(?![^\n]*@property))", "    async def ", body, flags=re.M

@@ -37,15 +37,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._driver import engine_state, execution_options
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, validate_schema
-from ..ops import Conflict, Context, Op, check_schema
+from ..ops import Context, Op, check_schema, driver
 from ..ops.maintenance import (
     PassPlan,
     QueueWarning,
@@ -179,27 +178,6 @@ class _Core:
         return report
 
 
-def _drive(conn: Connection, op: Op[T], options: dict[str, Any]) -> T:
-    try:
-        call = next(op)
-        while True:
-            if call.savepoint:
-                try:
-                    with conn.begin_nested():
-                        executed = conn.execute(
-                            call.statement, call.params, execution_options=options
-                        )
-                        result = executed.freeze()()
-                except IntegrityError:
-                    call = op.throw(Conflict())
-                    continue
-            else:
-                result = conn.execute(call.statement, call.params, execution_options=options)
-            call = op.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
 class Supervisor(_Core):
     """Supervision on a background thread, each step in a short transaction of its own.
 
@@ -238,7 +216,7 @@ class Supervisor(_Core):
     def _transact(self, op: Op[T]) -> T:
         with self.engine.begin() as conn:
             conn.execute(local_timeouts(), execution_options=self._options)
-            return _drive(conn, op, self._options)
+            return driver.run(conn, op, self._options)
 
     def run_once(self, *, force: bool = False) -> SupervisionReport:
         """Run the steps that are due (all of them on the first call, or with ``force``).
@@ -317,26 +295,6 @@ class Supervisor(_Core):
         return True
 
 
-async def _drive_async(conn: AsyncConnection, op: Op[T], options: dict[str, Any]) -> T:
-    try:
-        call = next(op)
-        while True:
-            if call.savepoint:
-                try:
-                    async with conn.begin_nested():
-                        result = await conn.execute(
-                            call.statement, call.params, execution_options=options
-                        )
-                except IntegrityError:
-                    call = op.throw(Conflict())
-                    continue
-            else:
-                result = await conn.execute(call.statement, call.params, execution_options=options)
-            call = op.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
 class AsyncSupervisor(_Core):
     """:class:`Supervisor` for an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, as a task.
 
@@ -362,7 +320,7 @@ class AsyncSupervisor(_Core):
     async def _transact(self, op: Op[T]) -> T:
         async with self.engine.begin() as conn:
             await conn.execute(local_timeouts(), execution_options=self._options)
-            return await _drive_async(conn, op, self._options)
+            return await driver.arun(conn, op, self._options)
 
     async def run_once(self, *, force: bool = False) -> SupervisionReport:
         """See :meth:`Supervisor.run_once`."""

@@ -1,0 +1,79 @@
+"""Running an operation: the one place that executes its statements.
+
+Every entry point (the services, supervision, maintenance, the CLI) runs operations
+through :func:`run` or :func:`arun`, so what counts as a conflict inside a savepoint
+is decided once, by :func:`~alkstore_sa.ops.is_conflict`: a unique violation or a
+deadlock is sent back into the operation as :class:`~alkstore_sa.ops.Conflict`;
+any other error is raised, and the caller's transaction is left as the error left it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Result
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from ._core import Call, Conflict, Op, is_conflict
+
+T = TypeVar("T")
+
+Target = Session | Connection
+"""What a synchronous operation runs on: the caller's Session, or a Connection."""
+
+AsyncTarget = AsyncSession | AsyncConnection
+"""What an asynchronous operation runs on."""
+
+
+def run(target: Target, op: Op[T], options: Mapping[str, Any]) -> T:
+    """Run ``op`` on ``target``, each statement with the execution ``options``."""
+    try:
+        call = next(op)
+        while True:
+            if call.savepoint:
+                try:
+                    with target.begin_nested():
+                        result: Result[Any] = _execute(target, call, options).freeze()()
+                except DBAPIError as exc:
+                    if not is_conflict(exc):
+                        raise
+                    call = op.throw(Conflict())
+                    continue
+            else:
+                result = _execute(target, call, options)
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def arun(target: AsyncTarget, op: Op[T], options: Mapping[str, Any]) -> T:
+    """:func:`run` for an :class:`AsyncSession` or :class:`AsyncConnection`."""
+    try:
+        call = next(op)
+        while True:
+            if call.savepoint:
+                try:
+                    async with target.begin_nested():
+                        executed = await _aexecute(target, call, options)
+                        result: Result[Any] = executed.freeze()()
+                except DBAPIError as exc:
+                    if not is_conflict(exc):
+                        raise
+                    call = op.throw(Conflict())
+                    continue
+            else:
+                result = await _aexecute(target, call, options)
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _execute(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    return target.execute(call.statement, call.params, execution_options=options)
+
+
+async def _aexecute(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    return await target.execute(call.statement, call.params, execution_options=options)
