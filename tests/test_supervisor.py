@@ -316,7 +316,7 @@ def test_alkstore_maintain_rejects_a_bad_setting(
     code = main(
         ["maintain", "--database-url", database_url, "--schema", schema, "--monitor-interval", "0"]
     )
-    assert code == 1
+    assert code == 2  # bad input
     assert "monitor_interval" in capsys.readouterr().err
 
 
