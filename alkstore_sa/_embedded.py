@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import AlkstoreError
+from .migrate import normalise_url
 
 
 class EmbeddedUnavailableError(AlkstoreError):
@@ -49,7 +50,7 @@ def embedded_postgres(prefix: str) -> Iterator[str]:
         pgserver = _import_pgserver()
         with pgserver.get_server(tempfile.mkdtemp(prefix=prefix), cleanup_mode="delete") as pg:
             uri: str = pg.get_uri()
-            yield "postgresql+psycopg://" + uri.split("://", 1)[1]
+            yield normalise_url(uri)
     finally:
         if runtime is not None:
             if os.environ.get("XDG_RUNTIME_DIR") == runtime:

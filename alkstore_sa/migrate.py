@@ -38,11 +38,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
-from .errors import SchemaNotInstalledError
+from .errors import SchemaNotInstalledError, SchemaVersionError
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
-    UnsupportedSchemaVersionError,
     refuse_foreign_revisions,
 )
 from .models import Version
@@ -188,5 +187,5 @@ def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
     if version is None:
         raise SchemaNotInstalledError(schema)
     if version != SCHEMA_VERSION:
-        raise UnsupportedSchemaVersionError(schema, None if version < 0 else version)
+        raise SchemaVersionError(schema, None if version < 0 else version, SCHEMA_VERSION)
     return version

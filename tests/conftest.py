@@ -24,12 +24,6 @@ from alkstore_sa import AsyncQueueService, QueueService, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
 
 
-def _normalise(url: str) -> str:
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
 def _docker_url() -> str | None:
     try:
         import docker  # type: ignore[import-untyped]
@@ -51,7 +45,7 @@ def _resolve_database(stack: contextlib.ExitStack) -> tuple[str, str] | None:
     """The tests' PostgreSQL as ``(url, where it comes from)``, or ``None``."""
     url = os.environ.get("ALKSTORE_TEST_DATABASE_URL")
     if url:
-        return _normalise(url), "ALKSTORE_TEST_DATABASE_URL"
+        return migrate.normalise_url(url), "ALKSTORE_TEST_DATABASE_URL"
     url = _docker_url()
     if url:
         return url, "a Docker container (testcontainers)"

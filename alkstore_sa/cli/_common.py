@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+from ..migrate import normalise_url
 from ..names import DEFAULT_SCHEMA, validate_schema
 
 DEBUG_ENV = "ALKSTORE_DEBUG"
@@ -129,14 +130,6 @@ def leaf(actions: Any, name: str, help: str) -> argparse.ArgumentParser:
     add_global_options(parent, suppress=True)
     parser: argparse.ArgumentParser = actions.add_parser(name, help=help, parents=[parent])
     return parser
-
-
-def normalise_url(url: str) -> str:
-    """Accept libpq-style URLs and select the psycopg 3 driver."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def describe_url(url: str | None) -> str | None:

@@ -26,8 +26,8 @@ from pathlib import Path
 from alembic import context
 from alembic.util import CommandError, coerce_resource_to_filename
 
-from ..errors import ForeignRevisionError, SchemaVersionError
-from ..names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
+from ..errors import ForeignRevisionError
+from ..names import DEFAULT_SCHEMA, validate_schema
 
 BRANCH_LABEL = "alkstore"
 """Branch label carried by every revision; ``alembic upgrade alkstore@head``."""
@@ -62,13 +62,6 @@ def schema_name() -> str:
     if value is None:
         value = context.config.get_main_option(SCHEMA_OPTION)
     return validate_schema(value or DEFAULT_SCHEMA)
-
-
-class UnsupportedSchemaVersionError(SchemaVersionError):
-    """Kept for compatibility: every :class:`SchemaVersionError` now carries the advice."""
-
-    def __init__(self, schema: str, found: int | None) -> None:
-        super().__init__(schema, found, SCHEMA_VERSION)
 
 
 class AlembicForeignRevisionError(ForeignRevisionError, CommandError):

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from alembic import context, op
 from sqlalchemy.dialects import postgresql
 
-from alkstore_sa.migrations import UnsupportedSchemaVersionError, schema_name
+from alkstore_sa.errors import SchemaVersionError
+from alkstore_sa.migrations import schema_name
 
 revision: str = "alkstore_0001"
 down_revision: str | None = None
@@ -222,7 +223,7 @@ def upgrade() -> None:
         if installed:
             if found == VERSION:
                 return  # created by Node pg-boss (or an earlier run): adopt it as it is
-            raise UnsupportedSchemaVersionError(schema, found)
+            raise SchemaVersionError(schema, found, VERSION)
 
     state_type = postgresql.ENUM(*STATES, name="job_state", schema=schema, create_type=False)
     op.execute(postgresql.CreateEnumType(state_type))
