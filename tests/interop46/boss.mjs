@@ -1,0 +1,93 @@
+// Node pg-boss 12.38.0 (schema 46), the oracle of the schema-46 tests.
+//
+//   node boss.mjs plan SCHEMA
+//       prints getConstructionPlans(SCHEMA): the SQL of a fresh install at 46
+//   node boss.mjs migration-plan SCHEMA VERSION
+//       prints getMigrationPlans(SCHEMA, VERSION): the SQL that migrates VERSION-1 to VERSION
+//   node boss.mjs rpc '<config JSON>'
+//       one PgBoss instance driven over stdin/stdout, as tests/interop/rpc.js does for 11.1.2:
+//       config: { connectionString, schema, options: {...PgBoss constructor options}, start: true }
+//       stdout, first line: {"ready": true} once start() resolved, or {"fatal": message} and exit 1
+//       stdin:  {"id": 1, "method": "getBamStatus", "args": []}
+//       stdout: {"id": 1, "result": ...} or {"id": 1, "error": message}
+//       stdout, unprompted: {"event": "error" | "warning" | "bam" | "stopped", ...}
+//       closing stdin stops the instance gracefully and ends the process.
+//
+// Migrating a database with background builds inline is pg-boss's own command line:
+//   node node_modules/pg-boss/dist/cli.js migrate --connection-string URL --schema SCHEMA
+import readline from 'node:readline'
+import { PgBoss, getConstructionPlans, getMigrationPlans } from 'pg-boss'
+
+function write (message) {
+  process.stdout.write(JSON.stringify(message) + '\n')
+}
+
+function describe (err) {
+  return (err && (err.stack || err.message)) || String(err)
+}
+
+async function rpc (config) {
+  const boss = new PgBoss({
+    connectionString: config.connectionString,
+    schema: config.schema,
+    ...(config.options || {})
+  })
+  boss.on('error', err => write({ event: 'error', message: describe(err) }))
+  boss.on('warning', warning => write({ event: 'warning', message: warning.message, data: warning.data }))
+  boss.on('bam', event => write({ event: 'bam', data: event }))
+  boss.on('stopped', () => write({ event: 'stopped' }))
+
+  const special = {
+    async stop (options) {
+      await boss.stop({ graceful: true, timeout: 5000, ...(options || {}) })
+      return true
+    },
+    async ping () {
+      return true
+    }
+  }
+
+  if (config.start !== false) {
+    try {
+      await boss.start()
+    } catch (err) {
+      write({ fatal: describe(err) })
+      process.exit(1)
+    }
+  }
+  write({ ready: true })
+
+  const lines = readline.createInterface({ input: process.stdin })
+  lines.on('line', async line => {
+    if (!line.trim()) return
+    const request = JSON.parse(line)
+    try {
+      const fn = special[request.method] || boss[request.method]
+      if (typeof fn !== 'function') throw new Error(`no method ${request.method}`)
+      const result = await fn.apply(special[request.method] ? special : boss, request.args || [])
+      write({ id: request.id, result: result === undefined ? null : result })
+    } catch (err) {
+      write({ id: request.id, error: describe(err) })
+    }
+  })
+  lines.on('close', async () => {
+    try {
+      await boss.stop({ graceful: true, timeout: 5000 })
+    } catch {
+      // already stopped
+    }
+    process.exit(0)
+  })
+}
+
+const [command, ...args] = process.argv.slice(2)
+if (command === 'plan' && args.length === 1) {
+  process.stdout.write(getConstructionPlans(args[0]))
+} else if (command === 'migration-plan' && args.length === 2) {
+  process.stdout.write(getMigrationPlans(args[0], Number(args[1])))
+} else if (command === 'rpc' && args.length === 1) {
+  await rpc(JSON.parse(args[0]))
+} else {
+  console.error('usage: node boss.mjs plan SCHEMA | migration-plan SCHEMA VERSION | rpc CONFIG_JSON')
+  process.exit(2)
+}
