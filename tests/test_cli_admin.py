@@ -411,8 +411,15 @@ def test_jobs_move_reports_jobs_it_could_not_change(cli: Cli) -> None:
     assert json.loads(cli("jobs", "resume", "q", ids[0], json_output=True).out)["affected"] == []
 
 
-def test_jobs_move_in_an_unknown_queue_is_an_error(cli: Cli) -> None:
-    _one_line_error(cli("jobs", "cancel", "nope", str(uuid.uuid4())), "'nope' does not exist")
+@pytest.mark.parametrize("action", ["get", "retry", "cancel", "resume", "delete"])
+def test_jobs_by_id_in_an_unknown_queue_fail_with_one_line_and_exit_1(
+    cli: Cli, action: str
+) -> None:
+    # The service's QueueNotFoundError, not "no job" nor "0 of 1 jobs not changed".
+    ran = cli("jobs", action, "nope", str(uuid.uuid4()))
+    _one_line_error(ran, "queue 'nope' does not exist in schema")
+    assert ran.code == 1
+    assert "not changed" not in ran.err and "no job" not in ran.err
 
 
 def test_jobs_redrive_moves_dead_lettered_jobs_back(cli: Cli) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
 import traceback
@@ -25,6 +24,7 @@ from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import AlkstoreError, InvalidOptionsError
+from . import db, demo, jobs, maintain, queue, schedule, send, worker
 from ._common import (
     DEBUG_ENV,
     CommandError,
@@ -34,7 +34,8 @@ from ._common import (
     describe_url,
 )
 
-COMMANDS = ("db", "queue", "send", "jobs", "schedule", "worker", "maintain", "demo")
+COMMANDS = (db, queue, send, jobs, schedule, worker, maintain, demo)
+"""The sub-command modules, in the order ``alkstore --help`` lists them."""
 
 EXIT_FAILURE = 1
 """The command could not be done: database unreachable, schema missing, unknown queue..."""
@@ -47,21 +48,15 @@ EXIT_BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``alkstore`` parser, with every sub-command that can be imported."""
+    """The ``alkstore`` parser, with every sub-command."""
     parser = Parser(
         prog="alkstore",
         description="PostgreSQL job queue for SQLAlchemy, schema-compatible with pg-boss.",
     )
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-            continue
-        module.register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from ..models.enums import QueuePolicy
 from ..service import QueueService
-from ._common import CommandError, engine_from, schema_of
+from ._common import engine_from, schema_of
 
 T = TypeVar("T")
 
@@ -38,12 +38,6 @@ def in_transaction(args: argparse.Namespace, work: Callable[[QueueService], T]) 
     schema = schema_of(args)
     with engine_from(args) as engine, Session(engine) as session, session.begin():
         return work(QueueService(session, schema=schema))
-
-
-def require_queue(service: QueueService, name: str) -> None:
-    """Commands addressing jobs by id would otherwise report an unknown queue as 0 jobs."""
-    if service.get_queue(name) is None:
-        raise CommandError(f"queue {name!r} does not exist in schema {service.schema!r}")
 
 
 def _integer(text: str) -> int:

@@ -9,7 +9,7 @@ from ..models.enums import JobState
 from ..records import Settled
 from ..service import QueueService
 from ._common import CommandError, emit, leaf
-from ._service import JOB_COLUMNS, in_transaction, require_queue
+from ._service import JOB_COLUMNS, in_transaction
 
 # action -> help; the handler picks the service method
 _MOVES = {
@@ -58,11 +58,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
-    def get(q: QueueService) -> Any:
-        require_queue(q, args.queue)
-        return q.get_job(args.queue, args.id)
-
-    job = in_transaction(args, get)
+    # An unknown queue is QueueNotFoundError from the service, not "no job".
+    job = in_transaction(args, lambda q: q.get_job(args.queue, args.id))
     if job is None:
         raise CommandError(f"no job {args.id} in queue {args.queue!r}")
     emit(args, job)
@@ -71,7 +68,6 @@ def _get(args: argparse.Namespace) -> int:
 
 def _move(args: argparse.Namespace) -> int:
     def move(q: QueueService) -> Settled:
-        require_queue(q, args.queue)
         if args.move == "delete":
             return q.delete_jobs(args.queue, args.ids)
         method = {"retry": q.retry, "cancel": q.cancel, "resume": q.resume}[args.move]
