@@ -54,13 +54,3 @@ def previous_fire(expr: str, tz: str, now: dt.datetime) -> dt.datetime | None:
     except StopIteration:
         return None
     return fired.astimezone(dt.UTC)
-
-
-def next_fire(expr: str, tz: str, now: dt.datetime) -> dt.datetime | None:
-    """The first fire time after ``now`` (aware), in UTC."""
-    zone = timezone(tz)
-    try:
-        fired = next(_sim(expr, now.astimezone(zone)))
-    except StopIteration:
-        return None
-    return fired.astimezone(dt.UTC)

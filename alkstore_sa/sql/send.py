@@ -169,11 +169,6 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
     return select(*columns).select_from(header.outerjoin(ins, true()))
 
 
-def queue_exists() -> Select[tuple[bool]]:
-    """Does queue ``:qname`` exist?"""
-    return select(exists(select(QUEUE.c.name).where(QUEUE.c.name == bindparam("qname"))))
-
-
 def queues_exist() -> Select[tuple[str]]:
     """Which of the queues ``:names`` exist?"""
     return select(QUEUE.c.name).where(
