@@ -17,7 +17,7 @@ from typing import Any, TypeVar, Unpack
 from sqlalchemy.orm import Session
 
 from . import ops
-from ._driver import execution_options, make_context
+from ._engine_cache import execution_options, make_context
 from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .._driver import engine_state, execution_options
+from .._engine_cache import engine_state, execution_options
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, validate_schema

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from alkstore_sa import AsyncQueueService, JobSpec, QueueService
-from alkstore_sa._driver import execution_options
+from alkstore_sa._engine_cache import execution_options
 from alkstore_sa.sql.send import insert_jobs
 
 from .. import ceiling

@@ -1,4 +1,6 @@
-"""Shared plumbing of the sync and async services."""
+"""Per-engine caches (queue policies, verified schemas) shared by every service and
+supervisor on one engine, and the Context and execution options a service derives
+from its schema."""
 
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ def engine_state(engine: Engine) -> _EngineState:
 
 
 def execution_options(schema: str) -> dict[str, Any]:
+    """The execution options that point the models' ``pgboss`` schema at ``schema``."""
     return {"schema_translate_map": {DEFAULT_SCHEMA: schema}}
 
 
 def make_context(
     schema: str, notify: bool, engine: Engine | None
 ) -> tuple[Context, _EngineState | None]:
+    """The operations' Context for ``schema``, with the engine's caches when there is one."""
     validate_schema(schema)
     state = engine_state(engine) if engine is not None else None
     ctx = Context(
