@@ -69,9 +69,276 @@ class JobSpec(SendOptions, total=False):
     data: Any
 
 
-QUEUE_OPTION_NAMES = frozenset(QueueOptions.__annotations__)
-SEND_OPTION_NAMES = frozenset(SendOptions.__annotations__)
-UPDATABLE_QUEUE_OPTIONS = QUEUE_OPTION_NAMES - {"policy", "partition"}
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One queue or send option, declared once: validation, the send statement, the
+    pg-boss JSON mappings, the command line and inline mode are derived from it.
+
+    :param name: our keyword (``retry_limit``).
+    :param kind: the value's kind, which picks its check: ``int`` (within
+        ``minimum``..``maximum``), ``bool``, ``text`` (at most ``max_bytes``),
+        ``queue`` (a queue name), ``policy``, ``uuid`` or ``when`` (``start_after``).
+    :param queue: an option of ``create_queue``; ``updatable`` says whether
+        ``update_queue`` may change it.
+    :param send: an option of ``send``.
+    :param public: part of the public API (``False``: accepted by ``send`` for
+        internal callers, absent from the typed options and the command line).
+    :param nullable: ``None`` is accepted (unset, or cleared by ``update_queue``).
+    :param pgboss: the key in pg-boss's ``createQueue``/``send`` options objects.
+    :param job_column: the job column the value is stored in as it is (``None``
+        when the job stores something derived from it, or nothing).
+    :param queue_column: the queue column holding the queue's value.
+    :param fallback: a job sent without it takes the queue's value, as pg-boss
+        derives its job columns.
+    :param default: pg-boss's default: a queue created without the option gets it,
+        and so does a job in inline mode.
+    :param requires: ``(option, value)`` that must hold whenever this option is set.
+    :param metavar: the command line's placeholder for the value.
+    :param help: the command line's help.
+    """
+
+    name: str
+    kind: str
+    queue: bool = False
+    send: bool = False
+    public: bool = True
+    updatable: bool = True
+    nullable: bool = False
+    minimum: int = 0
+    maximum: int = INT32_MAX
+    max_bytes: int | None = None
+    pgboss: str = ""
+    job_column: str | None = None
+    queue_column: str | None = None
+    fallback: bool = False
+    default: Any = None
+    requires: tuple[str, Any] | None = None
+    metavar: str | None = None
+    help: str = ""
+
+    @property
+    def flag(self) -> str:
+        """The command line flag (``--retry-limit``)."""
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "id",
+        "uuid",
+        send=True,
+        nullable=True,
+        pgboss="id",
+        job_column="id",
+        metavar="UUID",
+        help="the job's id (default: generated)",
+    ),
+    OptionSpec(
+        "priority",
+        "int",
+        send=True,
+        minimum=-INT32_MAX - 1,
+        pgboss="priority",
+        job_column="priority",
+        default=0,
+        metavar="N",
+        help="higher runs first (default 0)",
+    ),
+    OptionSpec(
+        "start_after",
+        "when",
+        send=True,
+        nullable=True,
+        pgboss="startAfter",
+        metavar="WHEN",
+        help="seconds from now, or an ISO-8601 time with offset",
+    ),
+    OptionSpec(
+        "singleton_key",
+        "text",
+        send=True,
+        nullable=True,
+        max_bytes=limits.MAX_SINGLETON_KEY_BYTES,
+        pgboss="singletonKey",
+        job_column="singleton_key",
+        metavar="KEY",
+        help="policy/throttle key",
+    ),
+    OptionSpec(
+        "singleton_seconds",
+        "int",
+        send=True,
+        minimum=1,
+        pgboss="singletonSeconds",
+        metavar="SECONDS",
+        help="throttle: one job per key per slot of this length",
+    ),
+    # The next slot of a throttle: debounce sends with it when the current slot is
+    # taken (pg-boss's internal singletonOffset).
+    OptionSpec(
+        "singleton_offset",
+        "int",
+        send=True,
+        public=False,
+        minimum=-INT32_MAX - 1,
+        pgboss="singletonOffset",
+    ),
+    OptionSpec(
+        "policy",
+        "policy",
+        queue=True,
+        updatable=False,
+        pgboss="policy",
+        queue_column="policy",
+        default="standard",
+        help="how jobs sharing a singleton key are limited (default standard)",
+    ),
+    OptionSpec(
+        "partition",
+        "bool",
+        queue=True,
+        updatable=False,
+        pgboss="partition",
+        queue_column="partition",
+        default=False,
+        help="give the queue its own partition table",
+    ),
+    OptionSpec(
+        "dead_letter",
+        "queue",
+        queue=True,
+        send=True,
+        nullable=True,
+        pgboss="deadLetter",
+        job_column="dead_letter",
+        queue_column="dead_letter",
+        fallback=True,
+        metavar="QUEUE",
+        help="queue for failed jobs",
+    ),
+    OptionSpec(
+        "warning_queued",
+        "int",
+        queue=True,
+        pgboss="warningQueueSize",
+        queue_column="warning_queued",
+        default=0,
+        metavar="N",
+        help="queued jobs that raise a warning (0 = global)",
+    ),
+    OptionSpec(
+        "retry_limit",
+        "int",
+        queue=True,
+        send=True,
+        pgboss="retryLimit",
+        job_column="retry_limit",
+        queue_column="retry_limit",
+        fallback=True,
+        default=2,
+        metavar="N",
+        help="attempts after the first",
+    ),
+    OptionSpec(
+        "retry_delay",
+        "int",
+        queue=True,
+        send=True,
+        pgboss="retryDelay",
+        job_column="retry_delay",
+        queue_column="retry_delay",
+        fallback=True,
+        default=0,
+        metavar="SECONDS",
+        help="seconds between attempts",
+    ),
+    OptionSpec(
+        "retry_backoff",
+        "bool",
+        queue=True,
+        send=True,
+        pgboss="retryBackoff",
+        job_column="retry_backoff",
+        queue_column="retry_backoff",
+        fallback=True,
+        default=False,
+        help="grow the delay on each retry",
+    ),
+    # As pg-boss: the cap is only meaningful next to the backoff it caps.
+    OptionSpec(
+        "retry_delay_max",
+        "int",
+        queue=True,
+        send=True,
+        nullable=True,
+        pgboss="retryDelayMax",
+        job_column="retry_delay_max",
+        queue_column="retry_delay_max",
+        fallback=True,
+        requires=("retry_backoff", True),
+        metavar="SECONDS",
+        help="cap of the backoff",
+    ),
+    OptionSpec(
+        "expire_seconds",
+        "int",
+        queue=True,
+        send=True,
+        minimum=1,
+        maximum=EXPIRE_MAX,
+        pgboss="expireInSeconds",
+        job_column="expire_seconds",
+        queue_column="expire_seconds",
+        fallback=True,
+        default=900,
+        metavar="SECONDS",
+        help="lease of an active job",
+    ),
+    # A job stores keep_until, counted from its start_after, not the seconds.
+    OptionSpec(
+        "retention_seconds",
+        "int",
+        queue=True,
+        send=True,
+        minimum=1,
+        pgboss="retentionSeconds",
+        queue_column="retention_seconds",
+        fallback=True,
+        default=1_209_600,
+        metavar="SECONDS",
+        help="how long a queued job may wait",
+    ),
+    OptionSpec(
+        "deletion_seconds",
+        "int",
+        queue=True,
+        send=True,
+        minimum=1,
+        pgboss="deleteAfterSeconds",
+        job_column="deletion_seconds",
+        queue_column="deletion_seconds",
+        fallback=True,
+        default=604_800,
+        metavar="SECONDS",
+        help="how long a finished job is kept",
+    ),
+)
+"""Every queue and send option, once; see :class:`OptionSpec`."""
+
+OPTION = {o.name: o for o in OPTIONS}
+"""The options of :data:`OPTIONS` by name."""
+
+INLINE_DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS if o.send and o.public}
+"""The value a job takes for each send option not given, in inline mode (pg-boss's defaults)."""
+
+QUEUE_OPTION_NAMES = frozenset(o.name for o in OPTIONS if o.queue)
+"""The keywords of ``create_queue``."""
+UPDATABLE_QUEUE_OPTIONS = frozenset(o.name for o in OPTIONS if o.queue and o.updatable)
+"""The keywords of ``update_queue``."""
+SEND_OPTION_NAMES = frozenset(o.name for o in OPTIONS if o.send and o.public)
+"""The keywords of ``send``."""
+ACCEPTED_SEND_OPTIONS = frozenset(o.name for o in OPTIONS if o.send)
+"""What ``send`` accepts: its keywords and the slot offset debounce sends with."""
 
 
 def check_int(option: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
@@ -119,61 +386,78 @@ def check_unknown(given: Mapping[str, object], allowed: frozenset[str], what: st
         )
 
 
-_INT_RULES: dict[str, tuple[int, int]] = {
-    "retry_limit": (0, INT32_MAX),
-    "retry_delay": (0, INT32_MAX),
-    "retry_delay_max": (0, INT32_MAX),
-    "expire_seconds": (1, EXPIRE_MAX),
-    "retention_seconds": (1, INT32_MAX),
-    "deletion_seconds": (1, INT32_MAX),
-    "warning_queued": (0, INT32_MAX),
-    "singleton_seconds": (1, INT32_MAX),
-    "singleton_offset": (-INT32_MAX - 1, INT32_MAX),
-    "priority": (-INT32_MAX - 1, INT32_MAX),
-}
+def check_option(name: str, value: object) -> Any:
+    """``value`` checked against the rules of option ``name``; returns it normalised
+    (a policy as its text, an id as a UUID, ``start_after`` as :class:`StartAfter`)."""
+    spec = OPTION[name]
+    if spec.kind == "when":
+        return start_after(value)
+    if value is None and spec.nullable:
+        return None
+    if spec.kind == "int":
+        return check_int(name, value, minimum=spec.minimum, maximum=spec.maximum)
+    if spec.kind == "bool":
+        return check_bool(name, value)
+    if spec.kind == "text":
+        return check_text(name, value, max_bytes=spec.max_bytes)
+    if spec.kind == "queue":
+        return validate_queue(value, name)
+    if spec.kind == "policy":
+        try:
+            return QueuePolicy(value if isinstance(value, str) else repr(value)).value
+        except ValueError:
+            raise InvalidOptionsError(
+                name, f"{value!r} is not one of " + ", ".join(p.value for p in QueuePolicy)
+            ) from None
+    if spec.kind == "uuid":
+        return job_id(value)
+    raise AssertionError(f"option {name!r} has an unknown kind {spec.kind!r}")
 
 
-def _check_common(opts: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in opts.items():
-        if value is None and key in ("retry_delay_max", "dead_letter", "singleton_key"):
-            out[key] = None
-        elif key in _INT_RULES:
-            lo, hi = _INT_RULES[key]
-            out[key] = check_int(key, value, minimum=lo, maximum=hi)
-        elif key in ("retry_backoff", "partition"):
-            out[key] = check_bool(key, value)
-        elif key == "singleton_key":
-            out[key] = check_text(key, value, max_bytes=limits.MAX_SINGLETON_KEY_BYTES)
-        else:
-            out[key] = value
-    if out.get("retry_delay_max") is not None and out.get("retry_backoff") is False:
-        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
-    return out
+def check_requirements(values: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> None:
+    """The rules between options (``requires`` in :data:`OPTIONS`), on ``values``
+    over ``base``: the values an option not in ``values`` takes (a queue's current
+    ones for ``update_queue``; none for ``create_queue`` and ``send``)."""
+    for spec in OPTIONS:
+        if spec.requires is None:
+            continue
+        if values.get(spec.name, (base or {}).get(spec.name)) is None:
+            continue
+        other, wanted = spec.requires
+        if values.get(other, (base or {}).get(other)) != wanted:
+            raise InvalidOptionsError(spec.name, f"is only allowed with {other}={wanted!r}")
+
+
+def check_options(given: Mapping[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
+    """Each option of ``given`` checked (unknown ones refused, naming ``what``
+    accepts them); returns the normalised values. The rules between options are
+    left to :func:`check_requirements`."""
+    check_unknown(given, allowed, what)
+    return {key: check_option(key, value) for key, value in given.items()}
 
 
 def queue_options(name: str, opts: Mapping[str, Any], *, update: bool = False) -> dict[str, Any]:
-    """Validate queue options; returns a normalised copy."""
-    check_unknown(
-        opts,
-        UPDATABLE_QUEUE_OPTIONS if update else QUEUE_OPTION_NAMES,
-        "update_queue" if update else "queue",
-    )
-    out = _check_common(opts)
-    if "policy" in out:
-        try:
-            out["policy"] = QueuePolicy(out["policy"]).value
-        except ValueError:
-            raise InvalidOptionsError(
-                "policy",
-                f"{out['policy']!r} is not one of " + ", ".join(p.value for p in QueuePolicy),
-            ) from None
-    if out.get("dead_letter") is not None:
-        validate_queue(out["dead_letter"], "dead_letter")
-        if out["dead_letter"] == name:
-            raise InvalidOptionsError("dead_letter", "a queue cannot be its own dead letter queue")
-    if out.get("retry_delay_max") is not None and not update and not out.get("retry_backoff"):
-        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
+    """Validate the options of ``create_queue`` (``update_queue`` with ``update``);
+    returns a normalised copy.
+
+    For an update, the rules between options also depend on the queue's current
+    values: the caller checks them with :func:`check_requirements` once it has read it.
+    """
+    if update:
+        out = check_options(opts, UPDATABLE_QUEUE_OPTIONS, "update_queue")
+    else:
+        out = check_options(opts, QUEUE_OPTION_NAMES, "queue")
+        check_requirements(out)
+    if out.get("dead_letter") is not None and out["dead_letter"] == name:
+        raise InvalidOptionsError("dead_letter", "a queue cannot be its own dead letter queue")
+    return out
+
+
+def send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the options of one job of ``send``; returns a normalised copy
+    (``start_after`` as :class:`StartAfter`, ``id`` as a UUID)."""
+    out = check_options(opts, ACCEPTED_SEND_OPTIONS, "send")
+    check_requirements(out)
     return out
 
 

@@ -198,9 +198,9 @@ class InlineQueueService:
         spec = self._specs.get(name)
         if spec is None:
             raise InvalidOptionsError("name", f"no inline handler for queue {name!r}")
-        opt.check_unknown(options, opt.SEND_OPTION_NAMES, "send")
+        checked = opt.send_options(options)
         opt.encode_json("data", data)
-        job = _inline_job(name, data, options)
+        job = _inline_job(name, data, checked)
         try:
             result = spec.fn(job, self.session) if spec.transactional else spec.fn(job)
         except Exception as exc:
@@ -227,31 +227,32 @@ class InlineQueueService:
         return self.send(name, data, **options)
 
 
-def _inline_job(name: str, data: Any, options: Mapping[str, Any]) -> Job:
+# The send options stored as they are in a job column; the other columns describe
+# where the job is in its life (start_after too: an inline job runs now).
+_STORED = tuple(o for o in opt.OPTIONS if o.send and o.public and o.job_column)
+
+
+def _inline_job(name: str, data: Any, checked: Mapping[str, Any]) -> Job:
+    """The job ``send`` would store, from checked options over pg-boss's defaults
+    (inline mode has no queue whose values a job could take)."""
     now = dt.datetime.now(dt.UTC)
+    values = {**opt.INLINE_DEFAULTS, **checked}
+    fields = {str(o.job_column): values[o.name] for o in _STORED}
+    fields["id"] = values["id"] or uuid.uuid4()
     return Job(
-        id=opt.job_id(options["id"]) if "id" in options else uuid.uuid4(),
         name=name,
         data=data,
         state=JobState.ACTIVE,
-        priority=options.get("priority", 0),
-        retry_limit=options.get("retry_limit", 2),
         retry_count=0,
-        retry_delay=options.get("retry_delay", 0),
-        retry_backoff=options.get("retry_backoff", False),
-        retry_delay_max=options.get("retry_delay_max"),
-        expire_seconds=options.get("expire_seconds", 900),
-        deletion_seconds=options.get("deletion_seconds", 604_800),
-        singleton_key=options.get("singleton_key"),
         singleton_on=None,
         start_after=now,
         created_on=now,
         started_on=now,
         completed_on=None,
-        keep_until=now + dt.timedelta(seconds=options.get("retention_seconds", 1_209_600)),
+        keep_until=now + dt.timedelta(seconds=values["retention_seconds"]),
         output=None,
-        dead_letter=options.get("dead_letter"),
         policy=None,
+        **fields,
     )
 
 

@@ -83,9 +83,10 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
     validate_queue(name)
     checked = opt.queue_options(name, options, update=True)
     current = yield from _require_queue(ctx, name)
-    backoff = checked.get("retry_backoff", current.retry_backoff)
-    if checked.get("retry_delay_max", current.retry_delay_max) is not None and not backoff:
-        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
+    # An option not given keeps the queue's value, which the rules between options see.
+    opt.check_requirements(
+        checked, {o.name: getattr(current, str(o.queue_column)) for o in opt.OPTIONS if o.queue}
+    )
     dead = checked.get("dead_letter")
     if dead is not None:
         found = yield from get_queue(ctx, dead)

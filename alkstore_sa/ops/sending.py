@@ -80,35 +80,14 @@ def _send_row(
 def _checked_row(
     options: Mapping[str, Any], data: Any, fresh_id: uuid.UUID | None
 ) -> dict[str, Any]:
-    opt.check_unknown(options, opt.SEND_OPTION_NAMES | {"singleton_offset"}, "send")
-    checked = opt._check_common(options)
-    if checked.get("retry_delay_max") is not None and checked.get("retry_backoff") is not True:
-        # As pg-boss: the cap is only meaningful next to the backoff it caps.
-        raise InvalidOptionsError("retry_delay_max", "is only allowed with retry_backoff=True")
-    when = opt.start_after(checked.get("start_after"))
-    if checked.get("dead_letter") is not None:
-        validate_queue(checked["dead_letter"], "dead_letter")
-    key = checked.get("singleton_key")
-    return {
-        "id": opt.job_id(checked["id"])
-        if checked.get("id") is not None
-        else (fresh_id or uuid.uuid4()),
-        "priority": checked.get("priority"),
-        "data": opt.encode_json("data", data),
-        "start_at": when.absolute,
-        "start_in": when.relative,
-        "singleton_key": key,
-        "singleton_seconds": checked.get("singleton_seconds"),
-        "singleton_offset": checked.get("singleton_offset"),
-        "expire_seconds": checked.get("expire_seconds"),
-        "deletion_seconds": checked.get("deletion_seconds"),
-        "retention_seconds": checked.get("retention_seconds"),
-        "retry_limit": checked.get("retry_limit"),
-        "retry_delay": checked.get("retry_delay"),
-        "retry_backoff": checked.get("retry_backoff"),
-        "retry_delay_max": checked.get("retry_delay_max"),
-        "dead_letter": checked.get("dead_letter"),
-    }
+    checked = opt.send_options(options)
+    when: opt.StartAfter = checked.pop("start_after", opt.StartAfter(None, None))
+    row = {name: checked.get(name) for name in send_sql.OPTION_INPUTS}
+    row["id"] = checked.get("id") or fresh_id or uuid.uuid4()
+    row["data"] = opt.encode_json("data", data)
+    row["start_at"] = when.absolute
+    row["start_in"] = when.relative
+    return row
 
 
 def _check_dead_letters(name: str, specs: Sequence[Mapping[str, Any]]) -> Op[None]:

@@ -31,30 +31,42 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
+from ..options import OPTION, OPTIONS, OptionSpec
 from ._common import JOB, QUEUE, seconds
 
-# Per-job input columns, in the order of the bound arrays.
+# The SQL type of each kind of option value (see OptionSpec.kind), for its input array.
+_INPUT_TYPES: dict[str, Any] = {
+    "int": Integer(),
+    "bool": Boolean(),
+    "text": Text(),
+    "queue": Text(),
+    "uuid": Uuid(),
+}
+
+OPTION_INPUTS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.send and o.kind != "when")
+"""The send options bound as an input array of their own name; ``start_after``
+is bound as ``start_at`` (a time) or ``start_in`` (an interval)."""
+
 INPUT_COLUMNS: list[tuple[str, Any]] = [
-    ("id", Uuid()),
-    ("priority", Integer()),
+    *((name, _INPUT_TYPES[OPTION[name].kind]) for name in OPTION_INPUTS),
     ("data", Text()),
     ("start_at", TIMESTAMP(timezone=True)),
     ("start_in", Interval()),
-    ("singleton_key", Text()),
-    ("singleton_seconds", Integer()),
-    ("singleton_offset", Integer()),
-    ("expire_seconds", Integer()),
-    ("deletion_seconds", Integer()),
-    ("retention_seconds", Integer()),
-    ("retry_limit", Integer()),
-    ("retry_delay", Integer()),
-    ("retry_backoff", Boolean()),
-    ("retry_delay_max", Integer()),
-    ("dead_letter", Text()),
 ]
-
+"""Per-job input columns, in the order of the bound arrays."""
 
 ALL_INPUTS = frozenset(n for n, _ in INPUT_COLUMNS)
+
+
+def _job_value(src: Any, q: Any, spec: OptionSpec) -> ColumnElement[Any]:
+    """The job's value of option ``spec``: its own, else the queue's (an option with
+    a queue fallback), else pg-boss's default."""
+    value: ColumnElement[Any] = src.c[spec.name]
+    if spec.fallback:
+        return func.coalesce(value, q.c[spec.queue_column])
+    if spec.default is not None:
+        return func.coalesce(value, spec.default)
+    return value
 
 
 @functools.cache
@@ -106,48 +118,24 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
             ),
         ),
     )
+    values: dict[str, ColumnElement[Any]] = {
+        str(o.job_column): _job_value(src, q, o) for o in OPTIONS if o.send and o.job_column
+    }
+    values.update(
+        name=q.c.name,
+        data=cast(src.c.data, JSONB),
+        singleton_on=singleton_on,
+        start_after=start_after,
+        # Retention counts from start_after, so deferred jobs are not cut short.
+        keep_until=start_after + seconds(_job_value(src, q, OPTION["retention_seconds"])),
+        policy=q.c.policy,
+    )
     rows = (
-        select(
-            src.c.id,
-            q.c.name,
-            func.coalesce(src.c.priority, 0),
-            cast(src.c.data, JSONB),
-            func.coalesce(src.c.retry_limit, q.c.retry_limit),
-            func.coalesce(src.c.retry_delay, q.c.retry_delay),
-            func.coalesce(src.c.retry_backoff, q.c.retry_backoff, False),
-            func.coalesce(src.c.retry_delay_max, q.c.retry_delay_max),
-            func.coalesce(src.c.expire_seconds, q.c.expire_seconds),
-            func.coalesce(src.c.deletion_seconds, q.c.deletion_seconds),
-            src.c.singleton_key,
-            singleton_on,
-            start_after,
-            # Retention counts from start_after, so deferred jobs are not cut short.
-            start_after + seconds(func.coalesce(src.c.retention_seconds, q.c.retention_seconds)),
-            func.coalesce(src.c.dead_letter, q.c.dead_letter),
-            q.c.policy,
-        )
+        select(*values.values())
         .select_from(src.join(q, true()))
         .where(q.c.name == bindparam("qname", type_=Text))
     )
-
-    target_columns = [
-        "id",
-        "name",
-        "priority",
-        "data",
-        "retry_limit",
-        "retry_delay",
-        "retry_backoff",
-        "retry_delay_max",
-        "expire_seconds",
-        "deletion_seconds",
-        "singleton_key",
-        "singleton_on",
-        "start_after",
-        "keep_until",
-        "dead_letter",
-        "policy",
-    ]
+    target_columns = list(values)
     ins = (
         insert(JOB)
         .from_select(target_columns, rows)
