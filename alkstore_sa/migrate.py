@@ -44,7 +44,7 @@ from .migrations import (
     VERSION_TABLE,
     refuse_foreign_revisions,
 )
-from .models import Version
+from .models import VersionRow
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | N
     ).scalar_one()
     if not exists:
         return None
-    stmt = select(Version.version).limit(1)
+    stmt = select(VersionRow.version).limit(1)
     found = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema}).execute(stmt)
     value = found.scalar()
     return -1 if value is None else int(value)

@@ -32,7 +32,7 @@ from .enums import job_state_type
 TZ = DateTime(timezone=True)
 
 
-class Version(Base):
+class VersionRow(Base):
     """The single row naming the schema version (26) and the cron throttle."""
 
     __tablename__ = "version"
@@ -42,7 +42,7 @@ class Version(Base):
     cron_on: Mapped[dt.datetime | None] = mapped_column(TZ)
 
 
-class Queue(Base):
+class QueueRow(Base):
     """A queue: its policy, retry and retention defaults, and cached counters."""
 
     __tablename__ = "queue"
@@ -76,7 +76,7 @@ class Queue(Base):
     updated_on: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
 
-class Schedule(Base):
+class ScheduleRow(Base):
     """A cron schedule; ``key`` lets one queue carry several schedules."""
 
     __tablename__ = "schedule"
@@ -94,7 +94,7 @@ class Schedule(Base):
     updated_on: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
 
-class Subscription(Base):
+class SubscriptionRow(Base):
     """Maps a published event to the queues that receive it."""
 
     __tablename__ = "subscription"
@@ -137,7 +137,7 @@ class _JobColumns:
     policy: Mapped[str | None] = mapped_column(Text)
 
 
-class Job(_JobColumns, Base):
+class JobRow(_JobColumns, Base):
     """The partitioned job table (``PARTITION BY LIST (name)``).
 
     Statements address this parent; PostgreSQL routes rows to ``job_common`` or to
@@ -155,7 +155,7 @@ def _key() -> Any:
     return func.coalesce(text("singleton_key"), text("''"))
 
 
-class JobCommon(_JobColumns, Base):
+class JobCommonRow(_JobColumns, Base):
     """The DEFAULT partition holding every non-partitioned queue's jobs.
 
     Its indexes are named ``job_i1`` ... ``job_i6`` (a pg-boss quirk kept for

@@ -21,14 +21,14 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType
 
-from ..models import Job, Queue, Schedule, Subscription, Version, job_state_type
+from ..models import JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow, job_state_type
 from ..models.enums import JobState
 
-JOB: Table = Job.__table__  # type: ignore[assignment]
-QUEUE: Table = Queue.__table__  # type: ignore[assignment]
-SCHEDULE: Table = Schedule.__table__  # type: ignore[assignment]
-SUBSCRIPTION: Table = Subscription.__table__  # type: ignore[assignment]
-VERSION: Table = Version.__table__  # type: ignore[assignment]
+JOB: Table = JobRow.__table__  # type: ignore[assignment]
+QUEUE: Table = QueueRow.__table__  # type: ignore[assignment]
+SCHEDULE: Table = ScheduleRow.__table__  # type: ignore[assignment]
+SUBSCRIPTION: Table = SubscriptionRow.__table__  # type: ignore[assignment]
+VERSION: Table = VersionRow.__table__  # type: ignore[assignment]
 
 JOB_COLUMNS = [c.name for c in JOB.columns]
 
