@@ -20,11 +20,22 @@ from .errors import (
 )
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
-from .options import JobSpec, QueueOptions, SendOptions
-from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled, UnreadableJob
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
+from .records import (
+    FailResult,
+    Job,
+    QueueInfo,
+    QueueStats,
+    QueueWarning,
+    ScheduleInfo,
+    Settled,
+    Settlement,
+    SupervisionReport,
+    UnreadableJob,
+)
 from .service import QueueService
 from .service_async import AsyncQueueService
-from .worker import AsyncWorker, Worker
+from .worker import AsyncWorker, HandlerSpec, Listener, QueueCounts, Worker
 
 __version__ = "0.1.0"
 
@@ -34,13 +45,17 @@ __all__ = [
     "AlkstoreError",
     "AsyncQueueService",
     "AsyncWorker",
+    "FailResult",
     "ForeignRevisionError",
+    "HandlerSpec",
     "InvalidNameError",
     "InvalidOptionsError",
     "Job",
     "JobLostError",
     "JobSpec",
     "JobState",
+    "Listener",
+    "QueueCounts",
     "QueueExistsError",
     "QueueInfo",
     "QueueNotFoundError",
@@ -48,11 +63,15 @@ __all__ = [
     "QueuePolicy",
     "QueueService",
     "QueueStats",
+    "QueueWarning",
     "ScheduleInfo",
     "SchemaNotInstalledError",
     "SchemaVersionError",
     "SendOptions",
     "Settled",
+    "Settlement",
+    "SupervisionReport",
+    "TimedSendOptions",
     "UnreadableJob",
     "Worker",
 ]

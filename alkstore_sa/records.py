@@ -191,9 +191,45 @@ class ScheduleInfo:
     updated_on: dt.datetime
 
 
+# ---------------------------------------------------------------- results
+#
+# One result type per family of calls (docs/reference/api.md, "Results"):
+# calls that change jobs named by id or Job return Settled (FailResult for fail,
+# which also says where each job went); calls that delete by state return an
+# int count; supervision returns a SupervisionReport.
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One item of ``complete_many``/``fail_many``/``extend_leases``: a job id, its
+    output and, for worker code, the fencing token.
+
+    With ``started_on`` (the fetched :class:`Job`'s) the settlement is fenced: it
+    applies only while the job is still ``active`` in the attempt that started
+    then. Without it (``None``) it is UNFENCED and follows pg-boss's by-id rules;
+    ``extend_leases`` is always fenced, so an unfenced item matches no job there.
+    Passing the fetched Job, or ``(job, output)``, builds the fenced form for you.
+    """
+
+    id: uuid.UUID
+    output: Any = None
+    started_on: dt.datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """What ``complete``/``fail``/``cancel``/... did: ids asked for and ids changed."""
+    """What a call that changes jobs by id (or by fetched :class:`Job`) did.
+
+    Returned by ``complete``, ``complete_many``, ``cancel``, ``resume``, ``retry``,
+    ``delete_job`` and ``delete_jobs``; ``fail`` and ``fail_many`` return a
+    :class:`FailResult`, a Settled that also says where each failed job went.
+    ``requested - count`` jobs were unknown, or not in a state the call applies
+    to (a stale fenced settlement included). Deletes by state
+    (``delete_queued_jobs`` ...) know no ids and return a count instead.
+
+    :ivar requested: how many jobs the call named.
+    :ivar affected: the ids of the jobs it changed.
+    """
 
     requested: int
     affected: list[uuid.UUID]
@@ -202,3 +238,83 @@ class Settled:
     def count(self) -> int:
         """How many jobs changed."""
         return len(self.affected)
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult(Settled):
+    """What ``fail`` or ``fail_many`` did: a :class:`Settled` with each job's new state.
+
+    A job with retries left went to ``retry`` (with its delay and backoff); the
+    others to ``failed``, each with a copy sent to its dead letter queue if it
+    has one.
+
+    :ivar states: the new state of each affected job (``retry`` or ``failed``).
+    :ivar dead_lettered: how many copies were sent to dead letter queues.
+    """
+
+    states: dict[uuid.UUID, JobState]
+    dead_lettered: int
+
+    @property
+    def retried(self) -> list[uuid.UUID]:
+        """The affected jobs that will be tried again."""
+        return [i for i in self.affected if self.states.get(i) == JobState.RETRY]
+
+    @property
+    def failed(self) -> list[uuid.UUID]:
+        """The affected jobs that failed for good."""
+        return [i for i in self.affected if self.states.get(i) == JobState.FAILED]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWarning:
+    """A queue holds more queued jobs than its threshold (found by supervision).
+
+    :ivar queue: the queue's name.
+    :ivar queued: its queued (created and retry) jobs when counted.
+    :ivar threshold: the queue's ``warning_queued``, else the supervisor's
+        ``warning_queue_size``.
+    """
+
+    queue: str
+    queued: int
+    threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisionReport:
+    """What one supervision pass did (empty collections: nothing to do, or not our turn).
+
+    Returned by ``QueueService.supervise`` and by the supervisors' ``run_once``.
+
+    :ivar monitored: queues whose counters this pass refreshed (it won their turn).
+    :ivar warnings: queues over their queued-jobs threshold.
+    :ivar expired: active jobs failed for running past their lease, per queue.
+    :ivar maintained: queues whose old jobs this pass deleted (it won their turn).
+    :ivar deleted: jobs deleted per queue.
+    :ivar cron_checked: this pass won the cluster-wide cron turn and evaluated schedules.
+    :ivar fired: schedules (``"<queue>__<key>"``) sent to ``__pgboss__send-it``.
+    :ivar sent: jobs created in their target queues from ``__pgboss__send-it``.
+    :ivar skew_seconds: database clock minus local clock, as last measured.
+    :ivar busy: steps skipped because another session held their advisory lock.
+    :ivar errors: steps that failed (each also logged).
+    """
+
+    monitored: tuple[str, ...] = ()
+    warnings: tuple[QueueWarning, ...] = ()
+    expired: Mapping[str, int] = field(default_factory=dict)
+    maintained: tuple[str, ...] = ()
+    deleted: Mapping[str, int] = field(default_factory=dict)
+    cron_checked: bool = False
+    fired: tuple[str, ...] = ()
+    sent: int = 0
+    skew_seconds: float | None = None
+    busy: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def idle(self) -> bool:
+        """True when the pass changed nothing and found nothing to report."""
+        return not (
+            self.monitored or self.maintained or self.cron_checked or self.sent or self.errors
+        )

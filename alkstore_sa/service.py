@@ -21,7 +21,16 @@ from ._engine_cache import execution_options, make_context
 from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
-from .records import Job, QueueInfo, QueueStats, ScheduleInfo, Settled
+from .records import (
+    FailResult,
+    Job,
+    QueueInfo,
+    QueueStats,
+    ScheduleInfo,
+    Settled,
+    Settlement,
+    SupervisionReport,
+)
 
 T = TypeVar("T")
 
@@ -37,6 +46,12 @@ class QueueService:
     :param schema: the queue schema (default ``pgboss``, as Node pg-boss).
     :param notify: announce new jobs with ``pg_notify`` (delivered on commit), so
         that listening workers wake at once.
+
+    Results, one type per family (docs/reference/api.md, "Results"): calls that
+    change jobs named by id or Job return :class:`~alkstore_sa.Settled`
+    (``fail``/``fail_many`` its subclass :class:`~alkstore_sa.FailResult`);
+    deletes by state return a count; ``supervise`` returns a
+    :class:`~alkstore_sa.SupervisionReport`.
     """
 
     def __init__(self, session: Session, *, schema: str = DEFAULT_SCHEMA, notify: bool = True):
@@ -214,6 +229,8 @@ class QueueService:
         pg-boss's ``complete`` does. Use ids for administration, never in a
         handler or worker; use the Job there.
 
+        Returns a :class:`~alkstore_sa.Settled`: the jobs named and those completed.
+
         :raises InvalidOptionsError: for a Job of another queue or one that was
             never fetched (no ``started_on``), before any SQL.
         """
@@ -225,7 +242,7 @@ class QueueService:
         name: str,
         jobs: Job | uuid.UUID | str | Sequence[Job | uuid.UUID | str],
         output: Any = None,
-    ) -> Settled:
+    ) -> FailResult:
         """Fail jobs: retry with the job's delay/backoff while retries remain,
         else ``failed`` and a copy to the dead letter queue.
 
@@ -238,45 +255,50 @@ class QueueService:
         retry or active), as pg-boss's ``fail`` does. Use ids for
         administration; in worker code use the Job.
 
+        Returns a :class:`~alkstore_sa.FailResult`: the jobs failed, the state
+        each went to (``retry`` or ``failed``) and how many were dead-lettered.
+
         :raises InvalidOptionsError: for a Job of another queue or one that was
             never fetched (no ``started_on``), before any SQL.
         """
         items = ops.working.settlements(name, jobs, output)
-        result = self._run(ops.fail_many(self._ctx, name, items))
-        return result.settled
+        return self._run(ops.fail_many(self._ctx, name, items))
 
     def complete_many(
         self,
         name: str,
-        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | ops.Settlement],
+        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | Settlement],
     ) -> Settled:
         """Complete jobs with per-job outputs in one statement.
 
         Each item is a fetched :class:`~alkstore_sa.Job` (fenced, output
         ``None``), ``(job, output)``, or an id or ``(id, output)`` (UNFENCED,
-        for administration), as :meth:`complete` describes.
+        for administration), as :meth:`complete` describes, or a
+        :class:`~alkstore_sa.Settlement`. Returns a :class:`~alkstore_sa.Settled`.
         """
         return self._run(ops.complete_many(self._ctx, name, items))
 
     def fail_many(
         self,
         name: str,
-        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | ops.Settlement],
-    ) -> ops.FailResult:
+        items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | Settlement],
+    ) -> FailResult:
         """Fail jobs with per-job outputs in one statement.
 
         Items as in :meth:`complete_many`: a Job or ``(job, output)`` is fenced
-        (see :meth:`fail`); an id or ``(id, output)`` is UNFENCED.
+        (see :meth:`fail`); an id or ``(id, output)`` is UNFENCED. Returns a
+        :class:`~alkstore_sa.FailResult`, as :meth:`fail` does.
         """
         return self._run(ops.fail_many(self._ctx, name, items))
 
     def extend_leases(
-        self, name: str, items: Sequence[Job | ops.Settlement], extend_by: int
+        self, name: str, items: Sequence[Job | Settlement], extend_by: int
     ) -> list[uuid.UUID]:
         """Push the expiry of active jobs to ``extend_by`` seconds from now.
 
         Always fenced: pass the fetched :class:`~alkstore_sa.Job`; only a job
-        still ``active`` in that attempt is extended.
+        still ``active`` in that attempt is extended. Returns the ids of the
+        jobs extended (a lease is not a settlement: the job stays ``active``).
         """
         return self._run(ops.extend_leases(self._ctx, name, items, extend_by))
 
@@ -292,10 +314,9 @@ class QueueService:
         """Give failed jobs one more attempt."""
         return self._run(ops.retry(self._ctx, name, ids))
 
-    def delete_job(self, name: str, id: uuid.UUID | str) -> bool:
-        """Delete one job, whatever its state."""
-        settled = self._run(ops.delete_jobs(self._ctx, name, id))
-        return settled.count == 1
+    def delete_job(self, name: str, id: uuid.UUID | str) -> Settled:
+        """Delete one job, whatever its state (``affected`` is empty if there was none)."""
+        return self._run(ops.delete_jobs(self._ctx, name, id))
 
     def delete_jobs(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> Settled:
         """Delete jobs, whatever their state."""
@@ -384,7 +405,7 @@ class QueueService:
 
     def supervise(
         self, queues: str | Sequence[str] | None = None, *, force: bool = False, **settings: Any
-    ) -> ops.maintenance.SupervisionReport:
+    ) -> SupervisionReport:
         """Run one supervision pass in the caller's transaction; return what it did.
 
         The same pass a worker's supervisor runs (as pg-boss's maintenance does): per queue,

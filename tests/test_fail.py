@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from alkstore_sa import JobState
+from alkstore_sa import FailResult, JobState, Settlement
 
 
 def job_row(env: Any, job_id: uuid.UUID) -> Any:
@@ -177,19 +177,26 @@ def test_fail_of_a_finished_job_changes_nothing(env: Any, queue: str) -> None:
 
 
 def test_fail_many_reports_the_state_of_each_job(env: Any, queue: str) -> None:
-    from alkstore_sa.ops import Settlement
-
     retrying = env.tx(lambda q: q.send(queue, None, retry_limit=1))
     final = env.tx(lambda q: q.send(queue, None, retry_limit=0))
     result = env.tx(
         lambda q: q.fail_many(queue, [Settlement(retrying, "a"), Settlement(final, "b")])
     )
     assert result.states == {retrying: JobState.RETRY, final: JobState.FAILED}
-    assert sorted(result.settled.affected) == sorted([retrying, final])
+    assert sorted(result.affected) == sorted([retrying, final])
     assert (job_row(env, retrying).output, job_row(env, final).output) == (
         {"value": "a"},
         {"value": "b"},
     )
+
+
+def test_fail_returns_the_same_result_as_fail_many(env: Any, queue: str) -> None:
+    retrying = env.tx(lambda q: q.send(queue, None, retry_limit=1))
+    final = env.tx(lambda q: q.send(queue, None, retry_limit=0))
+    result = env.tx(lambda q: q.fail(queue, [retrying, final, uuid.uuid4()], "boom"))
+    assert isinstance(result, FailResult)
+    assert (result.requested, sorted(result.affected)) == (3, sorted([retrying, final]))
+    assert (result.retried, result.failed, result.dead_lettered) == ([retrying], [final], 0)
 
 
 # ------------------------------------------------------------------ dead letters
@@ -261,7 +268,5 @@ def test_job_without_dead_letter_is_only_failed(env: Any, queue: str) -> None:
     assert env.sql("SELECT count(*) FROM {s}.job") == [(1,)]
 
 
-def _settle(job_id: uuid.UUID) -> Any:
-    from alkstore_sa.ops import Settlement
-
+def _settle(job_id: uuid.UUID) -> Settlement:
     return Settlement(job_id, None)

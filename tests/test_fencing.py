@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from test_worker_support import Harness, send, wait_for
 
-from alkstore_sa import InvalidOptionsError, Job
-from alkstore_sa.ops import Settlement
+from alkstore_sa import InvalidOptionsError, Job, Settlement
 
 TIMED_OUT = {"value": {"message": "job timed out"}}
 
@@ -130,7 +129,7 @@ def test_stale_fail_many_by_job_after_expiry_reports_no_state(env: Any, queue: s
     expire(env, queue)
     before = row(env, stale.id)
     result = env.tx(lambda q: q.fail_many(queue, [(stale, "late")]))
-    assert (result.settled.affected, result.states, result.dead_lettered) == ([], {}, 0)
+    assert (result.affected, result.states, result.dead_lettered) == ([], {}, 0)
     assert row(env, stale.id) == before
 
 
@@ -224,7 +223,7 @@ def test_fail_many_with_jobs_fails_only_current_attempts(env: Any, queue: str) -
     expire(env, queue)
     current = fetched(env, queue, retry_limit=0)
     result = env.tx(lambda q: q.fail_many(queue, [(stale, "late"), (current, "boom")]))
-    assert result.settled.affected == [current.id]
+    assert result.affected == [current.id]
     assert result.states == {current.id: "failed"}
     assert row(env, stale.id).output == TIMED_OUT
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from alkstore_sa import Job, JobState
-from alkstore_sa.ops import Settlement
+from alkstore_sa import Job, JobState, Settlement
 
 
 def job_row(env: Any, job_id: uuid.UUID) -> Any:
@@ -150,7 +149,7 @@ def test_fail_with_a_stale_fence_changes_nothing(env: Any, queue: str) -> None:
     before = job_row(env, job.id)
     stale = started(job) + dt.timedelta(microseconds=1)
     result = env.tx(lambda q: q.fail_many(queue, [Settlement(job.id, "x", stale)]))
-    assert result.settled.affected == [] and result.states == {}
+    assert result.affected == [] and result.states == {}
     assert job_row(env, job.id) == before
 
 
@@ -160,7 +159,7 @@ def test_worker_of_an_earlier_attempt_cannot_settle_the_next_one(env: Any, queue
     [second] = env.tx(lambda q: q.fetch(queue))
     old = Settlement(first.id, "late", first.started_on)
     assert env.tx(lambda q: q.complete_many(queue, [old])).affected == []
-    assert env.tx(lambda q: q.fail_many(queue, [old])).settled.affected == []
+    assert env.tx(lambda q: q.fail_many(queue, [old])).affected == []
     row = job_row(env, first.id)
     assert (row.state, row.started_on) == ("active", second.started_on)
 
@@ -246,9 +245,11 @@ def test_retry_only_changes_failed_jobs(env: Any, queue: str) -> None:
 
 def test_delete_job_removes_it_whatever_its_state(env: Any, queue: str) -> None:
     job = active_job(env, queue)
-    assert env.tx(lambda q: q.delete_job(queue, job.id)) is True
+    deleted = env.tx(lambda q: q.delete_job(queue, job.id))
+    assert (deleted.requested, deleted.affected) == (1, [job.id])
     assert job_row(env, job.id) is None
-    assert env.tx(lambda q: q.delete_job(queue, job.id)) is False
+    again = env.tx(lambda q: q.delete_job(queue, job.id))
+    assert (again.requested, again.affected) == (1, [])
 
 
 def test_delete_jobs_removes_the_listed_jobs(env: Any, queue: str) -> None:

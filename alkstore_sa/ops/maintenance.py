@@ -30,6 +30,8 @@ from .. import options as opt
 from ..cron import previous_fire
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
 from ..names import SEND_IT_QUEUE, validate_queue
+from ..records import QueueWarning as QueueWarning  # re-exported: the supervisors report it
+from ..records import SupervisionReport as SupervisionReport
 from ..sql import fail as fail_sql
 from ..sql import locks
 from ..sql import maintenance as sql
@@ -45,52 +47,6 @@ CHUNK = 100  # queue names per statement, as pg-boss
 SEND_IT_BATCH = 50  # send-it jobs per fetch, as pg-boss
 SEND_IT_ROUNDS = 20  # full batches worked per pass before yielding to the other steps
 SLOT_SECONDS = 60  # a schedule fires at most once per slot
-
-
-@dataclass(frozen=True, slots=True)
-class QueueWarning:
-    """A queue holds more queued jobs than its threshold."""
-
-    queue: str
-    queued: int
-    threshold: int
-
-
-@dataclass(frozen=True, slots=True)
-class SupervisionReport:
-    """What one supervision pass did (empty collections: nothing to do, or not our turn).
-
-    :ivar monitored: queues whose counters this pass refreshed (it won their turn).
-    :ivar warnings: queues over their queued-jobs threshold.
-    :ivar expired: active jobs failed for running past their lease, per queue.
-    :ivar maintained: queues whose old jobs this pass deleted (it won their turn).
-    :ivar deleted: jobs deleted per queue.
-    :ivar cron_checked: this pass won the cluster-wide cron turn and evaluated schedules.
-    :ivar fired: schedules (``"<queue>__<key>"``) sent to ``__pgboss__send-it``.
-    :ivar sent: jobs created in their target queues from ``__pgboss__send-it``.
-    :ivar skew_seconds: database clock minus local clock, as last measured.
-    :ivar busy: steps skipped because another session held their advisory lock.
-    :ivar errors: steps that failed (each also logged).
-    """
-
-    monitored: tuple[str, ...] = ()
-    warnings: tuple[QueueWarning, ...] = ()
-    expired: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    maintained: tuple[str, ...] = ()
-    deleted: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    cron_checked: bool = False
-    fired: tuple[str, ...] = ()
-    sent: int = 0
-    skew_seconds: float | None = None
-    busy: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-
-    @property
-    def idle(self) -> bool:
-        """True when the pass changed nothing and found nothing to report."""
-        return not (
-            self.monitored or self.maintained or self.cron_checked or self.sent or self.errors
-        )
 
 
 _INTERVALS: dict[str, tuple[float, float]] = {  # name: (pg-boss default, pg-boss maximum)

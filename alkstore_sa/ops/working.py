@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,8 +12,11 @@ from sqlalchemy import Executable
 
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
+from ..models.enums import JobState
 from ..names import validate_queue
+from ..records import FailResult as FailResult  # re-exported: the workers read it
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job
+from ..records import Settlement as Settlement
 from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
 from ..sql import reading as reading_sql
@@ -135,20 +137,6 @@ def _claim_once(
     return [j for j in jobs if not isinstance(j, UnreadableJob)], poisoned
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """One job to complete or fail: its output and, for workers, the fencing token.
-
-    With ``started_on`` the settlement is fenced: it applies only while the job
-    is still ``active`` in the attempt that started then. Without it (``None``)
-    it is unfenced and follows pg-boss's by-id rules.
-    """
-
-    id: uuid.UUID
-    output: Any = None
-    started_on: datetime | None = None
-
-
 def _fence(value: object) -> datetime | None:
     if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
         return value
@@ -252,27 +240,19 @@ def complete_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[Se
     return Settled(len(settled), affected)
 
 
-@dataclass(frozen=True, slots=True)
-class FailResult:
-    """What the fail statement did to each job it found."""
-
-    settled: Settled
-    states: dict[uuid.UUID, str]
-    dead_lettered: int
-
-
 def fail_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[FailResult]:
     """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
     ones while not finished (pg-boss's fail by id)."""
     settled = settlement_items(name, items)
     if not settled:
-        return FailResult(Settled(0, []), {}, 0)
+        return FailResult(0, [], {}, 0)
     result = yield Call(fail_sql.fail_jobs(), _settle_params(name, settled))
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
     return FailResult(
-        Settled(len(settled), [r.id for r in rows]),
-        {r.id: r.state for r in rows},
+        len(settled),
+        [r.id for r in rows],
+        {r.id: JobState(r.state) for r in rows},
         int(rows[0].dead_lettered) if rows else 0,
     )
 
