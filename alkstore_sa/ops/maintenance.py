@@ -211,6 +211,13 @@ def database_epoch(ctx: Context) -> Op[float]:
     return float(result.scalar_one())
 
 
+def with_lock_timeouts(unit: Op[T]) -> Op[T]:
+    """``unit`` in a transaction of its own, with pg-boss's lock and idle timeouts
+    (``SET LOCAL``), so that a supervision step never waits long on a lock."""
+    yield Call(sql.local_timeouts())
+    return (yield from unit)
+
+
 def ensure_send_it(ctx: Context) -> Op[None]:
     """Create ``__pgboss__send-it`` if missing (as Node does on start)."""
     if (yield from get_queue(ctx, SEND_IT_QUEUE)) is None:
