@@ -438,3 +438,203 @@ def execute_function(template: str, schema: str) -> None:
     op.execute(
         sa.text(template.replace("@S@", quote_schema(schema)).replace("@L@", literal(schema)))
     )
+
+
+# --------------------------------------------------------------------------- create_queue
+#
+# pg-boss replaces create_queue() whenever the shape of a new partition changes. What
+# differs between its versions is only which columns the queue row gets and which
+# indexes a new partition gets; the function below is our own, generated per version.
+
+
+def _fetch_index(version: int) -> JobIndex:
+    # The fetch index of a new partition: job_i5 until 40, job_i11 from 40 on.
+    if version >= 40:
+        return JobIndex("i11", "name, priority DESC, created_on, start_after", _QUEUED_UNBLOCKED)
+    if version >= 33:
+        return JobIndex("i5", "name, start_after", _QUEUED_UNBLOCKED)
+    if version >= 31:
+        return JobIndex("i5", "name, start_after", _QUEUED_UNBLOCKED, include=_I5_INCLUDE)
+    return JobIndex("i5", "name, start_after", "state < 'active'", include=_I5_INCLUDE)
+
+
+_QUEUED_UNBLOCKED = "state < 'active' AND NOT blocked"
+_I5_INCLUDE = "priority, created_on, id"
+_KEY = "COALESCE(singleton_key, '')"
+_KEY_STRICT_FIFO_CHECK = (
+    "ALTER TABLE %1$I.%2$I ADD CONSTRAINT job_key_strict_fifo_singleton_key_check "
+    "CHECK (NOT (policy = 'key_strict_fifo' AND singleton_key IS NULL))"
+)
+
+
+def partition_indexes(version: int) -> tuple[list[JobIndex], dict[str, list[JobIndex]]]:
+    """The indexes ``create_queue()`` of pg-boss schema ``version`` gives a new partition.
+
+    Returns the indexes every partition gets, and those only a partition of one policy
+    gets (by policy name).
+    """
+    common = [
+        _fetch_index(version),
+        JobIndex(
+            "i4",
+            f"name, singleton_on, {_KEY}",
+            "state <> 'cancelled' AND singleton_on IS NOT NULL",
+            unique=True,
+        ),
+    ]
+    if version >= 27:
+        common.append(JobIndex("i7", "name, group_id", "state = 'active' AND group_id IS NOT NULL"))
+    if version >= 33:
+        common.append(JobIndex("i9", "name, id", "blocking AND state = 'completed'"))
+    if version >= 43:
+        common.append(JobIndex("i12", "source_root_id", "source_root_id IS NOT NULL"))
+    if version >= 45:
+        common.append(
+            JobIndex(
+                "i13", "name, singleton_key", "state = 'created' AND upsert_by_key", unique=True
+            )
+        )
+    if version >= 46:
+        common += [
+            JobIndex(
+                "i14",
+                "name, state, blocked, start_after",
+                "state IN ('created', 'retry', 'active', 'failed')",
+            ),
+            JobIndex("i15", "name, created_on"),
+            JobIndex("i16", "name, completed_on", "completed_on IS NOT NULL"),
+            JobIndex(
+                "i17",
+                "name, singleton_key, created_on",
+                "state < 'active' AND singleton_key IS NOT NULL",
+            ),
+        ]
+    by_policy = {
+        "short": [
+            JobIndex("i1", f"name, {_KEY}", "state = 'created' AND policy = 'short'", unique=True)
+        ],
+        "singleton": [
+            JobIndex(
+                "i2", f"name, {_KEY}", "state = 'active' AND policy = 'singleton'", unique=True
+            )
+        ],
+        "stately": [
+            JobIndex(
+                "i3",
+                f"name, state, {_KEY}",
+                "state <= 'active' AND policy = 'stately'",
+                unique=True,
+            )
+        ],
+        "exclusive": [
+            JobIndex(
+                "i6", f"name, {_KEY}", "state <= 'active' AND policy = 'exclusive'", unique=True
+            )
+        ],
+    }
+    if version >= 28:
+        by_policy["key_strict_fifo"] = [
+            JobIndex(
+                "i8",
+                "name, singleton_key",
+                "state IN ('active', 'retry', 'failed') AND policy = 'key_strict_fifo'",
+                unique=True,
+            )
+        ]
+    if version >= 38:
+        by_policy["key_strict_fifo"].append(
+            JobIndex(
+                "i10",
+                "name, singleton_key, state DESC, created_on, id",
+                "state < 'active' AND NOT blocked AND policy = 'key_strict_fifo'",
+                include="start_after",
+            )
+        )
+    return common, by_policy
+
+
+def create_queue_function(version: int) -> str:
+    """``create_queue(queue_name text, options jsonb)`` as of pg-boss schema ``version``.
+
+    A template for :func:`execute_function`. It inserts the queue row (ignoring an
+    existing one) and, for a new queue with ``"partition": true``, creates its table
+    with the constraints and indexes that version gives a partition, then attaches it.
+    """
+    if version < 26:
+        raise ValueError(f"no create_queue for pg-boss schema version {version}")
+    columns = [
+        ("name", "queue_name"),
+        ("policy", "options->>'policy'"),
+        ("retry_limit", "coalesce((options->>'retryLimit')::int, 2)"),
+        ("retry_delay", "coalesce((options->>'retryDelay')::int, 0)"),
+        ("retry_backoff", "coalesce((options->>'retryBackoff')::boolean, false)"),
+        ("retry_delay_max", "(options->>'retryDelayMax')::int"),
+        ("expire_seconds", "coalesce((options->>'expireInSeconds')::int, 900)"),
+        ("retention_seconds", "coalesce((options->>'retentionSeconds')::int, 1209600)"),
+        ("deletion_seconds", "coalesce((options->>'deleteAfterSeconds')::int, 604800)"),
+        ("warning_queued", "coalesce((options->>'warningQueueSize')::int, 0)"),
+        ("dead_letter", "options->>'deadLetter'"),
+        ("partition", "coalesce((options->>'partition')::boolean, false)"),
+        ("table_name", "v_table"),
+    ]
+    if version >= 30:
+        columns.append(("heartbeat_seconds", "(options->>'heartbeatSeconds')::int"))
+    if version >= 32:
+        columns.append(("notify", "coalesce((options->>'notify')::boolean, false)"))
+    if version >= 42:
+        # From 42 on, pg-boss stamps the queue with its own clock function.
+        columns += [("created_on", "@S@.job_now()"), ("updated_on", "@S@.job_now()")]
+    common, by_policy = partition_indexes(version)
+    policy_branches = []
+    for policy, indexes in by_policy.items():
+        steps = [index.plpgsql("v_schema", "v_table") for index in indexes]
+        if policy == "key_strict_fifo":
+            steps.append(f"EXECUTE format({literal(_KEY_STRICT_FIFO_CHECK)}, v_schema, v_table);")
+        policy_branches.append(f"    WHEN {literal(policy)} THEN\n      " + "\n      ".join(steps))
+    return f"""
+CREATE OR REPLACE FUNCTION @S@.create_queue(queue_name text, options jsonb)
+RETURNS void
+LANGUAGE plpgsql
+AS $body$
+DECLARE
+  v_schema constant text := @L@;
+  v_partitioned constant boolean := (options->>'partition') IS NOT DISTINCT FROM 'true';
+  v_table text := 'job_common';
+  v_rows integer;
+BEGIN
+  IF v_partitioned THEN
+    v_table := 'j' || encode(sha224(queue_name::bytea), 'hex');
+  END IF;
+
+  INSERT INTO @S@.queue ({", ".join(c for c, _ in columns)})
+  SELECT {", ".join(v for _, v in columns)}
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS v_rows = ROW_COUNT;
+
+  -- An existing queue is left exactly as it is; shared queues need no partition.
+  IF v_rows = 0 OR NOT v_partitioned THEN
+    RETURN;
+  END IF;
+
+  EXECUTE format('CREATE TABLE %1$I.%2$I (LIKE %1$I.job INCLUDING DEFAULTS)', v_schema, v_table);
+  EXECUTE format('ALTER TABLE %1$I.%2$I ADD PRIMARY KEY (name, id)', v_schema, v_table);
+  EXECUTE format('ALTER TABLE %1$I.%2$I ADD CONSTRAINT q_fkey FOREIGN KEY (name) '
+                 'REFERENCES %1$I.queue (name) ON DELETE RESTRICT DEFERRABLE INITIALLY DEFERRED',
+                 v_schema, v_table);
+  EXECUTE format('ALTER TABLE %1$I.%2$I ADD CONSTRAINT dlq_fkey FOREIGN KEY (dead_letter) '
+                 'REFERENCES %1$I.queue (name) ON DELETE RESTRICT DEFERRABLE INITIALLY DEFERRED',
+                 v_schema, v_table);
+  {chr(10).join("  " + index.plpgsql("v_schema", "v_table") for index in common).lstrip()}
+  CASE options->>'policy'
+{chr(10).join(policy_branches)}
+    ELSE
+      NULL;
+  END CASE;
+
+  EXECUTE format('ALTER TABLE %1$I.%2$I ADD CONSTRAINT cjc CHECK (name = %3$L)',
+                 v_schema, v_table, queue_name);
+  EXECUTE format('ALTER TABLE %1$I.job ATTACH PARTITION %1$I.%2$I FOR VALUES IN (%3$L)',
+                 v_schema, v_table, queue_name);
+END;
+$body$
+"""
