@@ -1,7 +1,14 @@
 """Run the schema migrations from Python (what ``alkstore db ...`` calls).
 
 >>> from alkstore_sa import migrate
->>> migrate.upgrade(engine, schema="pgboss")          # doctest: +SKIP
+>>> migrate.upgrade(engine, schema="pgboss")                     # doctest: +SKIP
+>>> migrate.upgrade(engine, schema="pgboss", schema_version=46)  # doctest: +SKIP
+
+Each pg-boss schema version is one revision of ours (:data:`SCHEMA_VERSIONS`):
+version 26 is ``alkstore_0001`` and version N after it is ``alkstore_00NN``. Without
+``schema_version`` (or ``revision``), :func:`upgrade` goes to
+:data:`DEFAULT_SCHEMA_VERSION`, the version the runtime speaks today
+(docs/concepts/compatibility.md).
 
 Every function takes an :class:`~sqlalchemy.engine.Engine`, a
 :class:`~sqlalchemy.engine.Connection` or a database URL.
@@ -15,13 +22,15 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import (
     Column,
     Engine,
@@ -38,7 +47,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
-from .errors import SchemaNotInstalledError, SchemaVersionError
+from .errors import InvalidOptionsError, SchemaNotInstalledError, SchemaVersionError
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
@@ -50,7 +59,109 @@ from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
 log = logging.getLogger(__name__)
 
 HEAD = "alkstore@head"
+"""Our newest revision (the newest pg-boss schema version we can install)."""
 BASE = "alkstore@base"
+"""Before our first revision: nothing of ours installed."""
+
+
+@dataclass(frozen=True)
+class SchemaVersionInfo:
+    """One pg-boss schema version: our revision for it and the Node releases that speak it."""
+
+    version: int
+    """The number pg-boss keeps in ``<schema>.version``."""
+    revision: str
+    """Our Alembic revision id that leaves the schema at this version."""
+    introduced_in: str
+    """The pg-boss release whose migration creates this version."""
+    node_releases: str
+    """The Node pg-boss releases published on npm that run at this version."""
+
+    def describe(self) -> str:
+        """``schema 26 (Node pg-boss 11.1.1 to 11.1.2 and 12.0.0 to 12.5.4)``."""
+        return f"schema {self.version} ({self.node_releases})"
+
+
+def _revision(version: int) -> str:
+    return "alkstore_0001" if version == 26 else f"alkstore_{version:04d}"
+
+
+# Facts from pg-boss itself: the `release` and `version` fields of every migration in
+# pg-boss 12.38.0's dist/migrationStore.js (the release that introduced each version),
+# and the list of versions published on npm (`npm view pg-boss versions`), each placed
+# at the version its package declares (package.json "pgboss": {"schema": N}). Some
+# releases that introduced a version were tagged but never published on npm
+# (11.1.0, 12.6.0, 12.7.0, 12.10.0, 12.11.0, 12.19.0, 12.36.0, 12.37.0); releases in
+# between that change no schema stay at the version before them.
+_RELEASES: tuple[tuple[int, str, str], ...] = (
+    (26, "11.1.0", "Node pg-boss 11.1.1 to 11.1.2 and 12.0.0 to 12.5.4"),
+    (27, "12.6.0", "Node pg-boss 12.8.0 to 12.9.0"),
+    (28, "12.10.0", "no npm release; newer Node pg-boss migrates through it"),
+    (29, "12.11.0", "Node pg-boss 12.11.1 to 12.11.2"),
+    (30, "12.12.0", "Node pg-boss 12.12.0 to 12.18.3"),
+    (31, "12.19.0", "Node pg-boss 12.19.1 to 12.20.0"),
+    (32, "12.21.0", "Node pg-boss 12.21.0 to 12.21.1"),
+    (33, "12.22.0", "Node pg-boss 12.22.0"),
+    (34, "12.23.0", "Node pg-boss 12.23.0 to 12.23.1"),
+    (35, "12.24.0", "Node pg-boss 12.24.0"),
+    (36, "12.24.1", "Node pg-boss 12.24.1 to 12.25.1"),
+    (37, "12.26.0", "Node pg-boss 12.26.0 to 12.27.0"),
+    (38, "12.28.0", "Node pg-boss 12.28.0 to 12.28.1"),
+    (39, "12.29.0", "Node pg-boss 12.29.0"),
+    (40, "12.30.0", "Node pg-boss 12.30.0"),
+    (41, "12.31.0", "Node pg-boss 12.31.0 to 12.32.0"),
+    (42, "12.33.0", "Node pg-boss 12.33.0 to 12.34.0"),
+    (43, "12.35.0", "Node pg-boss 12.35.0"),
+    (44, "12.36.0", "no npm release; Node pg-boss 12.38.0 migrates through it"),
+    (45, "12.37.0", "no npm release; Node pg-boss 12.38.0 migrates through it"),
+    (46, "12.38.0", "Node pg-boss 12.38.0"),
+)
+
+SCHEMA_VERSIONS: Mapping[int, SchemaVersionInfo] = {
+    version: SchemaVersionInfo(version, _revision(version), introduced, releases)
+    for version, introduced, releases in _RELEASES
+}
+"""Every pg-boss schema version we can install, oldest first."""
+
+OLDEST_SCHEMA_VERSION = min(SCHEMA_VERSIONS)
+NEWEST_SCHEMA_VERSION = max(SCHEMA_VERSIONS)
+
+DEFAULT_SCHEMA_VERSION = SCHEMA_VERSION
+"""What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 26, the only
+version the services and workers speak so far (docs/concepts/compatibility.md)."""
+
+_BY_REVISION = {info.revision: info for info in SCHEMA_VERSIONS.values()}
+
+
+def schema_version_info(version: int) -> SchemaVersionInfo:
+    """What we know about pg-boss schema ``version``.
+
+    :raises InvalidOptionsError: if it is not a version we can install (before any SQL).
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidOptionsError("schema_version", f"expected an integer, got {version!r}")
+    info = SCHEMA_VERSIONS.get(version)
+    if info is None:
+        raise InvalidOptionsError(
+            "schema_version",
+            f"{version} is not a pg-boss schema version alkstore_sa can install "
+            f"(it knows {OLDEST_SCHEMA_VERSION} to {NEWEST_SCHEMA_VERSION})",
+        )
+    return info
+
+
+def revision_for(version: int) -> str:
+    """Our revision id for pg-boss schema ``version`` (``26`` → ``"alkstore_0001"``)."""
+    return schema_version_info(version).revision
+
+
+def version_of(revision: str | None) -> int | None:
+    """The pg-boss schema version our ``revision`` leaves behind (``None`` if unknown)."""
+    if revision is None:
+        return None
+    info = _BY_REVISION.get(revision)
+    return None if info is None else info.version
+
 
 Bind = Engine | Connection | str
 
@@ -79,13 +190,32 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def _checked_config(schema: str, url: str | None = None) -> Config:
+def _checked_config(schema: str, url: str | None = None, target: str | None = None) -> Config:
     # Refused here, before a connection is opened; env.py checks again for
     # callers of the Alembic commands.
     cfg = alembic_config(schema, url)
     script = ScriptDirectory.from_config(cfg)
     refuse_foreign_revisions(script.version_locations or ())
+    if target is not None and target in _BY_REVISION:
+        try:
+            script.get_revision(target)
+        except CommandError:
+            raise InvalidOptionsError(
+                "schema_version",
+                f"{_BY_REVISION[target].version}: this installation of alkstore_sa has "
+                f"no revision {target}",
+            ) from None
     return cfg
+
+
+def _target(revision: str | None, schema_version: int | None, default: str) -> str:
+    if schema_version is not None:
+        if revision is not None:
+            raise InvalidOptionsError(
+                "schema_version", "give either a revision or a schema version, not both"
+            )
+        return revision_for(schema_version)
+    return default if revision is None else revision
 
 
 @contextmanager
@@ -103,22 +233,72 @@ def _connection(bind: Bind) -> Iterator[Connection]:
             engine.dispose()
 
 
-def upgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> None:
-    """Create (or adopt) the schema-26 objects in ``schema``."""
-    cfg = _checked_config(schema)
-    with _connection(bind) as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+def _refuse_wrong_direction(conn: Connection, schema: str, target: str, way: str) -> None:
+    # Alembic's own refusal names revisions and ranges; ours names schema versions.
+    wanted = version_of(target)
+    if wanted is None:
+        return
+    found = version_of(_recorded(conn, schema))
+    if found is None:
+        return
+    if (way == "upgrade" and wanted < found) or (way == "downgrade" and wanted > found):
+        other = "downgrade" if way == "upgrade" else "upgrade"
+        raise InvalidOptionsError(
+            "schema_version",
+            f"schema {schema!r} is at pg-boss schema version {found}; {way} cannot go to "
+            f"{wanted} (use {other})",
+        )
 
 
-def downgrade(bind: Bind, schema: str = DEFAULT_SCHEMA, revision: str = BASE) -> None:
-    """Remove what :func:`upgrade` created (jobs included).
+def _recorded(conn: Connection, schema: str) -> str | None:
+    ctx = MigrationContext.configure(
+        conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
+    )
+    return ctx.get_current_revision()
 
-    Down to the base, this also drops the revision table and then the schema itself,
-    unless something else still lives in it.
+
+def upgrade(
+    bind: Bind,
+    schema: str = DEFAULT_SCHEMA,
+    revision: str | None = None,
+    *,
+    schema_version: int | None = None,
+) -> None:
+    """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
+
+    The target is ``schema_version`` (a pg-boss schema version, see
+    :data:`SCHEMA_VERSIONS`) or an Alembic ``revision``; with neither it is
+    :data:`DEFAULT_SCHEMA_VERSION`.
+
+    :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
     """
-    cfg = _checked_config(schema)
+    target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
+    cfg = _checked_config(schema, target=target)
     with _connection(bind) as conn:
+        _refuse_wrong_direction(conn, schema, target, "upgrade")
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, target)
+
+
+def downgrade(
+    bind: Bind,
+    schema: str = DEFAULT_SCHEMA,
+    revision: str | None = None,
+    *,
+    schema_version: int | None = None,
+) -> None:
+    """Migrate ``schema`` back to ``schema_version`` (or ``revision``), or remove it all.
+
+    With neither, everything :func:`upgrade` created goes (jobs included); down to the
+    base, this also drops the revision table and then the schema itself, unless
+    something else still lives in it.
+
+    :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
+    """
+    revision = _target(revision, schema_version, BASE)
+    cfg = _checked_config(schema, target=revision)
+    with _connection(bind) as conn:
+        _refuse_wrong_direction(conn, schema, revision, "downgrade")
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
         if revision == BASE:
@@ -144,21 +324,39 @@ def _drop_leftovers(conn: Connection, schema: str) -> None:
 
 
 def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
-    """The alkstore revision recorded in ``schema``, or ``None``."""
+    """The alkstore revision recorded in ``schema``, or ``None``.
+
+    :func:`version_of` turns it into a pg-boss schema version; :func:`current_version`
+    reads the version pg-boss itself sees.
+    """
     validate_schema(schema)
     with _connection(bind) as conn:
-        ctx = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
-        )
-        return ctx.get_current_revision()
+        return _recorded(conn, schema)
 
 
-def offline_sql(schema: str = DEFAULT_SCHEMA, revision: str = HEAD) -> str:
-    """The SQL script that :func:`upgrade` runs, for review or for a DBA."""
-    cfg = _checked_config(schema, url="postgresql+psycopg://")
+def current_version(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int | None:
+    """The pg-boss schema version in ``<schema>.version`` (``None`` if not installed).
+
+    This is what Node pg-boss reads; it can be ahead of our recorded revision when a
+    newer Node pg-boss migrated the schema itself.
+    """
+    with _connection(bind) as conn:
+        return installed_version(conn, schema)
+
+
+def offline_sql(
+    schema: str = DEFAULT_SCHEMA, revision: str | None = None, *, schema_version: int | None = None
+) -> str:
+    """The SQL script that :func:`upgrade` runs, for review or for a DBA.
+
+    Revisions that build indexes ``CONCURRENTLY`` print those statements outside the
+    migration's transaction, as they run.
+    """
+    target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
+    cfg = _checked_config(schema, url="postgresql+psycopg://", target=target)
     buf = io.StringIO()
     cfg.output_buffer = buf
-    command.upgrade(cfg, revision, sql=True)
+    command.upgrade(cfg, target, sql=True)
     return buf.getvalue()
 
 

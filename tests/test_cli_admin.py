@@ -92,7 +92,8 @@ def test_db_upgrade_installs_and_current_reports_the_revision(
         assert (
             main(["db", "current", "--json", "--database-url", database_url, "--schema", name]) == 0
         )
-        assert json.loads(capsys.readouterr().out) == {"schema": name, "revision": "alkstore_0001"}
+        found = json.loads(capsys.readouterr().out)
+        assert (found["schema"], found["revision"], found["version"]) == (name, "alkstore_0001", 26)
 
 
 def test_db_upgrade_fails_when_the_recorded_schema_was_moved_to_another_version(cli: Cli) -> None:

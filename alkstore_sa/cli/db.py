@@ -7,43 +7,81 @@ from typing import Any
 
 from .. import migrate
 from ..names import SCHEMA_VERSION
-from ._common import emit, engine_from, leaf, schema_of
+from ._common import CommandError, emit, engine_from, leaf, schema_of
 
 
 def register(sub: Any) -> None:
     db = sub.add_parser("db", help="create, inspect and remove the queue schema")
     actions = db.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    up = leaf(actions, "upgrade", "create (or adopt) the schema-26 objects")
-    up.add_argument("revision", nargs="?", default=migrate.HEAD)
+    up = leaf(
+        actions,
+        "upgrade",
+        f"create (or adopt) the pg-boss schema, at version {migrate.DEFAULT_SCHEMA_VERSION} "
+        "unless told",
+    )
+    up.add_argument("revision", nargs="?", default=None)
+    _schema_version_option(up, "the pg-boss schema version to migrate to")
     up.set_defaults(handler=_upgrade)
 
-    down = leaf(actions, "downgrade", "remove them (jobs included)")
-    down.add_argument("revision", nargs="?", default=migrate.BASE)
+    down = leaf(actions, "downgrade", "migrate back, or remove it all (jobs included)")
+    down.add_argument("revision", nargs="?", default=None)
+    _schema_version_option(down, "the pg-boss schema version to migrate back to")
     down.set_defaults(handler=_downgrade)
 
-    leaf(actions, "current", "show the recorded revision").set_defaults(handler=_current)
+    leaf(
+        actions, "current", "show the pg-boss schema version and the Node releases that speak it"
+    ).set_defaults(handler=_current)
     sql = leaf(actions, "sql", "print the upgrade script (no database needed)")
-    sql.add_argument("revision", nargs="?", default=migrate.HEAD)
+    sql.add_argument("revision", nargs="?", default=None)
+    _schema_version_option(sql, "the pg-boss schema version the script migrates to")
     sql.set_defaults(handler=_sql)
     leaf(actions, "check", "exit 1 unless schema version 26 is installed").set_defaults(
         handler=_check
     )
 
 
+def _schema_version_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument(
+        "--schema-version",
+        type=int,
+        metavar="N",
+        help=f"{help} ({migrate.OLDEST_SCHEMA_VERSION} to {migrate.NEWEST_SCHEMA_VERSION})",
+    )
+
+
+def _wanted(args: argparse.Namespace) -> int | None:
+    """The schema version the upgrade aims at, if it names one (or the default)."""
+    if args.schema_version is not None:
+        return int(args.schema_version)
+    if args.revision is None:
+        return migrate.DEFAULT_SCHEMA_VERSION
+    return migrate.version_of(args.revision)
+
+
 def _upgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
+    wanted = _wanted(args)
+    if wanted is not None:
+        migrate.schema_version_info(wanted)  # an unknown version: exit 2, before connecting
     with engine_from(args) as engine:
         before = migrate.current(engine, schema)
         with engine.connect() as conn:
             found = migrate.installed_version(conn, schema)
-        migrate.upgrade(engine, schema, args.revision)
+        migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
         revision = migrate.current(engine, schema)
         version: int | None = None
-        if args.revision == migrate.HEAD:
-            # A schema recorded at our head may still have been moved on by a newer
+        if wanted == SCHEMA_VERSION:
+            # A schema recorded at our revision may still have been moved on by a newer
             # Node pg-boss since; say so instead of reporting success.
             version = migrate.check(engine, schema)
+        elif wanted is not None:
+            version = migrate.current_version(engine, schema)
+            if version != wanted:
+                raise CommandError(
+                    f"schema {schema!r} is at pg-boss schema version {version}, not {wanted}: "
+                    f"a newer Node pg-boss migrated it past our revision {revision}"
+                )
     if revision == before:
         status, message = "unchanged", _already(version, revision)
     elif before is None and found == SCHEMA_VERSION:
@@ -59,21 +97,24 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 def _downgrade(args: argparse.Namespace) -> int:
     schema = schema_of(args)
+    if args.schema_version is not None:
+        migrate.schema_version_info(args.schema_version)  # exit 2, before connecting
     with engine_from(args) as engine:
         before = migrate.current(engine, schema)
         # Nothing recorded: Alembic would do nothing, and a schema Node pg-boss
         # created (no revision of ours) must not be touched.
         if before is not None:
-            migrate.downgrade(engine, schema, args.revision)
+            migrate.downgrade(engine, schema, args.revision, schema_version=args.schema_version)
         revision = migrate.current(engine, schema)
     if before is None:
         status, message = "unchanged", "nothing to downgrade: no alkstore revision is recorded"
     elif revision == before:
-        status, message = "unchanged", f"already at revision {revision}"
+        status, message = "unchanged", f"already at {_at(migrate.version_of(revision), revision)}"
     elif revision is None:
         status, message = "downgraded", "removed the queue schema objects"
     else:
-        status, message = "downgraded", f"downgraded to revision {revision}"
+        at = _at(migrate.version_of(revision), revision)
+        status, message = "downgraded", f"downgraded to {at}"
     emit(
         args,
         {"schema": schema, "status": status, "revision": revision, "message": message},
@@ -93,13 +134,36 @@ def _current(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
         revision = migrate.current(engine, schema)
-    emit(args, {"schema": schema, "revision": revision})
+        version = migrate.current_version(engine, schema)
+    known = migrate.SCHEMA_VERSIONS.get(version) if version is not None else None
+    if version is None:
+        message = "not installed"
+    elif version < 0:
+        version, message = None, "a pg-boss version table without a version row"
+    elif known is None:
+        message = f"schema {version} (not a version alkstore_sa knows)"
+    else:
+        message = known.describe()
+    recorded = migrate.version_of(revision)
+    if revision is not None and version is not None and recorded != version:
+        # Node pg-boss migrates a schema it starts on without telling Alembic.
+        message += f"; our revision {revision} left it at {recorded}"
+    emit(
+        args,
+        {
+            "schema": schema,
+            "revision": revision,
+            "version": version,
+            "node_releases": known.node_releases if known is not None else None,
+            "message": message,
+        },
+    )
     return 0
 
 
 def _sql(args: argparse.Namespace) -> int:
     schema = schema_of(args)
-    print(migrate.offline_sql(schema, args.revision), end="")
+    print(migrate.offline_sql(schema, args.revision, schema_version=args.schema_version), end="")
     return 0
 
 
