@@ -21,7 +21,7 @@ values go in as SQL literals (the offline script has no bind parameters).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -276,6 +276,17 @@ def _index_state(conn: sa.Connection, schema: str, name: str) -> bool | None:
     ).scalar()
 
 
+def _index_definition(conn: sa.Connection, schema: str, name: str) -> str | None:
+    found = conn.execute(
+        sa.text(
+            "SELECT pg_get_indexdef(x.indexrelid) FROM pg_index x WHERE x.indexrelid = "
+            "to_regclass(quote_ident(:s) || '.' || quote_ident(:n)) AND x.indisvalid"
+        ),
+        {"s": schema, "n": name},
+    ).scalar()
+    return None if found is None else str(found)
+
+
 def _external_transaction() -> bool:
     # A caller-owned transaction (a connection handed over already inside one)
     # cannot be committed by the revision, so CONCURRENTLY is impossible there.
@@ -381,18 +392,25 @@ def drop_index(
     policy: str | None = None,
     tables: Sequence[str] | None = None,
     concurrently: bool = True,
+    keep_if: Callable[[str], bool] | None = None,
 ) -> None:
     """Drop ``<table>_<suffix>`` from ``job_common`` and every partition, if present.
 
     With ``concurrently`` (the default) this runs after commit like :func:`create_index`;
     without it, inside the migration transaction (what downgrades do, as pg-boss's
-    rollbacks do).
+    rollbacks do). ``keep_if`` (concurrent path only) is given an existing index's
+    ``pg_get_indexdef`` text and keeps the index when it answers true, so a resumed
+    reshape does not rebuild what the interrupted run already built.
     """
     if concurrently and not is_offline() and not _external_transaction():
         with _outside_transaction(schema) as conn:
             targets = list(tables) if tables is not None else job_tables(conn, schema, policy)
             for table in targets:
                 name = f"{table}_{suffix}"
+                if keep_if is not None:
+                    definition = _index_definition(conn, schema, name)
+                    if definition is not None and keep_if(definition):
+                        continue
                 conn.execute(
                     sa.text(f"DROP INDEX CONCURRENTLY IF EXISTS {qualified(schema, name)}")
                 )
@@ -408,6 +426,16 @@ def drop_index(
             f"EXECUTE format('DROP INDEX IF EXISTS %I.%I', {literal(schema)}, "
             f"t || {literal('_' + suffix)});"
         ],
+    )
+
+
+def run_on_job_tables(schema: str, template: str, *, policy: str | None = None) -> None:
+    """Run ``template`` on every job table, inside the migration transaction.
+
+    ``template`` is a ``format()`` string: ``%1$I`` is the schema, ``%2$I`` the table.
+    """
+    _in_transaction_loop(
+        schema, policy, [f"EXECUTE format({literal(template)}, {literal(schema)}, t);"]
     )
 
 
