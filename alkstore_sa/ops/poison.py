@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import MAX_SINGLETON_KEY_BYTES
+from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
 from ._core import Call, Context, Op
 
@@ -73,7 +74,7 @@ def fail_poison(
         return 0
     outputs = {job_id: poison_output(job_id, what, why) for job_id, what, why in poisoned}
     result = yield Call(
-        fetch_sql.fail_poison(),
+        fail_sql.fail_poison(),
         {
             "qname": name,
             "ids": list(outputs),

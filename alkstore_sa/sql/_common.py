@@ -11,12 +11,15 @@ from sqlalchemy import (
     LargeBinary,
     Table,
     Text,
+    Uuid,
+    bindparam,
     cast,
+    column,
     func,
     literal_column,
     type_coerce,
 )
-from sqlalchemy.dialects.postgresql import BIT
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, TIMESTAMP
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType
@@ -93,3 +96,33 @@ def _compile_schema_function(element: _SchemaFunction, compiler: Any, **kw: Any)
     schema = preparer.schema_for_object(QUEUE)
     arguments = compiler.process(element.clauses, **kw)
     return f"{preparer.quote_schema(schema)}.{element.fn_name}({arguments})"
+
+
+def now_param() -> ColumnElement[Any]:
+    """``COALESCE(:now, now())``: a bound time if given, else the database clock."""
+    return func.coalesce(
+        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), func.now()
+    )
+
+
+def settle_input() -> Any:
+    """``unnest(:ids, :outputs, :fences)``: per-job output and fencing token.
+
+    A NULL fence means "no fencing" (settling by id, for administration); a
+    fetched Job gives its ``started_on``, and a fenced settlement applies only to
+    a job still ``active`` in that attempt, never to a later one.
+    """
+    return (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("outputs", type_=ARRAY(Text())),
+            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
+        )
+        .table_valued(
+            column("id", Uuid()),
+            column("output", Text()),
+            column("fence", TIMESTAMP(timezone=True)),
+            name="src",
+        )
+        .render_derived()
+    )

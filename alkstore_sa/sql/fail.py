@@ -14,24 +14,34 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    Integer,
     Select,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
     cast,
+    column,
     delete,
     func,
     or_,
     select,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from ..models.enums import JobState
-from ._common import JOB, JOB_COLUMNS, QUEUE, seconds, state, state_text
-from .maintenance import now_param
-from .settle import settle_input
+from ._common import (
+    JOB,
+    JOB_COLUMNS,
+    QUEUE,
+    now_param,
+    seconds,
+    settle_input,
+    state,
+    state_text,
+)
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
@@ -184,8 +194,6 @@ def expire_jobs() -> Select[Any]:
     LOCKED`` so a sweep never waits behind a worker. ``:timeout_output`` is the
     JSON text stored as output (:data:`TIMEOUT_OUTPUT`).
     """
-    from sqlalchemy import ARRAY, Integer
-
     j = JOB.alias("j")
     victims = (
         select(j.c.name, j.c.id)
@@ -203,6 +211,41 @@ def expire_jobs() -> Select[Any]:
         delete(JOB)
         .where(JOB.c.name == victims.c.name, JOB.c.id == victims.c.id)
         .returning(*JOB.c, cast(bindparam("timeout_output", type_=Text), JSONB).label("new_output"))
+        .cte("deleted")
+    )
+    return _fail_from(deleted)
+
+
+@functools.cache
+def fail_poison() -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
+
+    For jobs that can never run (a row no worker can read or activate): the
+    normal fail statement, so the job is dead-lettered like any failed job, but
+    with no retry left, because retrying a row that cannot be read or activated
+    would only fail again. ``retry_limit`` is lowered to ``retry_count`` for that,
+    which also leaves the record saying how many attempts there were.
+    Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("outputs", type_=ARRAY(Text())),
+        )
+        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
+        .render_derived()
+    )
+    returned = [
+        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
+    ]
+    deleted = (
+        delete(JOB)
+        .where(
+            JOB.c.name == bindparam("qname", type_=Text),
+            JOB.c.id == src.c.id,
+            JOB.c.state < state_text(JobState.COMPLETED),
+        )
+        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
         .cte("deleted")
     )
     return _fail_from(deleted)

@@ -26,24 +26,19 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Uuid,
     and_,
     bindparam,
     case,
-    cast,
-    column,
-    delete,
     func,
     literal_column,
     not_,
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models.enums import JobState
 from ._common import JOB, QUEUE, advisory_key, state, state_text
-from .fail import _fail_from as fail_from
 from .reading import readable_columns
 
 RACY_POLICIES = ("singleton", "stately")
@@ -217,38 +212,3 @@ def keyed_jobs(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-
-
-@functools.cache
-def fail_poison() -> Select[Any]:
-    """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
-
-    For jobs that can never run (a row no worker can read or activate): the
-    normal fail statement, so the job is dead-lettered like any failed job, but
-    with no retry left, because retrying a row that cannot be read or activated
-    would only fail again. ``retry_limit`` is lowered to ``retry_count`` for that,
-    which also leaves the record saying how many attempts there were.
-    Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
-    """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("outputs", type_=ARRAY(Text())),
-        )
-        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
-        .render_derived()
-    )
-    returned = [
-        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
-    ]
-    deleted = (
-        delete(JOB)
-        .where(
-            JOB.c.name == bindparam("qname", type_=Text),
-            JOB.c.id == src.c.id,
-            JOB.c.state < state_text(JobState.COMPLETED),
-        )
-        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
-    return fail_from(deleted)

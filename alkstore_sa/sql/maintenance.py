@@ -26,21 +26,14 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models.enums import JobState
-from ._common import JOB, QUEUE, SCHEDULE, VERSION, seconds, state_text
+from ._common import JOB, QUEUE, SCHEDULE, VERSION, now_param, seconds, state_text
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
 transaction, as pg-boss sets them around its locked commands."""
-
-
-def now_param() -> ColumnElement[Any]:
-    """``COALESCE(:now, now())``: a bound time if given, else the database clock."""
-    return func.coalesce(
-        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), func.now()
-    )
 
 
 def _names() -> Any:

@@ -21,34 +21,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 
 from ..models.enums import JobState
-from ._common import JOB, state, state_text
+from ._common import JOB, settle_input, state, state_text
 
 
 def _ids() -> Any:
     return func.any(bindparam("ids", type_=ARRAY(Uuid())))
-
-
-def settle_input() -> Any:
-    """``unnest(:ids, :outputs, :fences)``: per-job output and fencing token.
-
-    A NULL fence means "no fencing" (settling by id, for administration); a
-    fetched Job gives its ``started_on``, and a fenced settlement applies only to
-    a job still ``active`` in that attempt, never to a later one.
-    """
-    return (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("outputs", type_=ARRAY(Text())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
-        .table_valued(
-            column("id", Uuid()),
-            column("output", Text()),
-            column("fence", TIMESTAMP(timezone=True)),
-            name="src",
-        )
-        .render_derived()
-    )
 
 
 @functools.cache
