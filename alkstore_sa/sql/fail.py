@@ -5,6 +5,10 @@ statement, rather than updating them in place. We keep that shape: it is what
 lets a stately queue whose retry slot is taken fall through to ``failed``
 (the retry insert meets i3 and is skipped), and it is what Node pg-boss does to
 the same rows, so both sides leave identical results.
+
+Three statements share that shape: :func:`fail_jobs` (a handler's failure),
+:func:`expire_jobs` (a lease that ran out) and :func:`fail_poison` (a row that can
+never run, failed for good).
 """
 
 from __future__ import annotations
