@@ -463,21 +463,8 @@ def send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
 
 def pgboss_queue_json(name: str, opts: Mapping[str, Any]) -> dict[str, Any]:
     """The options object the ``create_queue`` SQL function reads (pg-boss's names)."""
-    mapping = {
-        "policy": "policy",
-        "partition": "partition",
-        "dead_letter": "deadLetter",
-        "retry_limit": "retryLimit",
-        "retry_delay": "retryDelay",
-        "retry_backoff": "retryBackoff",
-        "retry_delay_max": "retryDelayMax",
-        "expire_seconds": "expireInSeconds",
-        "retention_seconds": "retentionSeconds",
-        "deletion_seconds": "deleteAfterSeconds",
-        "warning_queued": "warningQueueSize",
-    }
-    out = {mapping[k]: v for k, v in opts.items() if v is not None}
-    out.setdefault("policy", QueuePolicy.STANDARD.value)
+    out = {OPTION[k].pgboss: v for k, v in opts.items() if v is not None}
+    out.setdefault(OPTION["policy"].pgboss, OPTION["policy"].default)
     return out
 
 
@@ -661,24 +648,8 @@ def job_ids(ids: object) -> list[uuid.UUID]:
     raise InvalidOptionsError("ids", f"expected a UUID or a list of UUIDs, not {ids!r}")
 
 
-SEND_TO_PGBOSS = {
-    "id": "id",
-    "priority": "priority",
-    "start_after": "startAfter",
-    "singleton_key": "singletonKey",
-    "singleton_seconds": "singletonSeconds",
-    "expire_seconds": "expireInSeconds",
-    "retention_seconds": "retentionSeconds",
-    "deletion_seconds": "deleteAfterSeconds",
-    "retry_limit": "retryLimit",
-    "retry_delay": "retryDelay",
-    "retry_backoff": "retryBackoff",
-    "retry_delay_max": "retryDelayMax",
-    "dead_letter": "deadLetter",
-}
-"""Our send option names and pg-boss's, for options stored where Node reads them."""
-
-PGBOSS_TO_SEND = {v: k for k, v in SEND_TO_PGBOSS.items()}
+PGBOSS_SEND_KEYS = {o.pgboss: o.name for o in OPTIONS if o.send and o.public}
+"""pg-boss's send option keys and ours, for options stored where Node reads them."""
 
 
 def pgboss_start_after(value: object) -> str | int | float | None:
@@ -702,20 +673,21 @@ def to_pgboss_send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
     """Our send options in pg-boss's names and value forms, to store where Node reads them."""
     out: dict[str, Any] = {}
     for key, value in opts.items():
-        if key == "start_after":
+        spec = OPTION[key]
+        if spec.kind == "when":
             value = pgboss_start_after(value)
             if value is None:
                 continue
-        elif key == "id":
+        elif spec.kind == "uuid":
             value = str(value)
-        out[SEND_TO_PGBOSS[key]] = value
+        out[spec.pgboss] = value
     return out
 
 
 def from_pgboss_send_options(opts: Mapping[str, Any] | None) -> dict[str, Any]:
     """Send options stored by Node pg-boss or by us, in our names (unknown keys dropped)."""
-    out: dict[str, Any] = {}
-    for key, value in (opts or {}).items():
-        if key in PGBOSS_TO_SEND and value is not None:
-            out[PGBOSS_TO_SEND[key]] = value
-    return out
+    return {
+        PGBOSS_SEND_KEYS[key]: value
+        for key, value in (opts or {}).items()
+        if key in PGBOSS_SEND_KEYS and value is not None
+    }

@@ -8,7 +8,8 @@ from typing import Any
 from ..errors import QueueNotFoundError
 from ..service import QueueService
 from ._common import BadInput, emit, leaf
-from ._service import add_queue_options, in_transaction, queue_options
+from ._options import QUEUE_CREATE, QUEUE_UPDATE, add_options, given_options
+from ._service import in_transaction
 
 LIST_COLUMNS = (
     "name",
@@ -29,7 +30,7 @@ def register(sub: Any) -> None:
 
     create = leaf(actions, "create", "create a queue (an existing one is left unchanged)")
     create.add_argument("name")
-    add_queue_options(create, create=True)
+    add_options(create, QUEUE_CREATE)
     create.add_argument(
         "--fail-if-exists", action="store_true", help="exit 1 if the queue already exists"
     )
@@ -37,7 +38,7 @@ def register(sub: Any) -> None:
 
     update = leaf(actions, "update", "change a queue's options (not policy or partition)")
     update.add_argument("name")
-    add_queue_options(update, create=False)
+    add_options(update, QUEUE_UPDATE)
     update.set_defaults(handler=_update)
 
     leaf(actions, "list", "all queues with their cached counters").set_defaults(handler=_list)
@@ -52,7 +53,7 @@ def register(sub: Any) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    options = queue_options(args)
+    options = given_options(args, QUEUE_CREATE)
     info = in_transaction(
         args, lambda q: q.create_queue(args.name, exist_ok=not args.fail_if_exists, **options)
     )
@@ -61,7 +62,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _update(args: argparse.Namespace) -> int:
-    options = queue_options(args)
+    options = given_options(args, QUEUE_UPDATE)
     if not options:
         raise BadInput("nothing to update: give at least one option")
     emit(args, in_transaction(args, lambda q: q.update_queue(args.name, **options)))

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..service import QueueService
 from ._common import CommandError, emit, leaf, parse_json
-from ._service import add_send_options, in_transaction, send_options
+from ._options import SCHEDULE, add_options, given_options
+from ._service import in_transaction
 
 LIST_COLUMNS = ("name", "key", "cron", "timezone", "data", "updated_on")
 
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
     add.add_argument("--data", metavar="JSON", help="data of every job sent (default null)")
     add.add_argument("--key", default="", help="tells several schedules of a queue apart")
     add.add_argument("--tz", default="UTC", help="IANA time zone of the cron (default UTC)")
-    add_send_options(add, with_id=False)
+    add_options(add, SCHEDULE)
     add.set_defaults(handler=_add)
 
     remove = leaf(actions, "remove", "remove a schedule")
@@ -38,7 +39,7 @@ def register(sub: Any) -> None:
 
 def _add(args: argparse.Namespace) -> int:
     data = parse_json("--data", args.data)
-    options = send_options(args)
+    options = given_options(args, SCHEDULE)
     in_transaction(
         args,
         lambda q: q.schedule(args.queue, args.cron, data, key=args.key, tz=args.tz, **options),

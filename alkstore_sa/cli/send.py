@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from ._common import CommandError, emit, leaf, parse_json
-from ._service import add_send_options, in_transaction, send_options
+from ._options import SEND, add_options, given_options
+from ._service import in_transaction
 
 NOT_SENT = 3
 """Exit code when the queue's policy or a throttle slot refused the job."""
@@ -16,13 +17,13 @@ def register(sub: Any) -> None:
     send = leaf(sub, "send", "enqueue one job")
     send.add_argument("queue")
     send.add_argument("--data", metavar="JSON", help="the job's data, as JSON (default null)")
-    add_send_options(send)
+    add_options(send, SEND)
     send.set_defaults(handler=_send)
 
 
 def _send(args: argparse.Namespace) -> int:
     data = parse_json("--data", args.data)
-    options = send_options(args)
+    options = given_options(args, SEND)
     job_id = in_transaction(args, lambda q: q.send(args.queue, data, **options))
     if job_id is None:
         raise CommandError(

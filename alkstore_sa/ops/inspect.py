@@ -9,7 +9,7 @@ from ..options import check_int
 from ..records import Job, read_job
 from ..sql import inspect as inspect_sql
 from ._core import Call, Context, Op
-from .queues import _require_queue
+from .queues import require_queue
 
 LIST_LIMIT_MAX = 10_000
 
@@ -28,6 +28,6 @@ def list_jobs(ctx: Context, name: str, state: object, limit: int) -> Op[list[Job
     validate_queue(name)
     wanted = _state(state)
     check_int("limit", limit, minimum=1, maximum=LIST_LIMIT_MAX)
-    yield from _require_queue(ctx, name)
+    yield from require_queue(ctx, name)
     result = yield Call(inspect_sql.list_jobs(wanted), {"qname": name, "limit": limit})
     return [read_job(row) for row in result.mappings().all()]

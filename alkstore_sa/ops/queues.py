@@ -38,11 +38,16 @@ def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]
     return [QueueInfo.from_row(r) for r in result.mappings().all()]
 
 
-def _require_queue(ctx: Context, name: str) -> Op[QueueInfo]:
+def require_queue(ctx: Context, name: str) -> Op[QueueInfo]:
+    """Queue ``name``, or :class:`QueueNotFoundError`."""
     info = yield from get_queue(ctx, name)
     if info is None:
         raise QueueNotFoundError(name, ctx.schema)
     return info
+
+
+# ops/working.py still imports the former name.
+_require_queue = require_queue
 
 
 def _lock(ctx: Context, key: str) -> Call:
@@ -74,7 +79,7 @@ def create_queue(
             "options": opt.encode_json("options", opt.pgboss_queue_json(name, checked)),
         },
     )
-    created = yield from _require_queue(ctx, name)
+    created = yield from require_queue(ctx, name)
     ctx.policies.put(ctx.schema, name, created.policy.value)
     return created
 
@@ -82,7 +87,7 @@ def create_queue(
 def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
     validate_queue(name)
     checked = opt.queue_options(name, options, update=True)
-    current = yield from _require_queue(ctx, name)
+    current = yield from require_queue(ctx, name)
     # An option not given keeps the queue's value, which the rules between options see.
     opt.check_requirements(
         checked, {o.name: getattr(current, str(o.queue_column)) for o in opt.OPTIONS if o.queue}
@@ -97,7 +102,7 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
     columns = tuple(sorted(checked))
     params = {"qname": name, **{f"v_{c}": checked[c] for c in columns}}
     yield Call(queue_sql.update_queue(columns), params)
-    return (yield from _require_queue(ctx, name))
+    return (yield from require_queue(ctx, name))
 
 
 def delete_queue(ctx: Context, name: str) -> Op[bool]:

@@ -11,8 +11,7 @@ from ..names import validate_queue
 from ..records import ScheduleInfo
 from ..sql import queues as queue_sql
 from ._core import Call, Context, Op
-from .queues import _require_queue
-from .sending import _send_row
+from .queues import require_queue
 
 
 def validate_cron(cron: object, tz: object) -> tuple[str, str]:
@@ -28,8 +27,9 @@ def schedule(
     opt.check_text("key", key, max_bytes=limits.MAX_SCHEDULE_KEY_BYTES)
     cron, tz = validate_cron(cron, tz)
     # Validate the send options now, so that a schedule never fires bad jobs.
-    _send_row(options, data, None)
-    yield from _require_queue(ctx, name)
+    opt.send_options(options)
+    encoded = opt.encode_json("data", data)
+    yield from require_queue(ctx, name)
     stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}
     yield Call(
         queue_sql.upsert_schedule(),
@@ -38,7 +38,7 @@ def schedule(
             "key": key,
             "cron": cron,
             "timezone": tz,
-            "data": opt.encode_json("data", data),
+            "data": encoded,
             "options": opt.encode_json("options", stored),
         },
     )
