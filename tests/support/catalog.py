@@ -195,6 +195,63 @@ def snapshot(
     return catalog
 
 
+_DAY_PARTITION = re.compile(r"\bqueue_stats_\d{8}")
+_TIMESTAMP = re.compile(r"'\d{4}-\d{2}-\d{2}[^']*'")
+_POSITION = re.compile(r" #\d+ ")
+
+
+def structural(catalog: Mapping[str, list[str]], *, column_order: bool = True) -> Catalog:
+    """The shape of a schema, without what depends on the day or on history.
+
+    - ``queue_stats`` day partitions (pg-boss names them after the UTC day they hold,
+      and creates them for the day it installs or migrates) read ``queue_stats_<day>``,
+      and their bounds ``'<day>'``;
+    - the ``version`` section keeps the version number only (the other columns are
+      timestamps of pg-boss's background passes);
+    - without ``column_order``, column positions are dropped: pg-boss's construction
+      plan declares columns where a migration had to append them.
+    """
+    shaped: Catalog = {}
+    for section, lines in catalog.items():
+        out = []
+        for line in lines:
+            line = _DAY_PARTITION.sub("queue_stats_<day>", line)
+            if section == "relations":
+                line = _TIMESTAMP.sub("'<day>'", line)
+            if section == "version":
+                line = line.split(",")[0].lstrip("(").rstrip(")")
+            if section == "columns" and not column_order:
+                line = _POSITION.sub(" ", line)
+            out.append(line)
+        shaped[section] = sorted(out)
+    return shaped
+
+
+def sections_without(catalog: Mapping[str, list[str]], *names: str) -> Catalog:
+    """``catalog`` without the named sections."""
+    return {k: list(v) for k, v in catalog.items() if k not in names}
+
+
+def bam_rows(bind: Engine | Connection, schema: str) -> list[tuple[str, int, str, str | None]]:
+    """``(name, version, status, table_name)`` of every row of ``<schema>.bam``, sorted.
+
+    pg-boss's background-migration queue; empty when the table does not exist.
+    """
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            return bam_rows(conn, schema)
+    exists = bind.execute(
+        text("SELECT to_regclass(quote_ident(:s) || '.bam') IS NOT NULL"), {"s": schema}
+    ).scalar_one()
+    if not exists:
+        return []
+    quoted = bind.execute(text("SELECT quote_ident(:s)"), {"s": schema}).scalar_one()
+    found = bind.execute(
+        text(f"SELECT name, version, status, table_name FROM {quoted}.bam ORDER BY 1, 2, 4, 3")
+    )
+    return [(r[0], int(r[1]), str(r[2]), r[3]) for r in found]
+
+
 def render(catalog: Mapping[str, list[str]]) -> list[str]:
     """One line per fact, prefixed by its section, in a stable order."""
     return [f"[{section}] {line}" for section in sorted(catalog) for line in catalog[section]]

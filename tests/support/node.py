@@ -1,4 +1,4 @@
-"""Drive Node pg-boss 11.1.2 from the interop tests.
+"""Drive Node pg-boss 11.1.2 (and 12.38.0, schema 46) from the interop tests.
 
 Each :class:`NodeBoss` is one ``node tests/interop/rpc.js`` process holding one
 started ``PgBoss`` instance. Calls go over stdin as JSON lines and come back on
@@ -12,6 +12,11 @@ The fixtures here are imported by the ``test_interop*`` modules:
 - ``node_url``: the libpq URL Node connects with, derived from ``database_url``.
 - ``node``: a factory ``node(schema, **options)`` returning a started
   :class:`NodeBoss`; every instance is stopped at the end of the test.
+
+Node pg-boss 12.38.0 (schema 46) lives in ``tests/interop46`` with the Node 22 it needs
+(the npm package ``node``, so no system install): ``node46_modules`` installs it with
+``npm ci`` on demand, ``node46`` starts :class:`NodeBoss46` instances, and
+:func:`pgboss46_migrate` runs its own ``pg-boss migrate`` command line.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ from alkstore_sa import QueueService
 INTEROP_DIR = Path(__file__).resolve().parents[1] / "interop"
 RPC_SCRIPT = INTEROP_DIR / "rpc.js"
 PGBOSS_VERSION = "11.1.2"
+
+INTEROP46_DIR = Path(__file__).resolve().parents[1] / "interop46"
+BOSS46_SCRIPT = INTEROP46_DIR / "boss.mjs"
+PGBOSS46_VERSION = "12.38.0"
+NODE46_BINARY = INTEROP46_DIR / "node_modules" / "node" / "bin" / "node"
+"""The Node 22 binary the npm package ``node`` installs (pg-boss 12.38 needs >= 22.12)."""
+PGBOSS46_CLI = INTEROP46_DIR / "node_modules" / "pg-boss" / "dist" / "cli.js"
 
 
 class NodeError(RuntimeError):
@@ -71,6 +83,68 @@ def ensure_node_modules() -> None:
     found = installed_pgboss_version()
     if found != PGBOSS_VERSION:
         raise NodeError(f"npm ci installed pg-boss {found}, expected {PGBOSS_VERSION}")
+
+
+def installed_pgboss46_version() -> str | None:
+    """The pg-boss version in ``tests/interop46/node_modules`` (``None`` if absent)."""
+    package = INTEROP46_DIR / "node_modules" / "pg-boss" / "package.json"
+    if not package.exists() or not NODE46_BINARY.exists():
+        return None
+    return str(json.loads(package.read_text())["version"])
+
+
+def ensure_node46_modules() -> None:
+    """Install pg-boss 12.38.0 and Node 22 with ``npm ci`` unless they are there already."""
+    if installed_pgboss46_version() == PGBOSS46_VERSION:
+        return
+    subprocess.run(
+        ["npm", "ci", "--prefix", str(INTEROP46_DIR), "--no-audit", "--no-fund"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    found = installed_pgboss46_version()
+    if found != PGBOSS46_VERSION:
+        raise NodeError(f"npm ci installed pg-boss {found}, expected {PGBOSS46_VERSION}")
+
+
+def run_node46(*args: str, timeout: float = 120) -> str:
+    """Run ``node`` 22 with ``args`` in ``tests/interop46``; return its standard output.
+
+    :raises NodeError: if it exits with a non-zero status.
+    """
+    done = subprocess.run(
+        [str(NODE46_BINARY), *args],
+        cwd=INTEROP46_DIR,
+        env={**os.environ, "TZ": "UTC"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise NodeError(
+            f"node {' '.join(args[:2])} exited with {done.returncode}: "
+            f"{(done.stderr or done.stdout)[-4000:]}"
+        )
+    return done.stdout
+
+
+def pgboss46_migrate(connection_string: str, schema: str, timeout: float = 300) -> str:
+    """Migrate ``schema`` with pg-boss 12.38.0's ``pg-boss migrate`` command line.
+
+    It runs pg-boss's own migrations to 46 and then, one at a time, the index builds a
+    started instance would leave to its background runner (CONCURRENTLY, on
+    ``job_common`` and every partition); it enqueues nothing. Returns its output.
+    """
+    return run_node46(
+        str(PGBOSS46_CLI),
+        "migrate",
+        "--connection-string",
+        connection_string,
+        "--schema",
+        schema,
+        timeout=timeout,
+    )
 
 
 def run_script(script: str, *args: str, timeout: float = 60) -> str:
@@ -159,8 +233,8 @@ class NodeBoss:
         self._ready: queue.Queue[dict[str, Any]] = queue.Queue()
         self._stderr: list[str] = []
         self._proc = subprocess.Popen(
-            ["node", str(RPC_SCRIPT), json.dumps(config)],
-            cwd=INTEROP_DIR,
+            [*self.command(), json.dumps(config)],
+            cwd=self.cwd(),
             # Node's pg driver reads `timestamp without time zone` (singleton_on) as
             # local time; UTC makes it print the stored value.
             env={**os.environ, "TZ": "UTC"},
@@ -180,6 +254,14 @@ class NodeBoss:
         if "fatal" in first:
             self._proc.wait(timeout=10)
             raise NodeError(first["fatal"])
+
+    def command(self) -> list[str]:
+        """The process to start; the config JSON is its last argument."""
+        return ["node", str(RPC_SCRIPT)]
+
+    def cwd(self) -> Path:
+        """Where the process runs (its ``node_modules``)."""
+        return INTEROP_DIR
 
     # ------------------------------------------------------------ plumbing
 
@@ -288,6 +370,20 @@ class NodeBoss:
         self.close()
 
 
+class NodeBoss46(NodeBoss):
+    """One Node pg-boss 12.38.0 instance (schema 46), run by Node 22 from ``tests/interop46``.
+
+    Same protocol as :class:`NodeBoss`; any ``PgBoss`` method can be called by name
+    (``getBamStatus``, ``detectSchemaDrift``, ...).
+    """
+
+    def command(self) -> list[str]:
+        return [str(NODE46_BINARY), str(BOSS46_SCRIPT), "rpc"]
+
+    def cwd(self) -> Path:
+        return INTEROP46_DIR
+
+
 NodeFactory = Callable[..., NodeBoss]
 
 
@@ -328,6 +424,40 @@ def node_modules() -> None:
             pytest.fail(reason)
         pytest.skip(reason)
     ensure_node_modules()
+
+
+@pytest.fixture(scope="session")
+def node46_modules() -> None:
+    """Node 22 and pg-boss 12.38.0, installed with npm if needed.
+
+    Skips when npm is absent (and nothing is installed yet), unless ``CI=true``: then it fails.
+    """
+    if installed_pgboss46_version() != PGBOSS46_VERSION and shutil.which("npm") is None:
+        reason = "schema-46 interop tests need npm to install pg-boss 12.38.0 and Node 22"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    ensure_node46_modules()
+
+
+@pytest.fixture
+def node46(node46_modules: None, node_url: str) -> Iterator[Callable[..., NodeBoss46]]:
+    """Start Node pg-boss 12.38.0 instances: ``node46(schema, **constructor_options)``.
+
+    Unless given, ``supervise`` and ``schedule`` are off. All are stopped after the test.
+    """
+    started: list[NodeBoss46] = []
+
+    def start(schema: str, **options: Any) -> NodeBoss46:
+        options.setdefault("supervise", False)
+        options.setdefault("schedule", False)
+        boss = NodeBoss46(node_url, schema, **options)
+        started.append(boss)
+        return boss
+
+    yield start
+    for boss in started:
+        boss.close()
 
 
 PY_APP = "alkstore-interop"

@@ -1,4 +1,5 @@
-"""The SQL Node ``pg-boss@11.1.2`` runs itself, printed by ``interop/construction_plan.js``.
+"""The SQL Node pg-boss runs itself: 11.1.2 by ``interop/construction_plan.js``, 12.38.0 by
+``interop46/boss.mjs``.
 
 Node and the npm package are test prerequisites: without them the tests that need
 them skip locally and fail under ``CI=true``, like the database fixture.
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+
+from .node import BOSS46_SCRIPT, run_node46
 
 INTEROP = Path(__file__).resolve().parent.parent / "interop"
 PLAN_SCRIPT = INTEROP / "construction_plan.js"
@@ -72,3 +75,18 @@ def client_statements(schemas: list[str], calls: list[list[Any]]) -> dict[str, l
     """
     statements: dict[str, list[str]] = json.loads(_run(",".join(schemas), json.dumps(calls)))
     return statements
+
+
+@functools.cache
+def construction_plan46(schema: str) -> str:
+    """pg-boss 12.38.0's ``getConstructionPlans(schema)``: a fresh install at schema 46.
+
+    Run by the Node 22 in ``tests/interop46`` (installed by ``node46_modules``).
+    """
+    return run_node46(str(BOSS46_SCRIPT), "plan", schema)
+
+
+@functools.cache
+def migration_plan46(schema: str, version: int) -> str:
+    """pg-boss 12.38.0's ``getMigrationPlans(schema, version)``: ``version - 1`` to ``version``."""
+    return run_node46(str(BOSS46_SCRIPT), "migration-plan", schema, str(version))
