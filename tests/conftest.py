@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.worker import Harness
 
 from alkstore_sa import AsyncQueueService, QueueService, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
@@ -222,10 +223,8 @@ def env(
 @pytest.fixture(params=["sync", "async"])
 def harness(
     request: pytest.FixtureRequest, engine: Engine, schema: str, database_url: str
-) -> Iterator[Any]:
-    """A worker test harness (``tests/test_worker_support.py``), once sync and once async."""
-    from test_worker_support import Harness
-
+) -> Iterator[Harness]:
+    """A worker test harness (``tests/support/worker.py``), once sync and once async."""
     h = Harness(request.param, engine, schema, database_url)
     yield h
     h.close()

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from alkstore_sa import InvalidOptionsError, QueueService
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.names import SEND_IT_QUEUE
-from alkstore_sa.worker.supervisor import Supervisor
+from alkstore_sa.supervision import Supervisor
 
 UTC = dt.UTC
 # Fake times lie in the future, ahead of the database clock, like a test that

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from test_worker_support import Harness, send, wait_for
+from support.worker import Harness, send, wait_for
 
 from alkstore_sa import InvalidOptionsError, Job, Settlement
 

@@ -27,7 +27,7 @@ from support.node import (
 )
 
 from alkstore_sa.names import SEND_IT_QUEUE
-from alkstore_sa.worker.supervisor import Supervisor
+from alkstore_sa.supervision import Supervisor
 
 __all__ = ["node", "node_modules", "node_url", "py_engine"]  # fixtures used below
 

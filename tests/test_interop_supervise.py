@@ -31,8 +31,8 @@ from support.node import (
 )
 
 from alkstore_sa import Job, JobSpec, QueueService
+from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import Worker
-from alkstore_sa.worker.supervisor import Supervisor
 
 __all__ = ["node", "node_modules", "node_url", "py_engine"]  # fixtures used below
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, text
-from test_worker_support import wait_for
+from support.worker import wait_for
 
 from alkstore_sa.worker import Listener
 from alkstore_sa.worker._base import listen_conninfo

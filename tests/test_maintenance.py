@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from alkstore_sa import InvalidOptionsError, QueueService
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.ops import Settlement
-from alkstore_sa.worker.supervisor import QueueWarning, Supervisor
+from alkstore_sa.supervision import QueueWarning, Supervisor
 
 DAY = 86_400
 
@@ -300,7 +300,7 @@ def test_queue_over_its_own_threshold_raises_a_warning(
     in_tx(engine, schema, lambda q: q.create_queue("busy", warning_queued=2))
     in_tx(engine, schema, lambda q: q.send_many("busy", [{}, {}, {}]))
     seen: list[QueueWarning] = []
-    with caplog.at_level(logging.WARNING, logger="alkstore_sa.worker.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa.supervision"):
         report = supervise(on_warning=seen.append)
     assert seen == [QueueWarning("busy", 3, 2)] == list(report.warnings)
     assert any(r.__dict__.get("action") == "large_queue" for r in caplog.records)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy.exc
-from test_worker_support import Harness, send, wait_for
+from support.worker import Harness, send, wait_for
 
 from alkstore_sa.limits import MAX_JSON_DEPTH, MAX_SINGLETON_KEY_BYTES
 from alkstore_sa.ops.poison import POISON_ERROR

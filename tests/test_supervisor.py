@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from alkstore_sa import InvalidOptionsError, QueueService, SchemaNotInstalledError, migrate
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.ops import Settlement
-from alkstore_sa.worker.supervisor import AsyncSupervisor, Supervisor
+from alkstore_sa.supervision import AsyncSupervisor, Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 UTC = dt.UTC
@@ -49,7 +49,7 @@ SUPERVISOR_SCRIPT = """
 import datetime as dt, json, sys
 from sqlalchemy import create_engine
 from alkstore_sa.clock import FakeClock
-from alkstore_sa.worker.supervisor import Supervisor
+from alkstore_sa.supervision import Supervisor
 url, schema, start, rounds, step = sys.argv[1:6]
 clock = FakeClock(dt.datetime.fromisoformat(start))
 supervisor = Supervisor(

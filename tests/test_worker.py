@@ -1,7 +1,7 @@
 """Worker and AsyncWorker: outcomes, retries, transactions, batching, concurrency.
 
 Every test runs twice, with the threaded and with the asyncio worker (see
-``test_worker_support.Harness``).
+``support.worker.Harness``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 import pytest
-from test_worker_support import Harness, send, state_of, wait_for
+from support.worker import Harness, send, state_of, wait_for
 
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.records import Job

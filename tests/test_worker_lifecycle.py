@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 import pytest
-from test_worker_support import Harness, send, state_of, wait_for
+from support.worker import Harness, send, state_of, wait_for
 
+from alkstore_sa import AsyncWorker, Worker
 from alkstore_sa.records import Job
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -244,7 +245,9 @@ def test_supervisor_starts_and_stops_with_the_worker(
             events.append(("stop", None))
             return _maybe_async(h)
 
-    monkeypatch.setattr("alkstore_sa.worker._base.load_supervisor", lambda name: FakeSupervisor)
+    monkeypatch.setattr(
+        Worker if not h.is_async else AsyncWorker, "_supervisor_class", FakeSupervisor
+    )
     w = h.worker(supervise=True, supervisor_options={"monitor_interval": 5})
     w.register("q", h.handler())
     h.start(w)
@@ -264,27 +267,3 @@ def _maybe_async(h: Harness) -> Any:
         return None
 
     return done()
-
-
-def test_supervise_without_a_supervisor_module_still_runs_jobs(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    h = harness
-    import importlib
-
-    real = importlib.import_module
-
-    def missing(name: str, package: str | None = None) -> Any:
-        if name.endswith("worker.supervisor"):
-            raise ModuleNotFoundError(name=name)
-        return real(name, package)
-
-    monkeypatch.setattr(importlib, "import_module", missing)
-    h.service_tx(lambda q: q.create_queue("q"))
-    job_id = send(h, "q")
-    w = h.worker(supervise=True, poll_interval=0.1)
-    assert w._supervisor is None  # the patched import really hid the module
-    w.register("q", h.handler())
-    h.start(w)
-    wait_for(lambda: state_of(h, "q", job_id) == "completed")
-    h.stop(w)

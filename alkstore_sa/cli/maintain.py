@@ -13,7 +13,7 @@ import signal
 import threading
 from typing import Any
 
-from ..worker.supervisor import Supervisor
+from ..supervision import Supervisor
 from ._common import CommandError, emit, engine_from, leaf, log_to_stderr, schema_of
 
 _TUNING = (

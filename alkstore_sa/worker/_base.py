@@ -1,28 +1,32 @@
-"""What the threaded and the asyncio worker share: attempts, outcomes, statistics, logs.
+"""The worker, written once: settings, fetch loops, handlers, settling, leases, shutdown.
 
-The two runtimes differ only in how they wait and run handlers; everything that
-decides *what* happens to a job (its output, fencing, counting, logging) lives
-here, so the two cannot drift apart.
+Every decision (how many jobs to claim, when a lease is due, what a lost or
+timed-out attempt becomes, what to write and when) is made here, in generators
+that yield steps (:mod:`alkstore_sa.steps`). :class:`~alkstore_sa.Worker` answers
+them with threads and :class:`~alkstore_sa.AsyncWorker` with asyncio tasks; those
+two modules hold only how to wait, how to run a handler and how to start things.
+See docs/concepts/architecture.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
+from .. import ops
+from .._engine_cache import execution_options, make_context
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
-from ..ops import FailResult
 from ..options import check_bool
-from ..records import Job, Settled
+from ..records import FailResult, Job, Settled
+from ..steps import Call, Join, Run, Steps, Wait
 from ._attempt import (
     ABANDONED,
     RUNNING,
@@ -32,59 +36,116 @@ from ._attempt import (
     Kind,
     Pending,
     QueueCounts,
+    group,
     prepare_output,
     shutdown_output,
     timeout_output,
 )
-from .config import HandlerSpec, Registry
-from .listener import Listener
+from ._backoff import Backoff
+from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry
+from .listener import Listener, Subscription
 
 log = logging.getLogger("alkstore_sa.worker")
 
+B = TypeVar("B")
 
-def listen_conninfo(url: URL) -> str:
-    """A libpq URL for the listening connection, from an engine's URL."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+TICK = 0.2
+"""Seconds between checks of leases and deadlines."""
 
-
-def load_supervisor(class_name: str) -> Any:
-    """The supervisor class, or ``None`` if this installation has none."""
-    try:
-        module = importlib.import_module(f"{__package__}.supervisor")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.supervisor":
-            raise
-        log.warning(
-            "supervisor not available; running without it",
-            extra={"action": "supervisor_unavailable"},
-        )
-        return None
-    return getattr(module, class_name)
+FETCH_JOIN_SECONDS = 10.0
+"""How long shutdown waits for a fetch loop. A fetch never waits on row locks
+(SKIP LOCKED); the bound is for a database that stopped answering."""
 
 
-class WorkerBase(Registry):
-    """Settings, bookkeeping and reporting common to both workers."""
+class _Lost(Exception):
+    """A transactional handler's job was taken away: roll its writes back."""
+
+
+class QueueState:
+    """One queue's slots: how many of its jobs run, and whether it has a backlog."""
+
+    def __init__(self, spec: HandlerSpec, wake: Any) -> None:
+        self.spec = spec
+        self.wake = wake
+        self.in_flight = 0
+        self.backlog = False
+        self.lock = threading.Lock()
+        self.runner: Any = None  # the fetch loop's thread or task
+
+    def want(self) -> int:
+        """Jobs to claim now (0: wait for free slots)."""
+        with self.lock:
+            free = self.spec.concurrency - self.in_flight
+            if free < self.spec.fetch_threshold(self.backlog):
+                return 0
+        return min(self.spec.fetch_size, free)
+
+    def claimed(self, got: int, wanted: int) -> None:
+        with self.lock:
+            self.in_flight += got
+            self.backlog = got == wanted
+
+    def free(self) -> bool:
+        """Give a slot back; whether the loop should look for more jobs at once."""
+        with self.lock:
+            self.in_flight -= 1
+            return self.backlog
+
+
+class Inbox:
+    """Finished attempts waiting to be settled, in batches."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self._items: list[Pending] = []
+        self._lock = threading.Lock()
+
+    def put(self, item: Pending) -> None:
+        with self._lock:
+            self._items.append(item)
+        self.event.set()
+
+    def take(self) -> list[Pending]:
+        with self._lock:
+            items, self._items = self._items, []
+            return items
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+class WorkerBase(Registry, Generic[B]):
+    """Settings, bookkeeping and every loop common to both workers.
+
+    A runtime provides ``_bind``, ``_event``, ``_answer`` (steps), ``_start_job``,
+    ``_cut_loose`` and ``_spawn``; the rest is here.
+    """
+
+    _supervisor_class: Any = None
+    """The supervisor run alongside (``Supervisor`` or ``AsyncSupervisor``)."""
 
     def __init__(
         self,
+        bind: B,
         *,
-        schema: str,
-        handlers: Mapping[str, Callable[..., Any] | HandlerSpec] | None,
-        concurrency: int | None,
-        batch_size: int | None,
-        poll_interval: float | None,
-        extend_lease: bool | None,
-        timeout: float | None,
-        priority: bool | None,
-        shutdown_timeout: float,
-        listen: bool,
-        listen_dsn: str | None,
-        supervise: bool,
-        supervisor_options: Mapping[str, Any] | None,
-        on_error: ErrorCallback | None,
-        flush_interval: float,
-        name: str | None,
+        schema: str = DEFAULT_SCHEMA,
+        handlers: Mapping[str, Callable[..., Any] | HandlerSpec] | None = None,
+        concurrency: int | None = None,
+        batch_size: int | None = None,
+        poll_interval: float | None = None,
+        extend_lease: bool | None = None,
+        timeout: float | None = None,
+        priority: bool | None = None,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        listen: bool = True,
+        listen_dsn: str | None = None,
+        supervise: bool = True,
+        supervisor_options: Mapping[str, Any] | None = None,
+        on_error: ErrorCallback | None = None,
+        flush_interval: float = 0.005,
+        name: str | None = None,
     ) -> None:
+        self.engine, self.sessions = self._bind(bind)
         super().__init__(
             handlers,
             concurrency=concurrency,
@@ -105,31 +166,89 @@ class WorkerBase(Registry):
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
         self.name = name or type(self).__name__
+        sync_engine = getattr(self.engine, "sync_engine", self.engine)
+        self._ctx, engine_state = make_context(self.schema, False, sync_engine)
+        assert engine_state is not None  # an engine was given
+        self._engine_state = engine_state
+        self._options = execution_options(self.schema)
         self._attempts: dict[Any, Attempt] = {}
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._book = threading.Lock()
         self._listener: Listener | None = None
+        self._subscription: Subscription | None = None
+        self._queues: dict[str, QueueState] = {}
+        self._stopping = self._event()
+        self._stop_requested = self._event()
+        self._force = self._event()
+        self._keeper_stop = self._event()
+        self._give_up = self._event()
+        self._inbox = Inbox(self._event())
+        self._closing = self._event()  # no more settlements will come
+        self._helpers: list[Any] = []  # the completer's and the keeper's thread or task
+        # Built now, so that a bad supervisor option is refused with the worker.
+        self._supervisor = (
+            self._supervisor_class(self.engine, schema=self.schema, **self.supervisor_options)
+            if self.supervise
+            else None
+        )
+
+    # ------------------------------------------------------------ runtime hooks
+
+    def _bind(self, bind: B) -> tuple[Any, Any]:
+        """``(engine, sessionmaker)`` from the ``bind`` argument, or InvalidOptionsError."""
+        raise NotImplementedError
+
+    def _event(self) -> Any:
+        """A new event of the runtime's kind."""
+        raise NotImplementedError
+
+    def _start_job(self, state: QueueState, attempt: Attempt) -> None:
+        """Run :meth:`_executing` for ``attempt`` on a handler thread or task."""
+        raise NotImplementedError
+
+    def _cut_loose(self, attempt: Attempt) -> None:
+        """The attempt was abandoned: stop its handler if the runtime can."""
+        raise NotImplementedError
+
+    def _spawn(self, steps: Steps[Any], name: str) -> Any:
+        """Run ``steps`` on a thread or task of their own; return its handle."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ properties
 
     @property
     def listener(self) -> Listener | None:
         """The process's shared :class:`Listener` this worker subscribed to, once started."""
         return self._listener
 
-    def _make_supervisor(self, class_name: str, engine: Any) -> Any:
-        # Built here rather than at start, so a bad supervisor option is refused
-        # when the worker is created; the module is imported lazily and may be
-        # absent from a trimmed installation.
-        if not self.supervise:
-            return None
-        cls = load_supervisor(class_name)
-        if cls is None:
-            return None
-        return cls(engine, schema=self.schema, **self.supervisor_options)
+    # ------------------------------------------------------------ starting
 
-    # ------------------------------------------------------------ lifecycle logs
-
-    _stop_requested: Any
-    _force: Any
+    def _starting(self) -> Steps[None]:
+        if not self._specs:
+            raise InvalidOptionsError("handlers", "register at least one handler before starting")
+        self._helpers.append(self._spawn(self._completing(), "alkstore-completer"))
+        if self.listen:
+            conninfo = self.listen_dsn or listen_conninfo(self.engine.url)
+            self._listener = Listener.acquire(conninfo)
+            self._subscription = self._listener.subscribe(self.channel, self._notified)
+            if not (yield Call(self._listener.wait_listening, (self.channel, 2.0), blocking=True)):
+                log.warning(
+                    "not listening yet; relying on polling until the listener connects",
+                    extra={"action": "listener_pending", "worker": self.name},
+                )
+        for spec in self._specs.values():
+            state = self._queues[spec.queue] = QueueState(spec, self._event())
+            state.runner = self._spawn(self._fetching(state), f"alkstore-fetch-{spec.queue}")
+        self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
+        if self._supervisor is not None:
+            yield Call(self._supervisor.start)
+        log.info(
+            "worker %s started on schema %r: %s",
+            self.name,
+            self.schema,
+            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
+            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
+        )
 
     def _signal(self, signum: int) -> None:
         """SIGINT/SIGTERM: the first asks for a graceful stop, the second for an immediate one."""
@@ -140,24 +259,39 @@ class WorkerBase(Registry):
             log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
             self._stop_requested.set()
 
-    def _log_started(self) -> None:
-        log.info(
-            "worker %s started on schema %r: %s",
-            self.name,
-            self.schema,
-            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
-            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
-        )
+    # ------------------------------------------------------------ stopping
 
-    def _log_stopping(self, timeout: float) -> None:
+    def _shutting_down(self, timeout: float) -> Steps[None]:
         log.info(
             "worker %s stopping (up to %g s for running jobs)",
             self.name,
             timeout,
             extra={"action": "worker_stopping", "worker": self.name},
         )
-
-    def _log_stopped(self) -> None:
+        self._stopping.set()
+        self.wake()
+        yield Join([s.runner for s in self._queues.values()], FETCH_JOIN_SECONDS)
+        deadline = monotonic() + timeout
+        while self._running() and monotonic() < deadline and not self._force.is_set():
+            yield Wait(self._force, min(0.05, max(0.0, deadline - monotonic())))
+        handles = [a.handle for a in self._running() if self._abandon(a, "shutdown")]
+        yield Join(handles, 1.0)  # cancelled tasks; a sync handler's thread is not waited for
+        self._closing.set()
+        self._inbox.event.set()
+        completer, keeper = self._helpers
+        if not (yield Join([completer], max(5.0, timeout))):
+            self._give_up.set()
+            yield Join([completer], 1.0)
+        self._keeper_stop.set()
+        yield Join([keeper], 5.0)
+        if self._listener is not None and self._subscription is not None:
+            self._listener.release(self._subscription)
+        if self._supervisor is not None:
+            try:
+                yield Call(self._supervisor.stop, (timeout,))
+            except Exception as exc:
+                log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
+                self._report(exc, None)
         stats = {q: dataclasses.asdict(c) for q, c in self.stats().items()}
         log.info(
             "worker %s stopped: %s",
@@ -165,6 +299,207 @@ class WorkerBase(Registry):
             stats,
             extra={"action": "worker_stopped", "worker": self.name, "stats": stats},
         )
+
+    # ------------------------------------------------------------ wake-ups
+
+    def wake(self, queue: str | None = None) -> None:
+        """Make ``queue``'s loop (or every loop) fetch now.
+
+        Call it from any thread with a :class:`~alkstore_sa.Worker`, from the
+        event loop's thread with an :class:`~alkstore_sa.AsyncWorker`.
+        """
+        for name, state in self._queues.items():
+            if queue is None or name == queue:
+                state.wake.set()
+
+    def _notified(self, payload: str | None) -> None:
+        self.wake(payload)
+
+    # ------------------------------------------------------------ operations
+
+    def _op(self, op: ops.Op[Any], session: Any = None) -> Steps[Any]:
+        """Run ``op``; the schema is checked first, once per engine (as the services do)."""
+        checked = self._engine_state.checked
+        if self.schema not in checked:
+            yield Run(ops.check_schema(self._ctx))
+            checked.add(self.schema)
+        return (yield Run(op, session))
+
+    # ------------------------------------------------------------ fetching
+
+    def _fetching(self, state: QueueState) -> Steps[None]:
+        spec, backoff = state.spec, Backoff()
+        while not self._stopping.is_set():
+            want = state.want()
+            if not want:
+                yield Wait(state.wake, spec.poll_interval)
+                state.wake.clear()
+                continue
+            state.wake.clear()
+            fetched_at = monotonic()
+            try:
+                jobs = yield from self._op(
+                    ops.fetch(self._ctx, spec.queue, want, spec.priority, False)
+                )
+            except Exception as exc:
+                delay = backoff.next()
+                self._loop_error("fetch", spec.queue, exc, delay)
+                yield Wait(self._stopping, delay)
+                continue
+            backoff.reset()
+            state.claimed(len(jobs), want)
+            for job in jobs:
+                self._start_job(state, self._begin(spec, job, fetched_at))
+            if len(jobs) < want:
+                yield Wait(state.wake, spec.poll_interval)
+
+    # ------------------------------------------------------------ running
+
+    def _executing(self, state: QueueState, attempt: Attempt) -> Steps[bool]:
+        """Run one job's handler; ``True`` when it was abandoned (its thread may retire)."""
+        try:
+            if attempt.spec.transactional:
+                pending = yield from self._transactional(attempt)
+            else:
+                try:
+                    result = yield Call(attempt.spec.fn, (attempt.job,))
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:
+                    pending = self._finished(attempt, "fail", exc)
+                else:
+                    pending = self._finished(attempt, "complete", result)
+            if pending is not None:
+                self._inbox.put(pending)
+        finally:
+            # An abandoned attempt gave its slot back when it was abandoned.
+            abandoned = attempt.status == ABANDONED
+            if not abandoned and state.free():
+                state.wake.set()
+        return abandoned
+
+    def _transactional(self, attempt: Attempt) -> Steps[Pending | None]:
+        try:
+            yield Call(self._in_transaction, (attempt,))
+        except _Lost:
+            if attempt.status == SETTLING:
+                self._lost(attempt, "could not be completed (handler writes rolled back)")
+            return None
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            # The handler's writes (and the completion, if it ran) rolled back
+            # together: fail the job so that it runs again.
+            return self._finished(attempt, "fail", exc, taken=attempt.status == SETTLING)
+        self._count(attempt.job.name, "completed")
+        log.debug("job %s completed", attempt.job.id, extra=self._extra("job_completed", attempt))
+        return None
+
+    def _in_transaction(self, attempt: Attempt) -> Any:
+        """Open a session and a transaction, and run :meth:`_committing` in it."""
+        raise NotImplementedError
+
+    def _committing(self, attempt: Attempt, session: Any) -> Steps[None]:
+        """The handler and the job's completion, in the handler's transaction."""
+        job = attempt.job
+        result = yield Call(attempt.spec.fn, (job, session))
+        if not attempt.take(SETTLING):
+            raise _Lost  # abandoned meanwhile: its fail wins, roll back
+        self._forget(attempt)
+        done = yield from self._op(
+            ops.complete_many(self._ctx, job.name, [attempt.settlement(result)]), session
+        )
+        if not done.affected:
+            raise _Lost
+
+    # ------------------------------------------------------------ settling
+
+    def _completing(self) -> Steps[None]:
+        """Settle finished attempts in batches; retry a failed batch with backoff.
+
+        The first settlement waits ``flush_interval`` for others, so jobs finishing
+        together are settled with one statement per queue. A repeated settlement is
+        harmless (fencing), so a batch is retried until shutdown gives up.
+        """
+        backoff = Backoff()
+        while True:
+            while True:
+                self._inbox.event.clear()
+                if self._inbox or self._closing.is_set():
+                    break
+                yield Wait(self._inbox.event, None)
+            if not self._inbox:
+                return
+            if not self._closing.is_set():
+                yield Wait(self._closing, self.flush_interval)
+            batch = self._inbox.take()
+            while batch:
+                try:
+                    yield from self._flushing(batch)
+                    backoff.reset()
+                except Exception as exc:
+                    delay = backoff.next()
+                    self._loop_error("settle", None, exc, delay)
+                    if (yield Wait(self._give_up, delay)):
+                        log.error(
+                            "gave up settling %d job(s) at shutdown; they stay active until "
+                            "they expire and are then retried",
+                            len(batch),
+                            extra={"action": "settle_abandoned", "count": len(batch)},
+                        )
+                        break
+
+    def _flushing(self, batch: list[Pending]) -> Steps[None]:
+        for (queue, kind), items in group(batch).items():
+            settlements = [p.attempt.settlement(p.output) for p in items]
+            if kind == "complete":
+                op: ops.Op[Any] = ops.complete_many(self._ctx, queue, settlements)
+            else:
+                op = ops.fail_many(self._ctx, queue, settlements)
+            result = yield from self._op(op)
+            # Written: never write these again, even if a later group fails.
+            done = set(map(id, items))
+            batch[:] = [p for p in batch if id(p) not in done]
+            self._settled(items, result)
+            if kind == "fail" and "retry" in result.states.values():
+                self.wake(queue)  # a retry without delay is due at once
+
+    # ------------------------------------------------------------ leases
+
+    def _keeping(self) -> Steps[None]:
+        """Renew leases of long jobs and abandon jobs past their timeout."""
+        while not (yield Wait(self._keeper_stop, TICK)):
+            now = monotonic()
+            due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
+            for attempt in self._running():
+                if attempt.deadline is not None and now >= attempt.deadline:
+                    self._abandon(attempt, "timeout")
+                elif attempt.lease_due(now):
+                    due[(attempt.job.name, attempt.job.expire_seconds)].append(attempt)
+            for (queue, extend_by), attempts in due.items():
+                yield from self._extending(queue, extend_by, attempts)
+
+    def _extending(self, queue: str, extend_by: int, attempts: list[Attempt]) -> Steps[None]:
+        started = monotonic()
+        items = [a.settlement() for a in attempts]
+        try:
+            kept = set((yield from self._op(ops.extend_leases(self._ctx, queue, items, extend_by))))
+        except Exception as exc:
+            self._loop_error("lease", queue, exc, TICK)
+            return
+        for attempt in attempts:
+            if attempt.job.id in kept:
+                attempt.lease_start, attempt.lease_seconds = started, float(extend_by)
+                log.debug(
+                    "lease of job %s extended by %d s",
+                    attempt.job.id,
+                    extend_by,
+                    extra=self._extra("lease_extended", attempt),
+                )
+            else:
+                # Expired and failed, cancelled or deleted: no longer ours. The
+                # attempt is abandoned as a timed-out one is, without a settlement.
+                self._abandon(attempt, "lost")
 
     # ------------------------------------------------------------ statistics
 
@@ -245,24 +580,39 @@ class WorkerBase(Registry):
         kind, output = prepare_output(kind, value)
         return Pending(kind, attempt, output, "completed" if kind == "complete" else "failed")
 
-    def _abandon(self, attempt: Attempt, reason: Literal["timeout", "shutdown"]) -> Pending | None:
-        """Give up on a running handler; its job is failed with a clear output."""
+    def _abandon(self, attempt: Attempt, reason: Literal["timeout", "shutdown", "lost"]) -> bool:
+        """Give up on a running handler, whoever notices first (keeper or shutdown).
+
+        Its slot is given back at once and its handler cut loose (cancelled, or
+        left to finish on a thread of its own with its result ignored). A timeout
+        or shutdown fails the job with a clear output; a lost lease writes
+        nothing, since the job is no longer this attempt's.
+        """
         if not attempt.take(ABANDONED):
-            return None
+            return False
         self._forget(attempt)
-        if reason == "timeout":
-            output = timeout_output(attempt.spec.job_timeout(attempt.job.expire_seconds) or 0)
+        state = self._queues[attempt.job.name]
+        state.free()
+        if reason == "lost":
+            self._lost(attempt, "could not renew its lease; handler abandoned")
         else:
-            output = shutdown_output()
-        log.log(
-            logging.WARNING if reason == "timeout" else logging.INFO,
-            "job %s of %r %s",
-            attempt.job.id,
-            attempt.job.name,
-            "timed out" if reason == "timeout" else "was still running at shutdown",
-            extra=self._extra("job_timeout" if reason == "timeout" else "job_abandoned", attempt),
-        )
-        return Pending("fail", attempt, output, reason)
+            if reason == "timeout":
+                timeout = attempt.spec.job_timeout(attempt.job.expire_seconds) or 0
+                output, action = timeout_output(timeout), "job_timeout"
+            else:
+                output, action = shutdown_output(), "job_abandoned"
+            log.log(
+                logging.WARNING if reason == "timeout" else logging.INFO,
+                "job %s of %r %s",
+                attempt.job.id,
+                attempt.job.name,
+                "timed out" if reason == "timeout" else "was still running at shutdown",
+                extra=self._extra(action, attempt),
+            )
+            self._inbox.put(Pending("fail", attempt, output, reason))
+        self._cut_loose(attempt)
+        state.wake.set()
+        return True
 
     # ------------------------------------------------------------ results
 
@@ -333,6 +683,11 @@ class WorkerBase(Registry):
             extra={"action": f"{where}_error", "worker": self.name, "queue": queue, "delay": delay},
         )
         self._report(exc, None)
+
+
+def listen_conninfo(url: URL) -> str:
+    """A libpq URL for the listening connection, from an engine's URL."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _seconds(option: str, value: object, *, allow_zero: bool = False) -> float:

@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session
-from support.statements import recorded
 
 from alkstore_sa import AsyncWorker, QueueService, Worker
 from alkstore_sa.records import Job
+from support.statements import recorded
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

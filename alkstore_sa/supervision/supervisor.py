@@ -35,7 +35,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -52,20 +52,26 @@ from ..ops.maintenance import (
     SupervisionReport,
     database_epoch,
     supervise_pass,
+    with_lock_timeouts,
 )
-from ..sql.maintenance import local_timeouts
+from ..steps import Call, Run, Steps, Wait, adrive, drive
 
 __all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MAX_SLEEP = 1.0  # the loop looks at its timers at least this often (a fake clock may jump)
 SKEW_WARNING = 60.0  # seconds of clock skew worth a warning, as pg-boss
 
 
 class _Core:
-    """Timers, plans and reporting, shared by the sync and async supervisors."""
+    """Timers, plans, the pass and the loop: the supervisor, written once.
+
+    :meth:`_passing` and :meth:`_looping` yield steps (:mod:`alkstore_sa.steps`);
+    :class:`Supervisor` answers them on a thread, :class:`AsyncSupervisor` in a task.
+    A unit of the pass (an operation) is answered by running it in a short
+    transaction of its own.
+    """
 
     def __init__(
         self,
@@ -147,6 +153,45 @@ class _Core:
                 extra={"action": "clock_skew", "skew_seconds": self.skew_seconds},
             )
 
+    run_once: Callable[..., Any]
+
+    def _passing(self, force: bool) -> Steps[SupervisionReport]:
+        if not self._checked:
+            yield Run(check_schema(self._ctx))
+            self._checked = True
+        due = self._take_due(force)
+        if "clock" in due:
+            before = self.clock.now()
+            try:
+                epoch = yield Run(database_epoch(self._ctx))
+            except Exception:
+                logger.exception("clock skew measurement failed", extra={"action": "clock_skew"})
+            else:
+                self._record_skew(before, epoch, self.clock.now())
+        # The pass yields its units (operations); each is answered as a Run.
+        report = yield from supervise_pass(self._ctx, self._plan(due, force))
+        return self._finish(report)
+
+    def _looping(self, stop: Any) -> Steps[None]:
+        while not stop.is_set():
+            try:
+                yield Call(self.run_once)  # a whole pass, under the supervisor's lock
+            except Exception:
+                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
+            yield Wait(stop, self._sleep_time())
+
+    def _unit(self, step: Any) -> Op[Any]:
+        """The operation a step of the pass asks to run (a unit, or a :class:`Run`)."""
+        return with_lock_timeouts(step.op if isinstance(step, Run) else step)
+
+    def _log_state(self, started: bool) -> None:
+        action = "supervisor_start" if started else "supervisor_stop"
+        logger.info(
+            "supervisor %s",
+            "started" if started else "stopped",
+            extra={"action": action, "schema": self.schema},
+        )
+
     def _finish(self, report: SupervisionReport) -> SupervisionReport:
         for warning in report.warnings:
             logger.warning(
@@ -213,10 +258,13 @@ class Supervisor(_Core):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _transact(self, op: Op[T]) -> T:
+    def _answer(self, step: Any) -> Any:
+        if isinstance(step, Wait):
+            return step.event.wait(step.timeout)
+        if isinstance(step, Call):
+            return step.fn(*step.args)
         with self.engine.begin() as conn:
-            conn.execute(local_timeouts(), execution_options=self._options)
-            return driver.run(conn, op, self._options)
+            return driver.run(conn, self._unit(step), self._options)
 
     def run_once(self, *, force: bool = False) -> SupervisionReport:
         """Run the steps that are due (all of them on the first call, or with ``force``).
@@ -227,58 +275,24 @@ class Supervisor(_Core):
         :raises SchemaNotInstalledError: if the schema is missing (first call).
         """
         with self._lock:
-            if not self._checked:
-                self._transact(check_schema(self._ctx))
-                self._checked = True
-            due = self._take_due(force)
-            if "clock" in due:
-                self._measure()
-            steps = supervise_pass(self._ctx, self._plan(due, force))
-            try:
-                unit = next(steps)
-                while True:
-                    try:
-                        result = self._transact(unit)
-                    except Exception as exc:
-                        unit = steps.throw(exc)
-                        continue
-                    unit = steps.send(result)
-            except StopIteration as stop:
-                report: SupervisionReport = stop.value
-        return self._finish(report)
-
-    def _measure(self) -> None:
-        before = self.clock.now()
-        try:
-            epoch = self._transact(database_epoch(self._ctx))
-        except Exception:
-            logger.exception("clock skew measurement failed", extra={"action": "clock_skew"})
-            return
-        self._record_skew(before, epoch, self.clock.now())
+            return drive(self._passing(force), self._answer)
 
     def start(self) -> None:
         """Check the schema, then supervise on a daemon thread until :meth:`stop`."""
         if self._thread is not None and self._thread.is_alive():
             return
         with self._lock:
-            self._transact(check_schema(self._ctx))
+            self._answer(Run(check_schema(self._ctx)))
             self._checked = True
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, name=f"alkstore-supervisor-{self.schema}", daemon=True
         )
         self._thread.start()
-        logger.info(
-            "supervisor started", extra={"action": "supervisor_start", "schema": self.schema}
-        )
+        self._log_state(started=True)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:
-                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
-            self._stop.wait(self._sleep_time())
+        drive(self._looping(self._stop), self._answer)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Stop the thread after its current step; ``False`` if still running at ``timeout``."""
@@ -289,9 +303,7 @@ class Supervisor(_Core):
             if thread.is_alive():
                 self._thread = thread
                 return False
-        logger.info(
-            "supervisor stopped", extra={"action": "supervisor_stop", "schema": self.schema}
-        )
+        self._log_state(started=False)
         return True
 
 
@@ -317,63 +329,33 @@ class AsyncSupervisor(_Core):
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def _transact(self, op: Op[T]) -> T:
+    async def _answer(self, step: Any) -> Any:
+        if isinstance(step, Wait):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(step.event.wait(), step.timeout)
+            return step.event.is_set()
+        if isinstance(step, Call):
+            return await step.fn(*step.args)
         async with self.engine.begin() as conn:
-            await conn.execute(local_timeouts(), execution_options=self._options)
-            return await driver.arun(conn, op, self._options)
+            return await driver.arun(conn, self._unit(step), self._options)
 
     async def run_once(self, *, force: bool = False) -> SupervisionReport:
         """See :meth:`Supervisor.run_once`."""
         async with self._lock:
-            if not self._checked:
-                await self._transact(check_schema(self._ctx))
-                self._checked = True
-            due = self._take_due(force)
-            if "clock" in due:
-                before = self.clock.now()
-                try:
-                    epoch = await self._transact(database_epoch(self._ctx))
-                except Exception:
-                    logger.exception(
-                        "clock skew measurement failed", extra={"action": "clock_skew"}
-                    )
-                else:
-                    self._record_skew(before, epoch, self.clock.now())
-            steps = supervise_pass(self._ctx, self._plan(due, force))
-            try:
-                unit = next(steps)
-                while True:
-                    try:
-                        result = await self._transact(unit)
-                    except Exception as exc:
-                        unit = steps.throw(exc)
-                        continue
-                    unit = steps.send(result)
-            except StopIteration as stop:
-                report: SupervisionReport = stop.value
-        return self._finish(report)
+            return await adrive(self._passing(force), self._answer)
 
     async def start(self) -> None:
         """Check the schema, then supervise in a task until :meth:`stop`."""
         if self._task is not None and not self._task.done():
             return
         async with self._lock:
-            await self._transact(check_schema(self._ctx))
+            await self._answer(Run(check_schema(self._ctx)))
             self._checked = True
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(self._stop), name="alkstore-supervisor")
-        logger.info(
-            "supervisor started", extra={"action": "supervisor_start", "schema": self.schema}
+        self._task = asyncio.create_task(
+            adrive(self._looping(self._stop), self._answer), name="alkstore-supervisor"
         )
-
-    async def _loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.run_once()
-            except Exception:
-                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._sleep_time())
+        self._log_state(started=True)
 
     async def stop(self, timeout: float | None = None) -> bool:
         """Stop the task after its current step; cancel it if ``timeout`` passes first."""
@@ -386,7 +368,5 @@ class AsyncSupervisor(_Core):
             except TimeoutError:
                 task.cancel()
                 return False
-        logger.info(
-            "supervisor stopped", extra={"action": "supervisor_stop", "schema": self.schema}
-        )
+        self._log_state(started=False)
         return True
