@@ -425,7 +425,7 @@ class QueueService:
         :param settings: ``supervise``, ``schedule``, ``monitor_interval``,
             ``maintenance_interval``, ``cron_monitor_interval``,
             ``warning_queue_size``, ``delete_batch_size``, ``expire_batch_size``
-            (see :class:`~alkstore_sa.worker.supervisor.Supervisor`), and ``now``:
+            (see :class:`~alkstore_sa.supervision.Supervisor`), and ``now``:
             an aware datetime the statements use instead of the database clock.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
