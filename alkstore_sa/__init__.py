@@ -36,6 +36,7 @@ from .records import (
 from .service import QueueService
 from .service_async import AsyncQueueService
 from .worker import AsyncWorker, HandlerSpec, Listener, QueueCounts, Worker
+from .worker.listener import Subscription
 
 __version__ = "0.1.0"
 
@@ -70,6 +71,7 @@ __all__ = [
     "SendOptions",
     "Settled",
     "Settlement",
+    "Subscription",
     "SupervisionReport",
     "TimedSendOptions",
     "UnreadableJob",

@@ -44,6 +44,13 @@ def signatures() -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
     for owner in (QueueService, AsyncQueueService, Worker, AsyncWorker):
         for name, func in public_callables(owner):
             yield f"{owner.__name__}.{name}", func, (alkstore_sa,)
+    # What an exported class offers is public too (Worker.listener's Listener...).
+    walked = (QueueService, AsyncQueueService, Worker, AsyncWorker)
+    for export in alkstore_sa.__all__:
+        owner = getattr(alkstore_sa, export)
+        if inspect.isclass(owner) and owner not in walked and not issubclass(owner, Exception):
+            for name, func in public_callables(owner):
+                yield f"{export}.{name}", func, (alkstore_sa,)
     for name in testing.__all__:
         value = getattr(testing, name)
         if inspect.isclass(value):
