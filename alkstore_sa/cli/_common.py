@@ -124,11 +124,15 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool = Fals
     )
 
 
-def leaf(actions: Any, name: str, help: str) -> argparse.ArgumentParser:
+def leaf(
+    actions: Any, name: str, help: str, aliases: Sequence[str] = ()
+) -> argparse.ArgumentParser:
     """A sub-command parser that also accepts the global options."""
     parent = argparse.ArgumentParser(add_help=False)
     add_global_options(parent, suppress=True)
-    parser: argparse.ArgumentParser = actions.add_parser(name, help=help, parents=[parent])
+    parser: argparse.ArgumentParser = actions.add_parser(
+        name, help=help, parents=[parent], aliases=list(aliases)
+    )
     return parser
 
 
