@@ -34,7 +34,7 @@ from ..records import QueueWarning as QueueWarning  # re-exported: the superviso
 from ..records import SupervisionReport as SupervisionReport
 from ..sql import fail as fail_sql
 from ..sql import locks
-from ..sql import maintenance as sql
+from ..sql import supervision as sql
 from ._core import Call, Conflict, Context, Op
 from .queues import create_queue, get_queue
 from .sending import send, send_many
