@@ -360,7 +360,11 @@ def create_indexes(
         _in_transaction_loop(
             schema,
             policy,
-            [index.plpgsql(literal(schema), "t", if_not_exists=True) for index in indexes],
+            [
+                _drop_if_invalid_plpgsql(schema, index)
+                + index.plpgsql(literal(schema), "t", if_not_exists=True)
+                for index in indexes
+            ],
         )
         return
     with _outside_transaction(schema) as conn:
@@ -368,6 +372,16 @@ def create_indexes(
         for index in indexes:
             for table in targets:
                 _build(conn, schema, index, table)
+
+
+def _drop_if_invalid_plpgsql(schema: str, index: JobIndex) -> str:
+    # An INVALID leftover would satisfy IF NOT EXISTS; drop it so it is rebuilt.
+    name = f"format('%I.%I', {literal(schema)}, t || {literal('_' + index.suffix)})"
+    return (
+        "IF EXISTS (SELECT 1 FROM pg_index x WHERE x.indexrelid = "
+        f"to_regclass({name}) AND NOT x.indisvalid) THEN "
+        f"EXECUTE 'DROP INDEX ' || {name}; END IF; "
+    )
 
 
 def _build(conn: sa.Connection, schema: str, index: JobIndex, table: str) -> None:
