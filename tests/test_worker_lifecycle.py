@@ -160,6 +160,43 @@ def test_a_timed_out_handler_gives_its_concurrency_slot_to_the_next_job(harness:
     h.stop(w)
 
 
+def test_a_handler_whose_lease_is_lost_is_abandoned_and_gives_its_slot_to_the_next_job(
+    harness: Harness,
+) -> None:
+    # One behaviour for both workers: the attempt is counted lost, nothing is
+    # written for it, its handler is cut loose (an async one cancelled, a sync
+    # one left to finish with its result ignored) and the queue moves on.
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q", expire_seconds=1))
+    stuck = send(h, "q", "stuck")
+    release = threading.Event()
+    w = h.worker(poll_interval=0.1)
+    w.register(
+        "q",
+        h.handler(
+            on_start=lambda job: (
+                h.service_tx(lambda q: q.cancel("q", job.id)) if job.data == "stuck" else None
+            ),
+            block=lambda job: release if job.data == "stuck" else None,
+        ),
+        concurrency=1,
+    )
+    h.start(w)
+    wait_for(lambda: w.stats()["q"].lost == 1, timeout=5)
+    assert w.stats()["q"].running == 0
+    if h.is_async:
+        wait_for(lambda: h.cancelled == [stuck])
+    quick = send(h, "q", "quick")
+    wait_for(lambda: state_of(h, "q", quick) == "completed", timeout=5)
+    release.set()
+    if not h.is_async:
+        wait_for(lambda: h.active == 0)  # the abandoned handler returned: ignored
+    h.stop(w)
+    assert state_of(h, "q", stuck) == "cancelled"
+    stats = w.stats()["q"]
+    assert (stats.completed, stats.failed, stats.lost) == (1, 0, 1)
+
+
 # --------------------------------------------------------------------- shutdown
 
 
