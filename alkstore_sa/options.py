@@ -69,6 +69,18 @@ class JobSpec(SendOptions, total=False):
     data: Any
 
 
+KIND_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "bool": (bool,),
+    "text": (str,),
+    "queue": (str,),
+    "policy": (QueuePolicy, str),
+    "uuid": (uuid.UUID, str),
+    "when": (dt.datetime, dt.timedelta, int, float, str),
+}
+"""The Python types of each kind of option value (see :class:`OptionSpec`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OptionSpec:
     """One queue or send option, declared once: validation, the send statement, the
@@ -115,6 +127,11 @@ class OptionSpec:
     requires: tuple[str, Any] | None = None
     metavar: str | None = None
     help: str = ""
+
+    @property
+    def python_types(self) -> tuple[type, ...]:
+        """The Python types a value of this option may have (before its checks)."""
+        return KIND_TYPES[self.kind]
 
     @property
     def flag(self) -> str:
