@@ -60,8 +60,15 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    # The CHECK on kind goes with its column. Like pg-boss, the 'UTC' default and the
-    # zones set to UTC stay: a version-40 client names the zone on every write.
+    # The CHECK on kind goes with its column. pg-boss's own rollback keeps the 'UTC'
+    # default; we drop it, so that a downgraded schema has exactly the catalog of
+    # version 40. The zones set to UTC stay (a NULL zone never meant anything else).
     op.drop_column("schedule", "kind", schema=schema)
     op.drop_column("schedule", "last_job_id", schema=schema)
+    op.execute(
+        sa.text(
+            f"ALTER TABLE {helpers.qualified(schema, 'schedule')} "
+            "ALTER COLUMN timezone DROP DEFAULT"
+        )
+    )
     helpers.set_version(schema, VERSION - 1)
