@@ -46,10 +46,6 @@ def require_queue(ctx: Context, name: str) -> Op[QueueInfo]:
     return info
 
 
-# ops/working.py still imports the former name.
-_require_queue = require_queue
-
-
 def _lock(ctx: Context, key: str) -> Call:
     return Call(locks.xact_lock(), {"lock_schema": ctx.schema, "lock_key": key})
 

@@ -17,7 +17,7 @@ from ..names import validate_queue
 from ..sql import queues as queue_sql
 from ..sql import send as send_sql
 from ._core import Call, Context, Op
-from .queues import _require_queue
+from .queues import require_queue
 
 _DATA_ONLY = frozenset({"data"})
 
@@ -186,7 +186,7 @@ def publish(
 
 def subscribe(ctx: Context, event: str, name: str) -> Op[None]:
     _check_event(event)
-    yield from _require_queue(ctx, name)
+    yield from require_queue(ctx, name)
     yield Call(queue_sql.subscribe(), {"event": event, "qname": name})
 
 

@@ -23,7 +23,7 @@ from ..sql import reading as reading_sql
 from ..sql import settle as settle_sql
 from ._core import Call, Conflict, Context, Op
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
-from .queues import _require_queue, get_queue
+from .queues import get_queue, require_queue
 from .sending import send_many
 
 _log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def _found_or_missing(ctx: Context, name: str, affected: Sequence[object]) -> Op
     job has proved the queue exists.
     """
     if not affected:
-        yield from _require_queue(ctx, name)
+        yield from require_queue(ctx, name)
 
 
 def complete_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[Settled]:
@@ -307,7 +307,7 @@ def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
 
 
 def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
-    yield from _require_queue(ctx, name)
+    yield from require_queue(ctx, name)
     result = yield Call(settle_sql.delete_by_state(which), {"qname": name})
     return int(getattr(result, "rowcount", 0))
 
@@ -358,8 +358,8 @@ def redrive(
     params: dict[str, Any] = {"qname": dead_letter, "limit": limit}
     if ids is not None:
         params["ids"] = opt.job_ids(ids)
-    yield from _require_queue(ctx, to)
-    yield from _require_queue(ctx, dead_letter)
+    yield from require_queue(ctx, to)
+    yield from require_queue(ctx, dead_letter)
     result = yield Call(redrive_sql.pick(by_id=ids is not None), params)
     picked = result.all()
     if not picked:
