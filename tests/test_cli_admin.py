@@ -494,3 +494,10 @@ def test_list_jobs_rejects_an_unknown_state_before_looking_up_the_queue(env: Any
 def test_list_jobs_of_an_unknown_queue_raises(env: Any) -> None:
     with pytest.raises(QueueNotFoundError):
         env.tx(lambda q: q.list_jobs("nope"))
+
+
+def test_supervise_runs_the_same_pass_as_maintain(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    report = cli.json("supervise", "--force", "--no-cron")
+    assert report["monitored"] == ["q"] and report["maintained"] == ["q"]
+    assert report.keys() == cli.json("maintain", "--force", "--no-cron").keys()

@@ -30,7 +30,14 @@ _TUNING = (
 
 
 def register(sub: Any) -> None:
-    parser = leaf(sub, "maintain", "expire stalled jobs, delete old ones, count, fire cron")
+    # "supervise" is the name the library uses for this pass (QueueService.supervise,
+    # Supervisor); "maintain" is kept as the command's first name.
+    parser = leaf(
+        sub,
+        "maintain",
+        "expire stalled jobs, delete old ones, count, fire cron",
+        aliases=["supervise"],
+    )
     parser.add_argument("--loop", action="store_true", help="keep supervising until interrupted")
     parser.add_argument(
         "--queue",
