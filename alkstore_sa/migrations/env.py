@@ -43,8 +43,13 @@ def _configure(**kwargs: object) -> None:
 
 
 def run_offline() -> None:
+    # The named paramstyle keeps "%" as written: with psycopg's default (format), the
+    # script would double every "%" inside function bodies (format('%1$I', ...)).
     _configure(
-        url=config.get_main_option("sqlalchemy.url"), literal_binds=True, dialect_name="postgresql"
+        url=config.get_main_option("sqlalchemy.url"),
+        literal_binds=True,
+        dialect_name="postgresql",
+        dialect_opts={"paramstyle": "named"},
     )
     with context.begin_transaction():
         context.execute(CreateSchema(schema, if_not_exists=True))

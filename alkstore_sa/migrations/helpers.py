@@ -109,7 +109,7 @@ def lock_key_sql(schema: str) -> str:
 
 def migration_lock(schema: str) -> None:
     """Take pg-boss's migration lock for the rest of the current transaction."""
-    op.execute(sa.text(f"SELECT pg_advisory_xact_lock({lock_key_sql(schema)})"))
+    run_sql(f"SELECT pg_advisory_xact_lock({lock_key_sql(schema)})")
 
 
 # --------------------------------------------------------------------------- version row
@@ -314,14 +314,12 @@ def _in_transaction_loop(schema: str, policy: str | None, statements: Sequence[s
     # Offline scripts and caller-owned transactions: the same builds, without
     # CONCURRENTLY, fanned out by the database itself at run time.
     body = " ".join(statements)
-    op.execute(
-        sa.text(
-            "DO $alkstore$ DECLARE t text; BEGIN FOR t IN "
-            + _job_tables_select(schema, policy)
-            + " LOOP "
-            + body
-            + " END LOOP; END $alkstore$"
-        )
+    run_sql(
+        "DO $alkstore$ DECLARE t text; BEGIN FOR t IN "
+        + _job_tables_select(schema, policy)
+        + " LOOP "
+        + body
+        + " END LOOP; END $alkstore$"
     )
 
 
@@ -355,7 +353,7 @@ def create_indexes(
         if tables is not None:
             for index in indexes:
                 for table in tables:
-                    op.execute(sa.text(index.ddl(schema, table)))
+                    run_sql(index.ddl(schema, table))
             return
         _in_transaction_loop(
             schema,
@@ -431,7 +429,7 @@ def drop_index(
         return
     if tables is not None:
         for table in tables:
-            op.execute(sa.text(f"DROP INDEX IF EXISTS {qualified(schema, f'{table}_{suffix}')}"))
+            run_sql(f"DROP INDEX IF EXISTS {qualified(schema, f'{table}_{suffix}')}")
         return
     _in_transaction_loop(
         schema,
@@ -465,18 +463,30 @@ def settle_bam(schema: str, version: int) -> None:
     nothing left for it to do (rows exist only if a Node migration enqueued them).
     """
     bam = f"{quote_schema(schema)}.bam"
-    op.execute(
-        sa.text(
-            f"UPDATE {bam} SET status = 'completed', error = NULL, "
-            "started_on = COALESCE(started_on, now()), completed_on = now() "
-            f"WHERE version = {int(version)} AND status <> 'completed'"
-        )
+    run_sql(
+        f"UPDATE {bam} SET status = 'completed', error = NULL, "
+        "started_on = COALESCE(started_on, now()), completed_on = now() "
+        f"WHERE version = {int(version)} AND status <> 'completed'"
     )
 
 
 def execute_function(template: str, schema: str) -> None:
     """Run a function definition written with ``@S@`` (the quoted schema) and ``@L@``
     (the schema as a string literal)."""
-    op.execute(
-        sa.text(template.replace("@S@", quote_schema(schema)).replace("@L@", literal(schema)))
-    )
+    run_sql(template.replace("@S@", quote_schema(schema)).replace("@L@", literal(schema)))
+
+
+def run_sql(sql: str) -> None:
+    """Run one SQL text: online through the connection, offline written to the script as is.
+
+    Offline, Alembic compiles a ``text()`` with the environment's dialect, and psycopg's
+    default paramstyle (``format``) doubles every ``%``: a function body's
+    ``format('%1$I', ...)`` would reach the script as ``'%%1$I'`` and install a broken
+    function. Written out directly, the script holds the SQL as it runs online, whatever
+    paramstyle the user's ``env.py`` configures.
+    """
+    context = op.get_context()
+    if context.as_sql:
+        context.impl.static_output(sql.strip() + context.impl.command_terminator)
+    else:
+        op.execute(sa.text(sql))

@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql
 
 from alkstore_sa.errors import SchemaVersionError
 from alkstore_sa.migrations import schema_name
+from alkstore_sa.migrations.helpers import run_sql
 
 revision: str = "alkstore_0001"
 down_revision: str | None = None
@@ -350,15 +351,13 @@ def upgrade() -> None:
         postgresql_where=sa.text("state < 'active'"),
     )
     preparer = op.get_context().dialect.identifier_preparer
-    op.execute(
-        sa.text(
-            f"ALTER TABLE {preparer.quote_schema(schema)}.job ATTACH PARTITION "
-            f"{preparer.quote_schema(schema)}.job_common DEFAULT"
-        )
+    run_sql(
+        f"ALTER TABLE {preparer.quote_schema(schema)}.job ATTACH PARTITION "
+        f"{preparer.quote_schema(schema)}.job_common DEFAULT"
     )
 
-    op.execute(sa.text(_function_ddl(CREATE_QUEUE, schema)))
-    op.execute(sa.text(_function_ddl(DELETE_QUEUE, schema)))
+    run_sql(_function_ddl(CREATE_QUEUE, schema))
+    run_sql(_function_ddl(DELETE_QUEUE, schema))
 
     version_table = sa.table("version", sa.column("version", sa.Integer()), schema=schema)
     op.execute(version_table.insert().values(version=sa.literal_column(str(VERSION))))
@@ -367,21 +366,19 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     op.execute(_install_lock(schema))
-    op.execute(sa.text(f"DROP FUNCTION IF EXISTS {_q(schema)}.delete_queue(text)"))
-    op.execute(sa.text(f"DROP FUNCTION IF EXISTS {_q(schema)}.create_queue(text, jsonb)"))
+    run_sql(f"DROP FUNCTION IF EXISTS {_q(schema)}.delete_queue(text)")
+    run_sql(f"DROP FUNCTION IF EXISTS {_q(schema)}.create_queue(text, jsonb)")
     # Dropping the partitioned parent drops job_common and every dedicated partition.
     for table in ("job", "subscription", "schedule", "queue", "version"):
         op.drop_table(table, schema=schema)
-    op.execute(sa.text(f"DROP TYPE IF EXISTS {_q(schema)}.job_state"))
+    run_sql(f"DROP TYPE IF EXISTS {_q(schema)}.job_state")
     # The schema goes too, unless something else (an Alembic version table, the
     # application's own tables) still lives in it.
-    op.execute(
-        sa.text(
-            "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = " + _lit(schema) + ") "
-            "THEN EXECUTE 'DROP SCHEMA IF EXISTS ' || quote_ident(" + _lit(schema) + "); "
-            "END IF; END $$"
-        )
+    run_sql(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = " + _lit(schema) + ") "
+        "THEN EXECUTE 'DROP SCHEMA IF EXISTS ' || quote_ident(" + _lit(schema) + "); "
+        "END IF; END $$"
     )
 
 

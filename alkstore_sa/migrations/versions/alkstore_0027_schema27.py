@@ -60,11 +60,9 @@ def upgrade() -> None:
         h.execute_function(f.CREATE_QUEUE_27, schema)
         # From 27 on, job_common's indexes carry its own name, like every partition's.
         for suffix in RENAMED:
-            op.execute(
-                sa.text(
-                    f"ALTER INDEX IF EXISTS {h.qualified(schema, 'job_' + suffix)} "
-                    f"RENAME TO {h.quote_ident('job_common_' + suffix)}"
-                )
+            h.run_sql(
+                f"ALTER INDEX IF EXISTS {h.qualified(schema, 'job_' + suffix)} "
+                f"RENAME TO {h.quote_ident('job_common_' + suffix)}"
             )
         h.set_version(schema, VERSION)
     h.create_index(schema, f.I7)
@@ -75,18 +73,16 @@ def downgrade() -> None:
     schema = schema_name()
     h.begin_downgrade(schema, VERSION)
     for suffix in reversed(RENAMED[:6]):
-        op.execute(
-            sa.text(
-                f"ALTER INDEX IF EXISTS {h.qualified(schema, 'job_common_' + suffix)} "
-                f"RENAME TO {h.quote_ident('job_' + suffix)}"
-            )
+        h.run_sql(
+            f"ALTER INDEX IF EXISTS {h.qualified(schema, 'job_common_' + suffix)} "
+            f"RENAME TO {h.quote_ident('job_' + suffix)}"
         )
     h.drop_index(schema, "i7", concurrently=False)
     h.execute_function(f.CREATE_QUEUE_26, schema)
     s = h.quote_schema(schema)
-    op.execute(sa.text(f"DROP FUNCTION {s}.job_table_run(text, text, text)"))
-    op.execute(sa.text(f"DROP FUNCTION {s}.job_table_run_async(text, integer, text, text, text)"))
-    op.execute(sa.text(f"DROP FUNCTION {s}.job_table_format(text, text)"))
+    h.run_sql(f"DROP FUNCTION {s}.job_table_run(text, text, text)")
+    h.run_sql(f"DROP FUNCTION {s}.job_table_run_async(text, integer, text, text, text)")
+    h.run_sql(f"DROP FUNCTION {s}.job_table_format(text, text)")
     op.drop_table("bam", schema=schema)
     op.drop_column("version", "bam_on", schema=schema)
     op.drop_column("job", "group_tier", schema=schema)

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
-
 from alkstore_sa.migrations import functions, helpers, schema_name
 from alkstore_sa.migrations import functions_38_46 as f46
 
@@ -46,11 +43,9 @@ def downgrade() -> None:
     helpers.begin_downgrade(schema, VERSION)
     # pg-boss's rollback forgets this version's unfinished background builds, so that
     # none of them rebuilds the index dropped here.
-    op.execute(
-        sa.text(
-            f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-            f"WHERE version = {VERSION} AND status <> 'completed'"
-        )
+    helpers.run_sql(
+        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
+        f"WHERE version = {VERSION} AND status <> 'completed'"
     )
     helpers.execute_function(functions.CREATE_QUEUE_33, schema)
     helpers.drop_index(schema, "i10", concurrently=False)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from alkstore_sa.migrations import helpers, schema_name
@@ -28,11 +27,9 @@ VERSION = 39
 def upgrade() -> None:
     schema = schema_name()
     if helpers.begin_upgrade(schema, VERSION):
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {helpers.qualified(schema, 'version')} "
-                "ADD COLUMN IF NOT EXISTS reindex_on timestamp with time zone"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {helpers.qualified(schema, 'version')} "
+            "ADD COLUMN IF NOT EXISTS reindex_on timestamp with time zone"
         )
         helpers.set_version(schema, VERSION)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from alkstore_sa.migrations import functions_38_46 as f46
@@ -37,22 +36,16 @@ def upgrade() -> None:
     if helpers.begin_upgrade(schema, VERSION):
         version_table = helpers.qualified(schema, "version")
         queue = helpers.qualified(schema, "queue")
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {version_table} "
-                "ADD COLUMN IF NOT EXISTS monitor_backoff_on timestamp with time zone"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {version_table} "
+            "ADD COLUMN IF NOT EXISTS monitor_backoff_on timestamp with time zone"
         )
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {queue} "
-                "ADD COLUMN IF NOT EXISTS monitor_claim_on timestamp with time zone"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {queue} "
+            "ADD COLUMN IF NOT EXISTS monitor_claim_on timestamp with time zone"
         )
-        op.execute(
-            sa.text(
-                f"UPDATE {queue} SET monitor_claim_on = monitor_on WHERE monitor_claim_on IS NULL"
-            )
+        helpers.run_sql(
+            f"UPDATE {queue} SET monitor_claim_on = monitor_on WHERE monitor_claim_on IS NULL"
         )
         helpers.execute_function(f46.CREATE_QUEUE_40, schema)
         helpers.set_version(schema, VERSION)
@@ -65,11 +58,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    op.execute(
-        sa.text(
-            f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-            f"WHERE version = {VERSION} AND status <> 'completed'"
-        )
+    helpers.run_sql(
+        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
+        f"WHERE version = {VERSION} AND status <> 'completed'"
     )
     helpers.execute_function(f46.CREATE_QUEUE_38, schema)
     # Restore before retire, inside the transaction, as pg-boss's rollback does.

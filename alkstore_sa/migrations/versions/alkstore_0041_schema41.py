@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from alkstore_sa.migrations import helpers, schema_name
@@ -41,19 +40,15 @@ def upgrade() -> None:
     schema = schema_name()
     if helpers.begin_upgrade(schema, VERSION):
         schedule = helpers.qualified(schema, "schedule")
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {schedule} ADD COLUMN IF NOT EXISTS kind text NOT NULL "
-                "DEFAULT 'cron' CHECK (kind IN ('cron', 'rrule'))"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {schedule} ADD COLUMN IF NOT EXISTS kind text NOT NULL "
+            "DEFAULT 'cron' CHECK (kind IN ('cron', 'rrule'))"
         )
         is_rule = " OR ".join(f"cron ~* {helpers.literal(p)}" for p in RULE_PATTERNS)
-        op.execute(
-            sa.text(f"UPDATE {schedule} SET kind = 'rrule' WHERE kind = 'cron' AND ({is_rule})")
-        )
-        op.execute(sa.text(f"UPDATE {schedule} SET timezone = 'UTC' WHERE timezone IS NULL"))
-        op.execute(sa.text(f"ALTER TABLE {schedule} ALTER COLUMN timezone SET DEFAULT 'UTC'"))
-        op.execute(sa.text(f"ALTER TABLE {schedule} ADD COLUMN IF NOT EXISTS last_job_id uuid"))
+        helpers.run_sql(f"UPDATE {schedule} SET kind = 'rrule' WHERE kind = 'cron' AND ({is_rule})")
+        helpers.run_sql(f"UPDATE {schedule} SET timezone = 'UTC' WHERE timezone IS NULL")
+        helpers.run_sql(f"ALTER TABLE {schedule} ALTER COLUMN timezone SET DEFAULT 'UTC'")
+        helpers.run_sql(f"ALTER TABLE {schedule} ADD COLUMN IF NOT EXISTS last_job_id uuid")
         helpers.set_version(schema, VERSION)
 
 
@@ -65,10 +60,7 @@ def downgrade() -> None:
     # version 40. The zones set to UTC stay (a NULL zone never meant anything else).
     op.drop_column("schedule", "kind", schema=schema)
     op.drop_column("schedule", "last_job_id", schema=schema)
-    op.execute(
-        sa.text(
-            f"ALTER TABLE {helpers.qualified(schema, 'schedule')} "
-            "ALTER COLUMN timezone DROP DEFAULT"
-        )
+    helpers.run_sql(
+        f"ALTER TABLE {helpers.qualified(schema, 'schedule')} ALTER COLUMN timezone DROP DEFAULT"
     )
     helpers.set_version(schema, VERSION - 1)

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
-
 from alkstore_sa.migrations import functions_38_46 as f46
 from alkstore_sa.migrations import helpers, schema_name
 
@@ -40,5 +37,5 @@ def downgrade() -> None:
     helpers.begin_downgrade(schema, VERSION)
     # create_queue() calls job_now() from 42 on: restore the older one first.
     helpers.execute_function(f46.CREATE_QUEUE_40, schema)
-    op.execute(sa.text(f"DROP FUNCTION {helpers.quote_schema(schema)}.job_now()"))
+    helpers.run_sql(f"DROP FUNCTION {helpers.quote_schema(schema)}.job_now()")
     helpers.set_version(schema, VERSION - 1)

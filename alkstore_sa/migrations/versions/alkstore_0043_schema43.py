@@ -18,9 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
-
 from alkstore_sa.migrations import functions_38_46 as f46
 from alkstore_sa.migrations import helpers, schema_name
 
@@ -53,20 +50,15 @@ JOB_COLUMNS = ("source_output jsonb", "source_root_id uuid")
 def _add(schema: str, table: str, columns: Sequence[str], if_not_exists: bool = False) -> None:
     # One ALTER per table: one lock on the table for all its new columns.
     clause = "ADD COLUMN IF NOT EXISTS " if if_not_exists else "ADD COLUMN "
-    op.execute(
-        sa.text(
-            f"ALTER TABLE {helpers.qualified(schema, table)} "
-            + ", ".join(clause + c for c in columns)
-        )
+    helpers.run_sql(
+        f"ALTER TABLE {helpers.qualified(schema, table)} " + ", ".join(clause + c for c in columns)
     )
 
 
 def _drop(schema: str, table: str, columns: Sequence[str]) -> None:
-    op.execute(
-        sa.text(
-            f"ALTER TABLE {helpers.qualified(schema, table)} "
-            + ", ".join(f"DROP COLUMN {c.split()[0]}" for c in columns)
-        )
+    helpers.run_sql(
+        f"ALTER TABLE {helpers.qualified(schema, table)} "
+        + ", ".join(f"DROP COLUMN {c.split()[0]}" for c in columns)
     )
 
 
@@ -85,11 +77,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    op.execute(
-        sa.text(
-            f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-            f"WHERE version = {VERSION} AND status <> 'completed'"
-        )
+    helpers.run_sql(
+        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
+        f"WHERE version = {VERSION} AND status <> 'completed'"
     )
     # create_queue() first, so that a queue created meanwhile builds no index on a
     # column about to go; then the index, then its column.

@@ -41,7 +41,7 @@ QUEUE_STATS_COLUMNS = ("wait_bins int[]", "run_bins int[]", "ready_oldest_second
 
 
 def _alter(schema: str, table: str, clauses: Sequence[str]) -> None:
-    op.execute(sa.text(f"ALTER TABLE {helpers.qualified(schema, table)} " + ", ".join(clauses)))
+    helpers.run_sql(f"ALTER TABLE {helpers.qualified(schema, table)} " + ", ".join(clauses))
 
 
 def _create_instance(schema: str) -> None:

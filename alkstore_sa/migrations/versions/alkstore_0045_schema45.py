@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
 
 from alkstore_sa.migrations import functions_38_46 as f46
@@ -33,11 +32,9 @@ UPSERT_INDEX = f46.I13
 def upgrade() -> None:
     schema = schema_name()
     if helpers.begin_upgrade(schema, VERSION):
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {helpers.qualified(schema, 'job')} "
-                "ADD COLUMN IF NOT EXISTS upsert_by_key bool"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {helpers.qualified(schema, 'job')} "
+            "ADD COLUMN IF NOT EXISTS upsert_by_key bool"
         )
         helpers.execute_function(f46.CREATE_QUEUE_45, schema)
         helpers.set_version(schema, VERSION)
@@ -48,11 +45,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    op.execute(
-        sa.text(
-            f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-            f"WHERE version = {VERSION} AND status <> 'completed'"
-        )
+    helpers.run_sql(
+        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
+        f"WHERE version = {VERSION} AND status <> 'completed'"
     )
     helpers.execute_function(f46.CREATE_QUEUE_43, schema)
     helpers.drop_index(schema, UPSERT_INDEX.suffix, concurrently=False)

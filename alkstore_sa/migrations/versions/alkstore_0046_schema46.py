@@ -16,9 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
-
 from alkstore_sa.migrations import functions_38_46 as f46
 from alkstore_sa.migrations import helpers, schema_name
 
@@ -34,12 +31,10 @@ INDEXES = (f46.I14, f46.I15, f46.I16, f46.I17)
 def upgrade() -> None:
     schema = schema_name()
     if helpers.begin_upgrade(schema, VERSION):
-        op.execute(
-            sa.text(
-                f"ALTER TABLE {helpers.qualified(schema, 'queue')} "
-                "ADD COLUMN IF NOT EXISTS retained_count int, "
-                "ADD COLUMN IF NOT EXISTS retained_on timestamp with time zone"
-            )
+        helpers.run_sql(
+            f"ALTER TABLE {helpers.qualified(schema, 'queue')} "
+            "ADD COLUMN IF NOT EXISTS retained_count int, "
+            "ADD COLUMN IF NOT EXISTS retained_on timestamp with time zone"
         )
         helpers.execute_function(f46.CREATE_QUEUE_46, schema)
         helpers.set_version(schema, VERSION)
@@ -50,19 +45,15 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    op.execute(
-        sa.text(
-            f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-            f"WHERE version = {VERSION} AND status <> 'completed'"
-        )
+    helpers.run_sql(
+        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
+        f"WHERE version = {VERSION} AND status <> 'completed'"
     )
     helpers.execute_function(f46.CREATE_QUEUE_45, schema)
     for index in reversed(INDEXES):
         helpers.drop_index(schema, index.suffix, concurrently=False)
-    op.execute(
-        sa.text(
-            f"ALTER TABLE {helpers.qualified(schema, 'queue')} "
-            "DROP COLUMN retained_on, DROP COLUMN retained_count"
-        )
+    helpers.run_sql(
+        f"ALTER TABLE {helpers.qualified(schema, 'queue')} "
+        "DROP COLUMN retained_on, DROP COLUMN retained_count"
     )
     helpers.set_version(schema, VERSION - 1)
