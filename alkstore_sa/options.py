@@ -10,12 +10,13 @@ below are written out for type checkers; a test keeps their keys equal to the ta
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import re
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -410,41 +411,57 @@ def check_unknown(given: Mapping[str, object], allowed: frozenset[str], what: st
         )
 
 
+def _policy(value: object) -> str:
+    try:
+        return QueuePolicy(value if isinstance(value, str) else repr(value)).value
+    except ValueError:
+        raise InvalidOptionsError(
+            "policy", f"{value!r} is not one of " + ", ".join(p.value for p in QueuePolicy)
+        ) from None
+
+
+def _checker(spec: OptionSpec) -> Callable[[object], Any]:
+    """The check of ``spec``'s values, chosen once from its kind (sends check many jobs)."""
+    name = spec.name
+    check: Callable[[object], Any]
+    if spec.kind == "when":
+        return start_after
+    if spec.kind == "int":
+        lo, hi = spec.minimum, spec.maximum
+        check = functools.partial(check_int, name, minimum=lo, maximum=hi)
+    elif spec.kind == "bool":
+        check = functools.partial(check_bool, name)
+    elif spec.kind == "text":
+        check = functools.partial(check_text, name, max_bytes=spec.max_bytes)
+    elif spec.kind == "queue":
+        check = functools.partial(validate_queue, option=name)
+    elif spec.kind == "policy":
+        check = _policy
+    elif spec.kind == "uuid":
+        check = job_id
+    else:
+        raise AssertionError(f"option {name!r} has an unknown kind {spec.kind!r}")
+    if spec.nullable:
+        strict = check
+        return lambda value: None if value is None else strict(value)
+    return check
+
+
 def check_option(name: str, value: object) -> Any:
     """``value`` checked against the rules of option ``name``; returns it normalised
     (a policy as its text, an id as a UUID, ``start_after`` as :class:`StartAfter`)."""
-    spec = OPTION[name]
-    if spec.kind == "when":
-        return start_after(value)
-    if value is None and spec.nullable:
-        return None
-    if spec.kind == "int":
-        return check_int(name, value, minimum=spec.minimum, maximum=spec.maximum)
-    if spec.kind == "bool":
-        return check_bool(name, value)
-    if spec.kind == "text":
-        return check_text(name, value, max_bytes=spec.max_bytes)
-    if spec.kind == "queue":
-        return validate_queue(value, name)
-    if spec.kind == "policy":
-        try:
-            return QueuePolicy(value if isinstance(value, str) else repr(value)).value
-        except ValueError:
-            raise InvalidOptionsError(
-                name, f"{value!r} is not one of " + ", ".join(p.value for p in QueuePolicy)
-            ) from None
-    if spec.kind == "uuid":
-        return job_id(value)
-    raise AssertionError(f"option {name!r} has an unknown kind {spec.kind!r}")
+    return _CHECKS[name](value)
+
+
+_RULED = tuple(o for o in OPTIONS if o.requires is not None)
 
 
 def check_requirements(values: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> None:
     """The rules between options (``requires`` in :data:`OPTIONS`), on ``values``
     over ``base``: the values an option not in ``values`` takes (a queue's current
     ones for ``update_queue``; none for ``create_queue`` and ``send``)."""
-    for spec in OPTIONS:
-        if spec.requires is None:
-            continue
+    for spec in _RULED:
+        assert spec.requires is not None
         if values.get(spec.name, (base or {}).get(spec.name)) is None:
             continue
         other, wanted = spec.requires
@@ -457,7 +474,7 @@ def check_options(given: Mapping[str, Any], allowed: frozenset[str], what: str) 
     accepts them); returns the normalised values. The rules between options are
     left to :func:`check_requirements`."""
     check_unknown(given, allowed, what)
-    return {key: check_option(key, value) for key, value in given.items()}
+    return {key: _CHECKS[key](value) for key, value in given.items()}
 
 
 def queue_options(name: str, opts: Mapping[str, Any], *, update: bool = False) -> dict[str, Any]:
@@ -715,3 +732,7 @@ def from_pgboss_send_options(opts: Mapping[str, Any] | None) -> dict[str, Any]:
         for key, value in (opts or {}).items()
         if key in PGBOSS_SEND_KEYS and value is not None
     }
+
+
+# Built last: the checks of some kinds are defined further down this module.
+_CHECKS = {o.name: _checker(o) for o in OPTIONS}
