@@ -54,9 +54,9 @@ from sqlalchemy import Table
 from sqlalchemy.sql.schema import SchemaItem
 
 from .migrations import (
+    OUR_VERSION_DIRS,
     REVISION_PREFIX,
     VERSION_TABLE,
-    VERSIONS_DIR,
     AlembicForeignRevisionError,
     refuse_foreign_revisions,
 )
@@ -249,7 +249,7 @@ def process_revision_directives(
         parents = _parents(script, directive.head)
         ours = [p.revision for p in parents if _is_ours(p)]
         folder = _destination(script, directive.version_path, parents)
-        into_ours = folder is not None and folder == VERSIONS_DIR
+        into_ours = folder is not None and folder in OUR_VERSION_DIRS
         if not ours and not into_ours:
             continue
         what = f"the new revision {directive.rev_id!r} would "
@@ -260,7 +260,7 @@ def process_revision_directives(
             )
         if into_ours:
             what += (" and " if ours else "") + (
-                f"be written into alkstore_sa's versions folder {VERSIONS_DIR}, where "
+                f"be written into alkstore_sa's versions folder {folder}, where "
                 "`alkstore db upgrade` would run it on every database"
             )
         raise AlembicForeignRevisionError(what + ". Nothing was written")
@@ -278,7 +278,7 @@ def _parents(script: ScriptDirectory | None, head: Any) -> list[Script]:
 
 def _is_ours(rev: Script) -> bool:
     return rev.revision.startswith(REVISION_PREFIX) or (
-        Path(rev.path).resolve().parent == VERSIONS_DIR
+        Path(rev.path).resolve().parent in OUR_VERSION_DIRS
     )
 
 

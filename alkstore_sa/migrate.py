@@ -165,8 +165,10 @@ def version_of(revision: str | None) -> int | None:
 
 Bind = Engine | Connection | str
 
-VERSION_LOCATION = "alkstore_sa:migrations/versions"
-"""Where the standalone environment finds the revisions (a package resource)."""
+VERSION_LOCATION = "alkstore_sa:migrations/versions alkstore_sa:migrations/versions_next"
+"""Where the standalone environment finds the revisions (package resources, separated by
+spaces): schema 26, and the revisions to 27-46 that only an explicit
+``schema_version`` reaches (see :data:`~alkstore_sa.migrations.NEXT_VERSIONS_DIR`)."""
 
 
 def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Config:
@@ -250,6 +252,15 @@ def _refuse_wrong_direction(conn: Connection, schema: str, target: str, way: str
         )
 
 
+def _end_own_transaction(bind: Bind, conn: Connection) -> None:
+    # The direction check began a transaction. Left open, Alembic would take it for the
+    # caller's and run every revision inside it, so indexes that pg-boss builds in the
+    # background (CONCURRENTLY) would be built under a lock that blocks writers. A
+    # Connection the caller passed is theirs: its transaction is left alone.
+    if not isinstance(bind, Connection) and conn.in_transaction():
+        conn.commit()
+
+
 def _recorded(conn: Connection, schema: str) -> str | None:
     ctx = MigrationContext.configure(
         conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
@@ -276,6 +287,7 @@ def upgrade(
     cfg = _checked_config(schema, target=target)
     with _connection(bind) as conn:
         _refuse_wrong_direction(conn, schema, target, "upgrade")
+        _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
 
@@ -299,6 +311,7 @@ def downgrade(
     cfg = _checked_config(schema, target=revision)
     with _connection(bind) as conn:
         _refuse_wrong_direction(conn, schema, revision, "downgrade")
+        _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
         if revision == BASE:

@@ -203,6 +203,20 @@ def test_user_environment_upgrade_alkstore_head_leaves_the_user_branch_alone(
     assert user_project.recorded(engine) == {"alkstore_0001"}
 
 
+def test_user_environment_reaches_schema_46_only_when_it_lists_versions_next(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    # Without versions_next, "heads" stays at the schema 26 this release's runtime speaks.
+    command.upgrade(user_project.config(fresh), "heads")
+    assert migrate.current_version(engine, fresh) == 26
+    cfg = user_project.config(fresh)
+    locations = cfg.get_main_option("version_locations")
+    cfg.set_main_option("version_locations", f"{locations} alkstore_sa:migrations/versions_next")
+    command.upgrade(cfg, "heads")
+    assert migrate.current_version(engine, fresh) == 46
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
+
+
 def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_schema(
     user_project: UserProject, engine: Engine, fresh: str
 ) -> None:
@@ -316,11 +330,8 @@ def test_db_sql_script_installs_functions_that_work(
     assert "%%" not in script
     run_script(database_url, script)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                f"""SELECT "{fresh}".create_queue('p', '{{"policy": "standard", "partition": true}}'::jsonb)"""
-            )
-        )
+        partitioned = """'{"policy": "standard", "partition": true}'::jsonb"""
+        conn.execute(text(f"""SELECT "{fresh}".create_queue('p', {partitioned})"""))
         conn.execute(
             text(f"""SELECT "{fresh}".create_queue('s', '{{"policy": "standard"}}'::jsonb)""")
         )
@@ -538,8 +549,11 @@ def test_developer_environment_runs_from_the_url_in_the_environment(
     cfg = Config(str(REPO / "migrations" / "alembic.ini"))
     cfg.attributes["configure_logger"] = False
     cfg.cmd_opts = argparse.Namespace(x=[f"alkstore_schema={fresh}"])
-    command.upgrade(cfg, "alkstore@head")
+    command.upgrade(cfg, "alkstore_0001")
     assert migrate.check(engine, fresh) == 26
+    # The developer environment lists versions_next too: its head is schema 46.
+    command.upgrade(cfg, "alkstore@head")
+    assert migrate.current_version(engine, fresh) == 46
     command.downgrade(cfg, "alkstore@base")
     assert _tables(engine, fresh) == {"alkstore_alembic_version"}
 

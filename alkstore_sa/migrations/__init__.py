@@ -42,7 +42,18 @@ REVISION_PREFIX = "alkstore_"
 """Every alkstore_sa revision id starts with this (``alkstore_0001``, ...)."""
 
 VERSIONS_DIR = Path(__file__).resolve().with_name("versions")
-"""The folder of alkstore_sa's revisions inside the installed package."""
+"""The folder of alkstore_sa's revisions inside the installed package: schema 26, the
+version this release's runtime speaks."""
+
+NEXT_VERSIONS_DIR = Path(__file__).resolve().with_name("versions_next")
+"""The revisions to pg-boss schema versions 27 to 46, kept apart until the runtime
+speaks them: an application's ``alembic upgrade heads`` must not install a schema its
+services refuse. ``alkstore db upgrade --schema-version N`` reaches them; an Alembic
+environment opts in by listing ``alkstore_sa:migrations/versions_next`` too (see
+docs/concepts/compatibility.md)."""
+
+OUR_VERSION_DIRS = (VERSIONS_DIR, NEXT_VERSIONS_DIR)
+"""Every folder of alkstore_sa's revisions; only alkstore_sa's revisions belong there."""
 
 # The files Alembic loads as revisions from a version location (sources only).
 _REVISION_FILE = re.compile(r"(?!\.#|__init__).*\.py$")
@@ -116,7 +127,7 @@ def foreign_revisions(directory: str | os.PathLike[str] = VERSIONS_DIR) -> list[
 
 
 def refuse_foreign_revisions(
-    locations: Iterable[str | os.PathLike[str]] = (VERSIONS_DIR,),
+    locations: Iterable[str | os.PathLike[str]] = OUR_VERSION_DIRS,
 ) -> None:
     """Raise :class:`AlembicForeignRevisionError` if a location holds a revision not ours.
 

@@ -3,7 +3,7 @@
 
 A supervision pass is a generator of *units*. A unit is an ordinary operation
 (it yields :class:`Call` objects) meant to run in one transaction of its own.
-:class:`~alkstore_sa.worker.supervisor.Supervisor` gives each unit a short
+:class:`~alkstore_sa.supervision.Supervisor` gives each unit a short
 transaction with pg-boss's lock timeouts and throws a unit's error back into
 the pass, which records it and goes on with the next step.
 :meth:`QueueService.supervise <alkstore_sa.QueueService.supervise>` runs every
