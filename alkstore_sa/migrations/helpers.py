@@ -490,3 +490,12 @@ def run_sql(sql: str) -> None:
         context.impl.static_output(sql.strip() + context.impl.command_terminator)
     else:
         op.execute(sa.text(sql))
+
+
+def forget_unfinished_builds(schema: str, version: int) -> None:
+    """Delete ``version``'s ``bam`` rows that did not complete, as pg-boss's rollback does,
+    so that no background runner rebuilds an index the downgrade is about to drop."""
+    run_sql(
+        f"DELETE FROM {quote_schema(schema)}.bam "
+        f"WHERE version = {int(version)} AND status <> 'completed'"
+    )

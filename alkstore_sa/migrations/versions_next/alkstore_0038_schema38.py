@@ -41,12 +41,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    # pg-boss's rollback forgets this version's unfinished background builds, so that
-    # none of them rebuilds the index dropped here.
-    helpers.run_sql(
-        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-        f"WHERE version = {VERSION} AND status <> 'completed'"
-    )
+    helpers.forget_unfinished_builds(schema, VERSION)
     helpers.execute_function(functions.CREATE_QUEUE_33, schema)
     helpers.drop_index(schema, "i10", concurrently=False)
     helpers.set_version(schema, VERSION - 1)

@@ -58,10 +58,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    helpers.run_sql(
-        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-        f"WHERE version = {VERSION} AND status <> 'completed'"
-    )
+    helpers.forget_unfinished_builds(schema, VERSION)
     helpers.execute_function(f46.CREATE_QUEUE_38, schema)
     # Restore before retire, inside the transaction, as pg-boss's rollback does.
     helpers.create_index_in_transaction(schema, RETIRED_INDEX)

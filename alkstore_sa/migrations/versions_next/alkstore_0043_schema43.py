@@ -77,10 +77,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    helpers.run_sql(
-        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-        f"WHERE version = {VERSION} AND status <> 'completed'"
-    )
+    helpers.forget_unfinished_builds(schema, VERSION)
     # create_queue() first, so that a queue created meanwhile builds no index on a
     # column about to go; then the index, then its column.
     helpers.execute_function(f46.CREATE_QUEUE_42, schema)

@@ -45,10 +45,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    helpers.run_sql(
-        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-        f"WHERE version = {VERSION} AND status <> 'completed'"
-    )
+    helpers.forget_unfinished_builds(schema, VERSION)
     helpers.execute_function(f46.CREATE_QUEUE_43, schema)
     helpers.drop_index(schema, UPSERT_INDEX.suffix, concurrently=False)
     op.drop_column("job", "upsert_by_key", schema=schema)

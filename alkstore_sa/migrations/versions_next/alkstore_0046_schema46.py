@@ -45,10 +45,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = schema_name()
     helpers.begin_downgrade(schema, VERSION)
-    helpers.run_sql(
-        f"DELETE FROM {helpers.quote_schema(schema)}.bam "
-        f"WHERE version = {VERSION} AND status <> 'completed'"
-    )
+    helpers.forget_unfinished_builds(schema, VERSION)
     helpers.execute_function(f46.CREATE_QUEUE_45, schema)
     for index in reversed(INDEXES):
         helpers.drop_index(schema, index.suffix, concurrently=False)
