@@ -429,4 +429,4 @@ class QueueService:
             an aware datetime the statements use instead of the database clock.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
-        return self._run(ops.maintenance.supervise_once(self._ctx, queues, force, settings))
+        return self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))

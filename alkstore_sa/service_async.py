@@ -435,4 +435,4 @@ class AsyncQueueService:
             an aware datetime the statements use instead of the database clock.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
-        return await self._run(ops.maintenance.supervise_once(self._ctx, queues, force, settings))
+        return await self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))

@@ -42,9 +42,7 @@ def convert(source: str) -> str:
     body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
     body = body.replace("self._drive(ops.check_schema", "await self._drive(ops.check_schema")
     body = body.replace("return self._drive(op)", "return await self._drive(op)")
-    body = body.replace(
-        "return driver.run(self.session,", "return await driver.arun(self.session,"
-    )
+    body = body.replace("return driver.run(self.session,", "return await driver.arun(self.session,")
     # public methods: `def name(` -> `async def name(` and `self._run(` -> `await self._run(`
     body = re.sub(
         r"^(    )def (?!_)(?=[^\n]*\n(?![^\n]*@property))", "    async def ", body, flags=re.M

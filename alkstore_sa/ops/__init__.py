@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import inspect, maintenance
+from . import inspect, supervision
 from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
@@ -59,7 +59,6 @@ __all__ = [
     "get_schedules",
     "inspect",
     "is_conflict",
-    "maintenance",
     "publish",
     "redrive",
     "resume",
@@ -69,6 +68,7 @@ __all__ = [
     "send_debounced",
     "send_many",
     "subscribe",
+    "supervision",
     "unschedule",
     "unsubscribe",
     "update_queue",

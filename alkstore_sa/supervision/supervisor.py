@@ -45,7 +45,7 @@ from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, validate_schema
 from ..ops import Context, Op, check_schema, driver
-from ..ops.maintenance import (
+from ..ops.supervision import (
     PassPlan,
     QueueWarning,
     Settings,
