@@ -1,0 +1,362 @@
+"""Fail, retry and dead letters at schema 46 (pg-boss 12.38.0's failJobs and expiry).
+
+The shape is the one of :mod:`alkstore_sa.sql.fail` (schema 26): delete the
+matched rows and insert them again in one statement, as ``retry`` while retries
+remain (``ON CONFLICT DO NOTHING``, so a stately queue whose retry slot is taken
+falls through) and as ``failed`` otherwise, with a copy of each failed job sent to
+its dead letter queue. What 46 changes, as pg-boss 12.38.0 does it:
+
+- Both re-inserts carry **every** column but ``upsert_by_key``: group, heartbeat
+  interval, flow (``blocked``, ``blocking``, ``pending_dependencies``), the
+  ``source_*`` provenance and ``trace_context``. A dead-lettered job that fails
+  again keeps where it came from, so it can still be redriven. ``upsert_by_key``
+  is left NULL on purpose: a job that failed is no longer the one an ``upsert``
+  by its key may update (it leaves the unique index ``job_i13``).
+  ``heartbeat_on`` is cleared: the attempt it measured is over.
+- Backoff is multiplicative (pg-boss since 12.6, ``GREATEST(retry_delay, 1)``
+  since 12.26): see :func:`backoff_seconds`.
+- The dead-letter copy keeps the job's priority, key, group and trace context,
+  takes expiry and heartbeat interval from the dead letter queue, starts with no
+  output (the failed job's output is its ``source_output``) and records the first
+  job of its chain in ``source_root_id``.
+- The clock is the schema's ``job_now()`` (a test clock can move it for Node and
+  for us alike).
+
+The builders, all returning ``(id, name, state, dead_letter, dead_lettered)`` per
+job failed or set to retry, as the schema-26 ones do:
+
+- :func:`fail_jobs`: a handler's failure, fenced on ``started_on`` or not;
+- :func:`expire_jobs`: jobs past their lease (``started_on + expire_seconds``),
+  pg-boss's ``failJobsByTimeout``;
+- :func:`expire_heartbeats`: jobs whose heartbeat stopped
+  (``heartbeat_on + heartbeat_seconds``), pg-boss's ``failJobsByHeartbeat``;
+- :func:`fail_poison`: rows that can never run, failed for good.
+
+The operations over them are in :mod:`alkstore_sa.ops.working`
+(``fail_many``, and ``expire_jobs46``/``expire_heartbeats46`` for supervision,
+whose caller holds the per-table advisory lock pg-boss takes for the same
+sweep: ``<table>failJobsByTimeout`` and ``<table>failJobsByHeartbeat``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    func,
+    or_,
+    select,
+    type_coerce,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
+
+from ...models.enums import JobState
+from .._common import _SchemaFunction, seconds, settle_input, state, state_text
+from ..tables46 import JOB, QUEUE
+
+TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
+"""Output of a job failed because its lease ran out (byte-compatible with pg-boss)."""
+
+HEARTBEAT_OUTPUT = {"value": {"message": "job heartbeat timeout"}}
+"""Output of a job failed because its heartbeat stopped (byte-compatible with pg-boss)."""
+
+CARRIED_COLUMNS = [c.name for c in JOB.columns if c.name != "upsert_by_key"]
+"""The columns a failed or retried job is inserted again with: all but ``upsert_by_key``."""
+
+
+class _job_now_fn(_SchemaFunction):
+    fn_name = "job_now"
+    inherit_cache = True
+
+
+def job_now() -> ColumnElement[Any]:
+    """``<schema>.job_now()``: the clock every pg-boss 12.38 statement reads.
+
+    A function of the schema, so a test clock set there moves Node and us alike.
+    """
+    return type_coerce(_job_now_fn(), TIMESTAMP(timezone=True))
+
+
+def backoff_seconds(
+    retry_count: ColumnElement[Any],
+    retry_delay: ColumnElement[Any],
+    retry_delay_max: ColumnElement[Any],
+) -> ColumnElement[Any]:
+    """pg-boss 12.38's retry delay with backoff, in (fractional) seconds.
+
+    ``LEAST(retry_delay_max, GREATEST(retry_delay, 1) * (h + h * random()))`` where
+    ``h = 2 ^ LEAST(16, retry_count + 1) / 2``: the delay doubles with each attempt,
+    with up to 100 % jitter, from at least one second even when ``retry_delay`` is 0,
+    and the exponent stops at 16 so the value cannot overflow. ``LEAST`` ignores a
+    NULL ``retry_delay_max``: no cap. ``random()`` is the database's, so a session
+    that seeded it (``setseed``) gets pg-boss's value exactly.
+    """
+    half = func.power(2, func.least(16, retry_count + 1)) / 2
+    return func.least(
+        retry_delay_max, func.greatest(retry_delay, 1) * (half + half * func.random())
+    )
+
+
+def _fail_from(deleted: CTE) -> Select[Any]:
+    """Insert the rows of ``deleted`` (every job column + ``new_output``) again.
+
+    Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
+    or set to retry.
+    """
+    d = deleted.c
+    now = job_now()
+    retrying = d.retry_count < d.retry_limit
+    start_after = case(
+        # The last attempt failed: the job is done, start_after stays as it was.
+        (d.retry_count == d.retry_limit, d.start_after),
+        (d.retry_backoff.is_(False), now + seconds(d.retry_delay)),
+        else_=now + seconds(backoff_seconds(d.retry_count, d.retry_delay, d.retry_delay_max)),
+    )
+    common: dict[str, Any] = {"output": d.new_output, "heartbeat_on": None}
+    as_retry = {
+        **common,
+        "state": case((retrying, state(JobState.RETRY)), else_=state(JobState.FAILED)),
+        "start_after": start_after,
+        "completed_on": case((retrying, None), else_=now),
+    }
+    retried = (
+        insert(JOB)
+        .from_select(CARRIED_COLUMNS, select(*[as_retry.get(c, d[c]) for c in CARRIED_COLUMNS]))
+        .on_conflict_do_nothing()
+        .returning(*JOB.c)
+        .cte("retried")
+    )
+    # A retry that met a unique index (a stately queue with its retry slot taken)
+    # fails for good instead. No ON CONFLICT here: the row just deleted held
+    # every slot this one needs, and an error is better than a lost job.
+    as_failed = {**common, "state": state(JobState.FAILED), "completed_on": now}
+    failed = (
+        insert(JOB)
+        .from_select(
+            CARRIED_COLUMNS,
+            select(*[as_failed.get(c, d[c]) for c in CARRIED_COLUMNS]).where(
+                d.id.not_in(select(retried.c.id))
+            ),
+        )
+        .returning(*JOB.c)
+        .cte("failed")
+    )
+    kept = [
+        "id",
+        "name",
+        "state",
+        "dead_letter",
+        "priority",
+        "data",
+        "output",
+        "singleton_key",
+        "group_id",
+        "group_tier",
+        "created_on",
+        "retry_count",
+        "source_root_id",
+        "trace_context",
+    ]
+    results = union_all(
+        select(*[retried.c[c] for c in kept]), select(*[failed.c[c] for c in kept])
+    ).cte("results")
+    r = results.c
+    # One copy per failed job, in the dead letter queue, as a new job on that
+    # queue's settings. Its own output starts empty (it has not run); the failed
+    # job's output is its source_output. policy and dead_letter stay NULL, so the
+    # queue's unique indexes never refuse the copy.
+    q = QUEUE.alias("dlq")
+    dead_letter_copy: dict[str, Any] = {
+        "name": q.c.name,
+        "priority": r.priority,
+        "data": r.data,
+        "retry_limit": q.c.retry_limit,
+        "retry_backoff": q.c.retry_backoff,
+        "retry_delay": q.c.retry_delay,
+        "start_after": now,
+        "created_on": now,
+        "keep_until": now + seconds(q.c.retention_seconds),
+        "deletion_seconds": q.c.deletion_seconds,
+        "expire_seconds": q.c.expire_seconds,
+        "singleton_key": r.singleton_key,
+        "group_id": r.group_id,
+        "group_tier": r.group_tier,
+        "heartbeat_seconds": q.c.heartbeat_seconds,
+        "source_name": r.name,
+        "source_id": r.id,
+        "source_created_on": r.created_on,
+        "source_retry_count": r.retry_count,
+        "source_output": r.output,
+        # The first job of a dead-letter/redrive chain, whichever link fails now.
+        "source_root_id": func.coalesce(r.source_root_id, r.id),
+        "trace_context": r.trace_context,
+    }
+    dead = (
+        insert(JOB)
+        .from_select(
+            list(dead_letter_copy),
+            select(*dead_letter_copy.values())
+            .select_from(results.join(q, q.c.name == r.dead_letter))
+            .where(r.state == state_text(JobState.FAILED)),
+        )
+        .returning(JOB.c.id)
+        .cte("dead")
+    )
+    return select(
+        r.id,
+        r.name,
+        r.state,
+        r.dead_letter,
+        select(func.count()).select_from(dead).scalar_subquery().label("dead_lettered"),
+    )
+
+
+@functools.cache
+def fail_jobs() -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``.
+
+    Without a fence the job must not be finished (``state < 'completed'``), as
+    pg-boss's fail by id. With one it must be ``active`` in the attempt that started
+    at that time: a worker whose lease lapsed and whose job another worker claimed
+    again cannot fail the newer attempt (pg-boss 12.38 fences on ``retry_count``
+    for the same reason; ``started_on`` tells attempts apart as well, and is what
+    every settle of ours fences on).
+    """
+    src = settle_input()
+    deleted = (
+        delete(JOB)
+        .where(
+            JOB.c.name == bindparam("qname", type_=Text),
+            JOB.c.id == src.c.id,
+            or_(
+                and_(src.c.fence.is_(None), JOB.c.state < state_text(JobState.COMPLETED)),
+                and_(
+                    JOB.c.state == state_text(JobState.ACTIVE),
+                    JOB.c.started_on == src.c.fence,
+                ),
+            ),
+        )
+        .returning(*JOB.c, cast(src.c.output, JSONB).label("new_output"))
+        .cte("deleted")
+    )
+    return _fail_from(deleted)
+
+
+def _clock() -> ColumnElement[Any]:
+    """``COALESCE(:now, job_now())``: the supervisor's fake clock in tests, else the schema's."""
+    return func.coalesce(
+        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), job_now()
+    )
+
+
+Lapsed = Callable[[Any], ColumnElement[bool]]
+
+
+def _expire(lapsed: Lapsed) -> Select[Any]:
+    """Fail up to ``:limit`` active jobs of queues ``:names`` for which ``lapsed`` holds.
+
+    ``SKIP LOCKED`` so a sweep never waits behind a worker settling the same job,
+    and the condition is checked again on the row deleted (a job settled after it
+    was picked is left alone, as pg-boss repeats its predicate). A job failed here
+    is inserted again as ``retry`` or ``failed``, which the next batch no longer
+    matches, so the caller repeats while batches come back full. ``:output`` is
+    the JSON text stored as output.
+    """
+    j = JOB.alias("j")
+    picked = (
+        select(j.c.name, j.c.id)
+        .where(
+            j.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
+            j.c.state == state_text(JobState.ACTIVE),
+            lapsed(j.c),
+        )
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    deleted = (
+        delete(JOB)
+        .where(
+            JOB.c.name == picked.c.name,
+            JOB.c.id == picked.c.id,
+            JOB.c.state == state_text(JobState.ACTIVE),
+            lapsed(JOB.c),
+        )
+        .returning(*JOB.c, cast(bindparam("output", type_=Text), JSONB).label("new_output"))
+        .cte("deleted")
+    )
+    return _fail_from(deleted)
+
+
+@functools.cache
+def expire_jobs() -> Select[Any]:
+    """Fail the active jobs of queues ``:names`` whose lease ran out (pg-boss's
+    ``failJobsByTimeout``): ``started_on + expire_seconds`` before ``:now`` (NULL =
+    ``job_now()``). Bounded by ``:limit``; ``:output`` is :data:`TIMEOUT_OUTPUT` as JSON.
+    """
+    return _expire(lambda c: c.started_on + seconds(c.expire_seconds) < _clock())
+
+
+@functools.cache
+def expire_heartbeats() -> Select[Any]:
+    """Fail the active jobs of queues ``:names`` whose heartbeat stopped (pg-boss's
+    ``failJobsByHeartbeat``): a job with a ``heartbeat_seconds`` whose
+    ``heartbeat_on + heartbeat_seconds`` is before ``:now`` (NULL = ``job_now()``).
+    A job without a heartbeat interval never expires this way. Bounded by
+    ``:limit``; ``:output`` is :data:`HEARTBEAT_OUTPUT` as JSON.
+    """
+    return _expire(
+        lambda c: and_(
+            c.heartbeat_seconds.is_not(None),
+            c.heartbeat_on + seconds(c.heartbeat_seconds) < _clock(),
+        )
+    )
+
+
+@functools.cache
+def fail_poison() -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
+
+    For rows that can never run (see :mod:`alkstore_sa.ops.poison`): the fail
+    statement above, so the job is dead-lettered like any failed job, but with no
+    retry left, because a row that cannot be read or activated would only fail
+    again. ``retry_limit`` is lowered to ``retry_count`` for that, which also
+    leaves the record saying how many attempts there were.
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("outputs", type_=ARRAY(Text())),
+        )
+        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
+        .render_derived()
+    )
+    returned = [
+        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
+    ]
+    deleted = (
+        delete(JOB)
+        .where(
+            JOB.c.name == bindparam("qname", type_=Text),
+            JOB.c.id == src.c.id,
+            JOB.c.state < state_text(JobState.COMPLETED),
+        )
+        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
+        .cte("deleted")
+    )
+    return _fail_from(deleted)
