@@ -60,14 +60,14 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    type_coerce,
     union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
 from ...models.enums import JobState
-from .._common import _SchemaFunction, seconds, settle_input, state, state_text
+from .._common import seconds, settle_input, state, state_text
 from ..tables46 import JOB, QUEUE
+from . import job_now
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output of a job failed because its lease ran out (byte-compatible with pg-boss)."""
@@ -77,19 +77,6 @@ HEARTBEAT_OUTPUT = {"value": {"message": "job heartbeat timeout"}}
 
 CARRIED_COLUMNS = [c.name for c in JOB.columns if c.name != "upsert_by_key"]
 """The columns a failed or retried job is inserted again with: all but ``upsert_by_key``."""
-
-
-class _job_now_fn(_SchemaFunction):
-    fn_name = "job_now"
-    inherit_cache = True
-
-
-def job_now() -> ColumnElement[Any]:
-    """``<schema>.job_now()``: the clock every pg-boss 12.38 statement reads.
-
-    A function of the schema, so a test clock set there moves Node and us alike.
-    """
-    return type_coerce(_job_now_fn(), TIMESTAMP(timezone=True))
 
 
 def backoff_seconds(
