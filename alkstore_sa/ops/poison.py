@@ -22,6 +22,7 @@ from typing import Any
 from ..limits import MAX_SINGLETON_KEY_BYTES
 from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
+from ..sql.v46 import fail as fail46_sql
 from ._core import Call, Context, Op
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def fail_poison(
         return 0
     outputs = {job_id: poison_output(job_id, what, why) for job_id, what, why in poisoned}
     result = yield Call(
-        fail_sql.fail_poison(),
+        # At 46 through the fail that carries every column (sql/v46/fail.py).
+        fail46_sql.fail_poison() if ctx.version >= 46 else fail_sql.fail_poison(),
         {
             "qname": name,
             "ids": list(outputs),

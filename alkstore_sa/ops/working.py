@@ -21,6 +21,7 @@ from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
 from ..sql import reading as reading_sql
 from ..sql import settle as settle_sql
+from ..sql.v46 import fail as fail46_sql
 from ._core import Call, Conflict, Context, Op
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import get_queue, require_queue
@@ -246,7 +247,9 @@ def fail_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[FailRe
     settled = settlement_items(name, items)
     if not settled:
         return FailResult(0, [], {}, 0)
-    result = yield Call(fail_sql.fail_jobs(), _settle_params(name, settled))
+    # At 46 the fail carries every column and backs off as pg-boss 12.38 does.
+    stmt = fail46_sql.fail_jobs() if ctx.version >= 46 else fail_sql.fail_jobs()
+    result = yield Call(stmt, _settle_params(name, settled))
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
     return FailResult(
@@ -254,6 +257,56 @@ def fail_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[FailRe
         [r.id for r in rows],
         {r.id: JobState(r.state) for r in rows},
         int(rows[0].dead_lettered) if rows else 0,
+    )
+
+
+def _expire46(
+    ctx: Context, stmt: Executable, output: Any, names: Sequence[str], limit: int, now: Any
+) -> Op[dict[str, int]]:
+    opt.check_int("limit", limit, minimum=1)
+    params = {
+        "names": [validate_queue(n, "names") for n in names],
+        "limit": limit,
+        "output": opt.encode_json("output", output),
+        "now": now,
+    }
+    result = yield Call(stmt, params)
+    counts: dict[str, int] = {}
+    for row in result:
+        counts[row.name] = counts.get(row.name, 0) + 1
+    return counts
+
+
+def expire_jobs46(
+    ctx: Context, names: Sequence[str], limit: int, now: datetime | None = None
+) -> Op[dict[str, int]]:
+    """Schema 46: fail one batch (at most ``limit``) of the active jobs of ``names``
+    whose lease ran out, as pg-boss 12.38's ``failJobsByTimeout`` does.
+
+    Returns how many jobs each queue had failed or set to retry; a batch short of
+    ``limit`` means no more are due. ``now`` replaces the schema's clock (tests).
+    The caller holds the advisory lock ``<table>failJobsByTimeout`` (sql/locks.py)
+    that pg-boss takes for the same sweep.
+    """
+    return (
+        yield from _expire46(
+            ctx, fail46_sql.expire_jobs(), fail46_sql.TIMEOUT_OUTPUT, names, limit, now
+        )
+    )
+
+
+def expire_heartbeats46(
+    ctx: Context, names: Sequence[str], limit: int, now: datetime | None = None
+) -> Op[dict[str, int]]:
+    """Schema 46: fail one batch of the active jobs of ``names`` whose heartbeat
+    stopped (``heartbeat_on + heartbeat_seconds`` passed), as pg-boss 12.38's
+    ``failJobsByHeartbeat`` does; as :func:`expire_jobs46` otherwise, under the
+    lock ``<table>failJobsByHeartbeat``.
+    """
+    return (
+        yield from _expire46(
+            ctx, fail46_sql.expire_heartbeats(), fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
+        )
     )
 
 
