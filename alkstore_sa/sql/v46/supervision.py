@@ -1,0 +1,630 @@
+"""Statements of the supervisor at schema 46 (as pg-boss 12.38's supervise pass does them).
+
+What changed since 26, and why each statement looks as it does:
+
+- The throttles are stamped with ``>=`` the interval (pg-boss 12.38 accepts an
+  elapsed time equal to the interval), lock the queue rows in name order
+  ``FOR NO KEY UPDATE SKIP LOCKED`` (two claimers never deadlock, and a row in
+  another instance's pass is skipped), and the monitor claims
+  ``queue.monitor_claim_on``: ``monitor_on`` is written only together with the
+  counts, so it keeps meaning "when these counts were captured".
+- The counters come from live jobs only (created, retry, active, failed), split
+  as Node splits them: queued = blocked + deferred + ready, blocked jobs
+  counted apart. ``retained_count``/``total_count`` follow pg-boss's watermark
+  rules, ``ready_history`` keeps the newest 60 ready counts. The aggregate takes
+  the ``queue-stats`` lock with *try* inside the statement; the loser writes no
+  counts and hands its claims back.
+- Retention walks one queue in batches of primary keys and reports what it
+  kept, so that a full walk can set ``retained_count``; ``deletion_seconds = 0``
+  keeps finished jobs. Dependency rows whose job is gone are cleaned the same way.
+
+Time is ``COALESCE(:now, <schema>.job_now())``: production binds NULL and reads
+pg-boss's clock function, tests bind a fake clock's time.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Delete,
+    Float,
+    Integer,
+    Select,
+    Text,
+    Update,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    literal_column,
+    null,
+    or_,
+    select,
+    true,
+    type_coerce,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
+from sqlalchemy.sql.elements import Grouping
+
+from ...models.enums import JobState
+from .._common import advisory_key, seconds, state_text
+from ..tables46 import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
+from . import job_now
+
+DELTA_LAG_SECONDS = 10
+"""How far behind ``now`` the retained watermark moves: a completion stamped just
+before a pass but committed after it is still ahead of the watermark (pg-boss's
+``DELTA_LAG``)."""
+
+READY_HISTORY_SIZE = 60
+"""Ready counts kept newest first in ``queue.ready_history`` (one per counted pass)."""
+
+WALK_BATCH = 10_000
+"""Primary keys one retention or dependency batch covers, as pg-boss."""
+
+INSTANCE_RETENTION_DAYS = 7
+INSTANCE_DEAD_KEPT = 1_000
+INSTANCE_QUIET_BEATS = 3
+
+_MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+_LIVE = ("created", "retry", "active", "failed")
+_RETAINED = ("completed", "cancelled")
+
+
+def now() -> ColumnElement[Any]:
+    """``COALESCE(:now, <schema>.job_now())``."""
+    return func.coalesce(
+        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), job_now()
+    )
+
+
+def _names() -> Any:
+    return func.any(bindparam("names", type_=ARRAY(Text)))
+
+
+def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
+    # pg-boss's throttle: never stamped counts as stamped a week ago, and an
+    # elapsed time equal to the interval is due (12.38 compares with >=).
+    t = now()
+    since = func.coalesce(column_, t - literal_column("interval '1 week'"))
+    return func.extract("epoch", t - since) >= bindparam("interval", type_=Float)
+
+
+def _state_in(col: ColumnElement[Any], states: tuple[str, ...]) -> ColumnElement[bool]:
+    # Literals, repeated verbatim, so the planner matches the partial index
+    # job_i14 (live states) as pg-boss's own predicate does.
+    return col.in_([literal_column(f"'{s}'") for s in states])
+
+
+def _locked_names(extra: ColumnElement[bool] | None = None, *, skip_locked: bool) -> Any:
+    # Queue rows in name order, FOR NO KEY UPDATE: the lock a plain update of
+    # these columns takes, without blocking the key-share lock a job insert
+    # takes on its queue row. Name order keeps two multi-row writers deadlock-free.
+    stmt = select(QUEUE.c.name).where(QUEUE.c.name == _names())
+    if extra is not None:
+        stmt = stmt.where(extra)
+    return stmt.order_by(QUEUE.c.name).with_for_update(key_share=True, skip_locked=skip_locked)
+
+
+@functools.cache
+def claim_monitor() -> Update:
+    """Take the monitor turn of the queues ``:names`` whose ``monitor_claim_on``
+    (or, never claimed, ``monitor_on``) is ``:interval`` seconds old.
+
+    Returns ``(name, refresh_stats)``; ``refresh_stats`` is false while
+    ``version.monitor_backoff_on`` is in the future: the pass then skips the
+    aggregate but still runs expiry, as Node does.
+    """
+    due = (
+        _locked_names(
+            _due(func.coalesce(QUEUE.c.monitor_claim_on, QUEUE.c.monitor_on)), skip_locked=True
+        )
+    ).cte("due")
+    backoff = ~exists().where(VERSION.c.monitor_backoff_on > now())
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == due.c.name)
+        .values(monitor_claim_on=now())
+        .returning(QUEUE.c.name, backoff.label("refresh_stats"))
+    )
+
+
+@functools.cache
+def claim_maintain() -> Update:
+    """Take the maintenance turn of the queues ``:names`` (``maintain_on``);
+    returns ``(name, claimed_on)``, one stamp for every queue claimed."""
+    due = _locked_names(_due(QUEUE.c.maintain_on), skip_locked=True).cte("due")
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == due.c.name)
+        .values(maintain_on=now())
+        .returning(QUEUE.c.name, QUEUE.c.maintain_on.label("claimed_on"))
+    )
+
+
+@functools.cache
+def release_maintain() -> Update:
+    """Hand back the maintenance turn of ``:names`` claimed at ``:claimed_on`` and
+    not finished, so they are due again on the next pass (a claim another
+    instance made since keeps its stamp)."""
+    stamp = bindparam("claimed_on", type_=TIMESTAMP(timezone=True))
+    mine = _locked_names(QUEUE.c.maintain_on == stamp, skip_locked=True).subquery("r")
+    return QUEUE.update().where(QUEUE.c.name == mine.c.name).values(maintain_on=null())
+
+
+def _lock_cte(key: str) -> CTE:
+    got = func.pg_try_advisory_xact_lock(
+        advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))
+    )
+    return select(got.label("got")).cte("lock").prefix_with("MATERIALIZED")
+
+
+@functools.cache
+def cache_stats() -> Update:
+    """Count the queues ``:names`` and write the counters, as pg-boss's monitor.
+
+    One statement. It first tries the ``queue-stats`` advisory lock (the key
+    Node uses); the loser scans nothing, writes no counts and sets its claims'
+    ``monitor_claim_on`` back to NULL so the queues are due again at once. The
+    winner writes, per queue: ``blocked_count``, ``deferred_count`` and
+    ``ready_count`` (queued jobs split three ways, so they add up to
+    ``queued_count``), ``active_count``, ``failed_count``, ``singletons_active``,
+    the retained watermark and ``total_count``, ``ready_history`` and
+    ``monitor_on``. Throughput (deltas, histograms) is counted only by instances
+    that persist queue stats, which pg-boss does not by default and we do not.
+
+    Returns ``(name, queued_count, warning_queued, pin_seconds)`` for the queues
+    written, none when the lock was lost. ``pin_seconds`` is how long the
+    transaction has held its snapshot, the monitor backoff's measure.
+    """
+    lock = _lock_cte("queue-stats")
+    got = select(lock.c.got).scalar_subquery()
+
+    released = (
+        QUEUE.update()
+        .where(QUEUE.c.name == _locked_names(~got, skip_locked=False).subquery("r").c.name)
+        .values(monitor_claim_on=null())
+        .cte("released")
+    )
+
+    t = now()
+    end = t - literal_column(f"interval '{DELTA_LAG_SECONDS} seconds'")
+    j = JOB.alias("j")
+    queued = j.c.state < state_text(JobState.ACTIVE)
+    live = (
+        select(
+            j.c.name,
+            func.count().filter(queued & j.c.blocked).label("blocked"),
+            func.count().filter(queued & ~j.c.blocked & (j.c.start_after > t)).label("deferred"),
+            func.count().filter(queued & ~j.c.blocked & (j.c.start_after <= t)).label("ready"),
+            func.count().filter(queued).label("queued"),
+            func.count().filter(j.c.state == state_text(JobState.ACTIVE)).label("active"),
+            func.count().filter(j.c.state == state_text(JobState.FAILED)).label("failed"),
+            func.count().label("live"),
+        )
+        .where(j.c.name == _names(), _state_in(j.c.state, _LIVE))
+        .group_by(j.c.name)
+        .subquery("live")
+    )
+    n = func.unnest(bindparam("names", type_=ARRAY(Text))).table_valued("name").alias("n")
+    qr = QUEUE.alias("qr")
+    done = JOB.alias("d")
+    finished = _state_in(done.c.state, _RETAINED)
+    since = (
+        select(
+            qr.c.retained_on.label("retained_from"),
+            select(func.count())
+            .where(
+                done.c.name == qr.c.name,
+                done.c.completed_on > qr.c.retained_on,
+                done.c.completed_on <= end,
+                finished,
+            )
+            .scalar_subquery()
+            .label("retained_since"),
+            select(func.count())
+            .where(
+                done.c.name == qr.c.name,
+                done.c.completed_on > func.greatest(qr.c.retained_on, end),
+                done.c.completed_on <= t,
+                finished,
+            )
+            .scalar_subquery()
+            .label("retained_recent"),
+        )
+        .where(qr.c.name == n.c.name)
+        .lateral("since")
+    )
+    s = JOB.alias("s")
+    singletons = (
+        select(s.c.name, func.array_agg(s.c.singleton_key).label("keys"))
+        .where(
+            s.c.name == _names(),
+            s.c.state == state_text(JobState.ACTIVE),
+            s.c.policy.in_(("singleton", "stately")),
+        )
+        .group_by(s.c.name)
+        .subquery("singletons")
+    )
+    stats = (
+        select(
+            n.c.name,
+            live.c.blocked,
+            live.c.deferred,
+            live.c.ready,
+            live.c.queued,
+            live.c.active,
+            live.c.failed,
+            live.c.live,
+            since.c.retained_from,
+            since.c.retained_since,
+            since.c.retained_recent,
+            singletons.c["keys"],
+        )
+        .select_from(
+            n.outerjoin(live, live.c.name == n.c.name)
+            .outerjoin(since, true())
+            .outerjoin(singletons, singletons.c.name == n.c.name)
+        )
+        .where(got)
+        .cte("stats")
+    )
+    # The queue rows are locked in name order only after the aggregate has run
+    # (the count over stats), so no queue row stays locked through the job scan.
+    rows = _locked_names(
+        got & (select(func.count()).select_from(stats).scalar_subquery() >= 0),
+        skip_locked=False,
+    ).subquery("q")
+    src = (
+        select(
+            rows.c.name,
+            func.coalesce(stats.c.blocked, 0).label("blocked"),
+            func.coalesce(stats.c.deferred, 0).label("deferred"),
+            func.coalesce(stats.c.ready, 0).label("ready"),
+            func.coalesce(stats.c.queued, 0).label("queued"),
+            func.coalesce(stats.c.active, 0).label("active"),
+            func.coalesce(stats.c.failed, 0).label("failed"),
+            func.coalesce(stats.c.live, 0).label("live"),
+            stats.c.retained_from,
+            func.coalesce(stats.c.retained_since, 0).label("retained_since"),
+            func.coalesce(stats.c.retained_recent, 0).label("retained_recent"),
+            stats.c["keys"],
+        )
+        .select_from(rows.outerjoin(stats, stats.c.name == rows.c.name))
+        .subquery("src")
+    )
+
+    # pg-boss's watermark: the jobs finished since retained_on are added only
+    # if retained_on is still the one they were counted from (a maintenance
+    # walk that moved it meanwhile has counted them already). A queue no walk
+    # has counted yet (retained_count NULL) keeps the larger of its old total
+    # and its live jobs.
+    counted = QUEUE.c.retained_on.is_not_distinct_from(src.c.retained_from)
+    retained = case(
+        (counted, QUEUE.c.retained_count + src.c.retained_since), else_=QUEUE.c.retained_count
+    )
+    pin = cast(func.extract("epoch", func.clock_timestamp() - func.transaction_timestamp()), Float)
+    # Newest first: prepend this pass's ready count and keep the first 60.
+    prepended = func.array_prepend(
+        cast(src.c.ready, Integer),
+        func.coalesce(QUEUE.c.ready_history, literal_column("'{}'::integer[]")),
+    )
+    history = type_coerce(Grouping(prepended), ARRAY(Integer))[1:READY_HISTORY_SIZE]
+    stmt = (
+        QUEUE.update()
+        .where(QUEUE.c.name == src.c.name)
+        .values(
+            deferred_count=src.c.deferred,
+            blocked_count=src.c.blocked,
+            queued_count=src.c.queued,
+            ready_count=src.c.ready,
+            active_count=src.c.active,
+            failed_count=src.c.failed,
+            retained_count=retained,
+            retained_on=case(
+                (
+                    counted & QUEUE.c.retained_on.is_not(None),
+                    func.greatest(QUEUE.c.retained_on, end),
+                ),
+                else_=QUEUE.c.retained_on,
+            ),
+            total_count=case(
+                (
+                    QUEUE.c.retained_count.is_(None),
+                    func.greatest(QUEUE.c.total_count, src.c.live),
+                ),
+                (counted, src.c.live + retained + src.c.retained_recent),
+                else_=QUEUE.c.total_count,
+            ),
+            singletons_active=src.c["keys"],
+            monitor_on=t,
+            ready_history=history,
+        )
+        .returning(
+            QUEUE.c.name, QUEUE.c.queued_count, QUEUE.c.warning_queued, pin.label("pin_seconds")
+        )
+    )
+    return stmt.add_cte(lock, released)
+
+
+@functools.cache
+def set_monitor_backoff() -> Update:
+    """Defer the next aggregates when a pass pinned the horizon for ``:elapsed``
+    seconds, more than a tenth of ``autovacuum_naptime`` (pg-boss's rule).
+
+    The deadline only moves outward: ``GREATEST(existing, now + LEAST(GREATEST(2 *
+    naptime, LEAST(elapsed, 600)), 3600))``. Returns a row only when it engaged:
+    ``(naptime_seconds, backoff_seconds, backoff_until)``.
+    """
+    elapsed = bindparam("elapsed", type_=Float)
+    naptime = literal_column(
+        "EXTRACT(EPOCH FROM current_setting('autovacuum_naptime')::interval)::float8", Float
+    )
+    backoff = func.least(func.greatest(2 * naptime, func.least(elapsed, 600)), 3600)
+    t = now()
+    return (
+        VERSION.update()
+        .where(elapsed > 0.1 * naptime)
+        .values(
+            monitor_backoff_on=func.greatest(
+                func.coalesce(VERSION.c.monitor_backoff_on, t),
+                t + func.make_interval(0, 0, 0, 0, 0, 0, backoff),
+            )
+        )
+        .returning(
+            naptime.label("naptime_seconds"),
+            cast(func.extract("epoch", VERSION.c.monitor_backoff_on - t), Float).label(
+                "backoff_seconds"
+            ),
+            VERSION.c.monitor_backoff_on.label("backoff_until"),
+        )
+    )
+
+
+def _walk_range(col: Any, name_col: Any, *, cursor: bool, edge: CTE) -> ColumnElement[bool]:
+    after = bindparam("after", type_=Uuid())
+    clauses = [name_col == bindparam("qname", type_=Text)]
+    if cursor:
+        clauses.append(col > after)
+    clauses.append(
+        col <= func.coalesce(select(edge.c.id).scalar_subquery(), cast(_MAX_UUID, Uuid()))
+    )
+    return and_(*clauses)
+
+
+def _edge(col: Any, name_col: Any, *, cursor: bool) -> CTE:
+    # The last key of this batch: batch-1 keys past the cursor, from the
+    # primary key index alone. NULL when fewer are left: the walk's last batch.
+    stmt = select(col.label("id")).where(name_col == bindparam("qname", type_=Text))
+    if cursor:
+        stmt = stmt.where(col > bindparam("after", type_=Uuid()))
+    return stmt.order_by(col).offset(bindparam("batch", type_=Integer) - 1).limit(1).cte("edge")
+
+
+@functools.cache
+def delete_batch(*, cursor: bool) -> Select[Any]:
+    """One batch of the retention walk of queue ``:qname``: the next ``:batch``
+    primary keys after ``:after`` (``cursor``), deleting those whose time is up.
+
+    Up means pg-boss's rule: finished ``deletion_seconds`` after ``completed_on``
+    (never when ``deletion_seconds`` is 0: keep), or queued past ``keep_until``.
+    Returns one row: ``walk_cursor`` (the batch's last key, NULL when the queue
+    is done), ``deleted``, ``deleted_retained`` (deleted jobs that
+    ``retained_count`` held) and ``retained`` (completed and cancelled jobs kept
+    that finished by ``:retained_before``; the delete's snapshot still sees the
+    deleted ones, so they are taken off).
+    """
+    t = now()
+    edge = _edge(JOB.c.id, JOB.c.name, cursor=cursor)
+    expired = or_(
+        (JOB.c.deletion_seconds > 0) & (JOB.c.completed_on + seconds(JOB.c.deletion_seconds) < t),
+        (JOB.c.state < state_text(JobState.ACTIVE)) & (JOB.c.keep_until < t),
+    )
+    removed = (
+        delete(JOB)
+        .where(_walk_range(JOB.c.id, JOB.c.name, cursor=cursor, edge=edge), expired)
+        .returning(JOB.c.state, JOB.c.completed_on)
+        .cte("removed")
+    )
+    before = bindparam("retained_before", type_=TIMESTAMP(timezone=True))
+    held_on = (
+        select(QUEUE.c.retained_on)
+        .where(QUEUE.c.name == bindparam("qname", type_=Text))
+        .scalar_subquery()
+    )
+
+    def count_removed(*where: ColumnElement[bool]) -> Any:
+        return select(func.count()).select_from(removed).where(*where).scalar_subquery()
+
+    k = JOB.alias("k")
+    kept_edge = _walk_range(k.c.id, k.c.name, cursor=cursor, edge=edge)
+    kept = (
+        select(func.count())
+        .where(kept_edge, _state_in(k.c.state, _RETAINED), k.c.completed_on <= before)
+        .scalar_subquery()
+    )
+    return select(
+        select(edge.c.id).scalar_subquery().label("walk_cursor"),
+        cast(count_removed(), Integer).label("deleted"),
+        cast(
+            count_removed(_state_in(removed.c.state, _RETAINED), removed.c.completed_on <= held_on),
+            Integer,
+        ).label("deleted_retained"),
+        cast(
+            kept
+            - count_removed(
+                _state_in(removed.c.state, _RETAINED), removed.c.completed_on <= before
+            ),
+            Integer,
+        ).label("retained"),
+    )
+
+
+@functools.cache
+def set_retained_count() -> Update:
+    """After a full retention walk of ``:qname``: ``retained_count = :retained``,
+    ``retained_on = :retained_before``, and ``total_count`` = the live jobs as last
+    counted + retained + the completed/cancelled jobs finished since then."""
+    before = bindparam("retained_before", type_=TIMESTAMP(timezone=True))
+    retained = bindparam("retained", type_=Integer)
+    j = JOB.alias("j")
+    recent = (
+        select(cast(func.count(), Integer))
+        .where(
+            j.c.name == bindparam("qname", type_=Text),
+            j.c.completed_on > before,
+            j.c.completed_on <= now(),
+            _state_in(j.c.state, _RETAINED),
+        )
+        .scalar_subquery()
+    )
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == bindparam("qname", type_=Text))
+        .values(
+            retained_count=retained,
+            retained_on=before,
+            total_count=QUEUE.c.queued_count
+            + QUEUE.c.active_count
+            + QUEUE.c.failed_count
+            + retained
+            + recent,
+        )
+    )
+
+
+@functools.cache
+def reduce_retained_count() -> Update:
+    """After an interrupted walk: take what it deleted off the counts
+    (``:deleted_retained`` off a non-NULL ``retained_count``, ``:deleted`` off
+    ``total_count``), never below zero."""
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == bindparam("qname", type_=Text))
+        .values(
+            retained_count=case(
+                (QUEUE.c.retained_count.is_(None), null()),
+                else_=func.greatest(
+                    QUEUE.c.retained_count - bindparam("deleted_retained", type_=Integer), 0
+                ),
+            ),
+            total_count=func.greatest(QUEUE.c.total_count - bindparam("deleted", type_=Integer), 0),
+        )
+    )
+
+
+@functools.cache
+def cleanup_dependencies(side: str, *, cursor: bool) -> Select[Any]:
+    """One batch of the dependency cleanup of queue ``:qname`` on ``side``
+    (``"child"`` or ``"parent"``): delete the ``job_dependency`` rows among the
+    next ``:batch`` keys whose job no longer exists. Returns ``(walk_cursor, deleted)``."""
+    if side not in ("child", "parent"):
+        raise ValueError(side)
+    d = JOB_DEPENDENCY
+    key, name = d.c[f"{side}_id"], d.c[f"{side}_name"]
+    edge = _edge(key, name, cursor=cursor)
+    j = JOB.alias("j")
+    job_range = _walk_range(j.c.id, j.c.name, cursor=cursor, edge=edge)
+    removed = (
+        delete(d)
+        .where(
+            _walk_range(key, name, cursor=cursor, edge=edge),
+            ~exists().where(job_range, j.c.id == key),
+        )
+        .returning(literal_column("1").label("one"))
+        .cte("removed")
+    )
+    return select(
+        select(edge.c.id).scalar_subquery().label("walk_cursor"),
+        cast(select(func.count()).select_from(removed).scalar_subquery(), Integer).label("deleted"),
+    )
+
+
+@functools.cache
+def database_time() -> Select[Any]:
+    """The pass's clock, ``COALESCE(:now, job_now())``."""
+    return select(now().label("now"))
+
+
+@functools.cache
+def insert_warning() -> Any:
+    """A row in ``warning`` (``:type``, ``:message``, ``:data`` as JSON text)."""
+    return insert(WARNING).values(
+        type=bindparam("type", type_=Text),
+        message=bindparam("message", type_=Text),
+        data=cast(bindparam("data", type_=Text), JSONB),
+        created_on=now(),
+    )
+
+
+@functools.cache
+def delete_old_warnings() -> Delete:
+    """Warnings older than ``:days`` days (pg-boss's warning retention)."""
+    return delete(WARNING).where(
+        WARNING.c.created_on < now() - seconds(bindparam("days", type_=Integer) * 86_400)
+    )
+
+
+@functools.cache
+def delete_old_instances() -> Delete:
+    """Registered instances whose heartbeat has not moved for 7 days."""
+    return delete(INSTANCE).where(
+        INSTANCE.c.heartbeat_on
+        < now() - literal_column(f"interval '{INSTANCE_RETENTION_DAYS} days'")
+    )
+
+
+@functools.cache
+def trim_dead_instances() -> Delete:
+    """Keep only the newest 1,000 dead instance rows (stopped, or quiet for three
+    heartbeats); rows another session holds are skipped, not waited for."""
+    i = INSTANCE.alias("i")
+    dead = or_(
+        i.c.stopped_on.is_not(None),
+        i.c.heartbeat_on < now() - seconds(i.c.heartbeat_seconds * INSTANCE_QUIET_BEATS),
+    )
+    ranked = (
+        select(
+            i.c.id,
+            func.row_number().over(order_by=(i.c.started_on.desc(), i.c.id.desc())).label("n"),
+        )
+        .where(dead)
+        .subquery("ranked")
+    )
+    victims = (
+        select(INSTANCE.c.id)
+        .where(INSTANCE.c.id.in_(select(ranked.c.id).where(ranked.c.n > INSTANCE_DEAD_KEPT)))
+        .with_for_update(skip_locked=True)
+    )
+    return delete(INSTANCE).where(INSTANCE.c.id.in_(victims))
+
+
+__all__ = [
+    "DELTA_LAG_SECONDS",
+    "READY_HISTORY_SIZE",
+    "WALK_BATCH",
+    "cache_stats",
+    "claim_maintain",
+    "claim_monitor",
+    "cleanup_dependencies",
+    "database_time",
+    "delete_batch",
+    "delete_old_instances",
+    "delete_old_warnings",
+    "insert_warning",
+    "reduce_retained_count",
+    "release_maintain",
+    "set_monitor_backoff",
+    "set_retained_count",
+    "trim_dead_instances",
+]
