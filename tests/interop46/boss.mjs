@@ -10,8 +10,12 @@
 //       stdout, first line: {"ready": true} once start() resolved, or {"fatal": message} and exit 1
 //       stdin:  {"id": 1, "method": "getBamStatus", "args": []}
 //       stdout: {"id": 1, "result": ...} or {"id": 1, "error": message}
-//       stdout, unprompted: {"event": "error" | "warning" | "bam" | "stopped", ...}
-//       closing stdin stops the instance gracefully and ends the process.
+//       stdout, unprompted: {"event": "error" | "warning" | "bam" | "stopped" | "job", ...}
+//       arguments of the form {"$date": "<ISO-8601>"} become Date objects;
+//       work(name, options, behaviour) starts a test handler that reports each job it is
+//       given as a "job" event ({queue, id, data, retryCount, at}), then fails the batch when
+//       behaviour.fail (or a job's data.fail) is set, else returns behaviour.output;
+//       calls run concurrently; closing stdin stops the instance gracefully and ends the process.
 //
 // Migrating a database with background builds inline is pg-boss's own command line:
 //   node node_modules/pg-boss/dist/cli.js migrate --connection-string URL --schema SCHEMA
@@ -26,11 +30,44 @@ function describe (err) {
   return (err && (err.stack || err.message)) || String(err)
 }
 
+function revive (value) {
+  if (Array.isArray(value)) return value.map(revive)
+  if (value && typeof value === 'object') {
+    if (typeof value.$date === 'string' && Object.keys(value).length === 1) {
+      return new Date(value.$date)
+    }
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, revive(v)]))
+  }
+  return value
+}
+
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
+
+// A test handler: reports every job it is given, then fails or completes the batch.
+function handler (name, behaviour) {
+  return async jobs => {
+    for (const job of jobs) {
+      write({
+        event: 'job',
+        queue: name,
+        id: job.id,
+        data: job.data,
+        retryCount: job.retryCount,
+        at: new Date().toISOString()
+      })
+    }
+    if (behaviour.sleepMs) await sleep(behaviour.sleepMs)
+    const fail = behaviour.fail || jobs.some(job => job.data && job.data.fail)
+    if (fail) throw new Error(behaviour.message || 'failed by node')
+    return behaviour.output === undefined ? { by: 'node' } : behaviour.output
+  }
+}
+
 async function rpc (config) {
   const boss = new PgBoss({
     connectionString: config.connectionString,
     schema: config.schema,
-    ...(config.options || {})
+    ...revive(config.options || {})
   })
   boss.on('error', err => write({ event: 'error', message: describe(err) }))
   boss.on('warning', warning => write({ event: 'warning', message: warning.message, data: warning.data }))
@@ -38,6 +75,9 @@ async function rpc (config) {
   boss.on('stopped', () => write({ event: 'stopped' }))
 
   const special = {
+    async work (name, options, behaviour) {
+      return boss.work(name, options || {}, handler(name, behaviour || {}))
+    },
     async stop (options) {
       await boss.stop({ graceful: true, timeout: 5000, ...(options || {}) })
       return true
@@ -64,7 +104,7 @@ async function rpc (config) {
     try {
       const fn = special[request.method] || boss[request.method]
       if (typeof fn !== 'function') throw new Error(`no method ${request.method}`)
-      const result = await fn.apply(special[request.method] ? special : boss, request.args || [])
+      const result = await fn.apply(special[request.method] ? special : boss, revive(request.args || []))
       write({ id: request.id, result: result === undefined ? null : result })
     } catch (err) {
       write({ id: request.id, error: describe(err) })

@@ -1,0 +1,128 @@
+"""Shared pieces of the schema-46 interop tests (Node pg-boss 12.38.0 against our runtime).
+
+- ``speak46``: the runtime accepts schema 46 for the test (``SPOKEN_SCHEMA_VERSIONS``
+  gains 46 wherever a module holds it), whatever the shipped default is.
+- ``schema46_by``: a fresh schema at 46, made once by our migrations (``alkstore``) and
+  once by Node pg-boss 12.38.0's own construction plan (``node``), with 46 spoken.
+- helpers reading rows, states and columns with plain SQL, so that what a test checks
+  does not depend on the code under test.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from alkstore_sa import migrate
+
+from .node import run_node46
+from .schemas import drop_schema, random_schema, run_script
+
+MAKERS = ["alkstore", "node"]
+"""Who builds the schema at 46: our migrations, or Node pg-boss 12.38.0's construction plan."""
+
+
+def enable46(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the runtime speak schema 46 during one test.
+
+    The version-core module keeps the accepted versions in ``SPOKEN_SCHEMA_VERSIONS``;
+    modules that imported the constant by name hold their own reference, so every
+    loaded ``alkstore_sa`` module holding it is patched.
+    """
+    import alkstore_sa.names as names
+
+    current = getattr(names, "SPOKEN_SCHEMA_VERSIONS", None)
+    if current is None:
+        pytest.fail("alkstore_sa.names has no SPOKEN_SCHEMA_VERSIONS: the runtime speaks 26 only")
+    if 46 in current:
+        return
+    widened = type(current)([*current, 46])
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("alkstore_sa")
+            and getattr(module, "SPOKEN_SCHEMA_VERSIONS", None) is current
+        ):
+            monkeypatch.setattr(module, "SPOKEN_SCHEMA_VERSIONS", widened)
+
+
+@pytest.fixture
+def speak46(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime accepts schema 46 for this test."""
+    enable46(monkeypatch)
+
+
+def node_plan(schema: str) -> str:
+    """Node pg-boss 12.38.0's ``getConstructionPlans(schema)``: what its first start runs."""
+    return run_node46("boss.mjs", "plan", schema)
+
+
+def make_schema46(engine: Engine, database_url: str, maker: str, prefix: str = "i46_") -> str:
+    """A fresh schema at 46, built by ``maker`` (``"alkstore"`` or ``"node"``)."""
+    name = random_schema(prefix)
+    if maker == "alkstore":
+        migrate.upgrade(engine, name, schema_version=46)
+    elif maker == "node":
+        run_script(database_url, node_plan(name))
+    else:  # pragma: no cover - a typo in a parametrization
+        raise ValueError(maker)
+    return name
+
+
+@pytest.fixture(params=MAKERS)
+def schema46_by(
+    request: pytest.FixtureRequest,
+    engine: Engine,
+    database_url: str,
+    speak46: None,
+    node46_modules: None,
+) -> Iterator[str]:
+    """A fresh schema at 46 made by our migrations or by Node 12.38.0, with 46 spoken."""
+    name = make_schema46(engine, database_url, request.param)
+    yield name
+    drop_schema(engine, name)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 15, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; return the last answer."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return bool(predicate())
+        time.sleep(interval)
+    return True
+
+
+def sql(engine: Engine, schema: str, statement: str, **params: Any) -> list[Any]:
+    """Rows of ``statement`` with ``{s}`` standing for the quoted schema (own transaction)."""
+    with engine.begin() as conn:
+        result = conn.execute(text(statement.replace("{s}", f'"{schema}"')), params)
+        return list(result.all()) if result.returns_rows else []
+
+
+def job_row(engine: Engine, schema: str, job_id: Any, columns: str = "*") -> dict[str, Any]:
+    """One job row by id, as a dict."""
+    [row] = sql(engine, schema, f"SELECT {columns} FROM {{s}}.job WHERE id = :id", id=str(job_id))
+    return dict(row._mapping)
+
+
+def states(engine: Engine, schema: str, name: str) -> Counter[str]:
+    """How many jobs of queue ``name`` are in each state."""
+    rows = sql(
+        engine,
+        schema,
+        "SELECT state::text, count(*) FROM {s}.job WHERE name = :n GROUP BY 1",
+        n=name,
+    )
+    return Counter({state: count for state, count in rows})
+
+
+def version_of(engine: Engine, schema: str) -> int:
+    """The version row of ``schema``."""
+    [(version,)] = sql(engine, schema, "SELECT version::int FROM {s}.version")
+    return int(version)
