@@ -1,23 +1,91 @@
-"""Per-engine caches (queue policies, verified schemas) shared by every service and
-supervisor on one engine, and the Context and execution options a service derives
-from its schema."""
+"""Per-engine caches (queue policies, verified schema versions) shared by every service,
+worker and supervisor on one engine, and the Context and execution options a service
+derives from its schema."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import weakref
 from typing import Any
 
 from sqlalchemy import Engine
 
+from . import names
 from .names import DEFAULT_SCHEMA, validate_schema
-from .ops import Context, PolicyCache
+from .ops import Call, Context, Op, PolicyCache, check_schema
+
+log = logging.getLogger("alkstore_sa")
 
 
 class _EngineState:
+    """What the services, workers and supervisors of one engine share."""
+
     def __init__(self) -> None:
         self.policies = PolicyCache()
-        self.checked: set[str] = set()
+        # schema -> (version, when it was read); a version once seen is kept after
+        # its entry expires, so that a change can be told from a first reading.
+        self._versions: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def version(self, schema: str) -> int | None:
+        """The schema's verified version, or ``None`` when it must be read (again).
+
+        An entry is trusted for :data:`~alkstore_sa.names.SCHEMA_RECHECK_SECONDS`,
+        so a schema migrated under a running process is noticed within that time.
+        """
+        hit = self._versions.get(schema)
+        if hit is None or hit[1] == 0.0:
+            return None
+        if time.monotonic() - hit[1] > names.SCHEMA_RECHECK_SECONDS:
+            return None
+        return hit[0]
+
+    def known(self, schema: str) -> int | None:
+        """The version last read for ``schema``, fresh or not (``None``: never read)."""
+        hit = self._versions.get(schema)
+        return None if hit is None else hit[0]
+
+    def remember(self, schema: str, version: int) -> int | None:
+        """Store a version just read; return the one it replaces if it differs.
+
+        The first reader to see a change logs it (once per engine and change):
+        ``extra={"action": "schema_version_changed", "from": ..., "to": ...}``.
+        """
+        with self._lock:
+            before = self.known(schema)
+            self._versions[schema] = (version, time.monotonic())
+        if before is None or before == version:
+            return None
+        log.warning(
+            "schema %r moved from pg-boss schema version %d to %d under this process; "
+            "its statements are now those of %d",
+            schema,
+            before,
+            version,
+            version,
+            extra={
+                "action": "schema_version_changed",
+                "schema": schema,
+                "from": before,
+                "to": version,
+            },
+        )
+        return before
+
+    def expire(self, schema: str) -> None:
+        """Read the schema's version again before its next statement (a statement
+        failed the way a changed schema makes it fail)."""
+        with self._lock:
+            hit = self._versions.get(schema)
+            if hit is not None:
+                self._versions[schema] = (hit[0], 0.0)
+
+    def forget(self, schema: str) -> None:
+        """Forget everything about ``schema`` (it was dropped or refused)."""
+        with self._lock:
+            self._versions.pop(schema, None)
 
 
 _states: weakref.WeakKeyDictionary[Engine, _EngineState] = weakref.WeakKeyDictionary()
@@ -25,7 +93,7 @@ _lock = threading.Lock()
 
 
 def engine_state(engine: Engine) -> _EngineState:
-    """Per-engine caches (queue policies, verified schemas), shared by all services."""
+    """Per-engine caches (queue policies, verified schema versions), shared by all services."""
     state = _states.get(engine)
     if state is None:
         with _lock:
@@ -50,3 +118,46 @@ def make_context(
         policies=state.policies if state is not None else PolicyCache(),
     )
     return ctx, state
+
+
+def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
+    """Set ``ctx.version`` from the engine's cache, reading the schema when it is stale.
+
+    The operation every service, worker and supervisor runs before its own: a read
+    of the version table at most every :data:`~alkstore_sa.names.SCHEMA_RECHECK_SECONDS`
+    per engine and schema, none in between.
+    """
+    if state is not None:
+        cached = state.version(ctx.schema)
+        if cached is not None:
+            ctx.version = cached
+            return cached
+    version = yield from check_schema(ctx)
+    if state is not None:
+        state.remember(ctx.schema, version)
+    return version
+
+
+def read_version(schema: str) -> Op[int | None]:
+    """The installed version of ``schema``; ``None`` for no schema or no version row."""
+    from sqlalchemy import func, select
+
+    from .sql._common import VERSION
+
+    found = yield Call(select(func.to_regclass(f'"{schema}".version').is_not(None)))
+    if not found.scalar_one():
+        return None
+    result = yield Call(select(VERSION.c.version).limit(1))
+    version = result.scalar()
+    return None if version is None else int(version)
+
+
+def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
+    """``None`` when the engine's cached version is fresh (then set in ``ctx``), else
+    the operation that reads it; for runtimes that start a transaction per operation
+    and should not start one for nothing."""
+    cached = state.version(ctx.schema)
+    if cached is None:
+        return ensure_version(ctx, state)
+    ctx.version = cached
+    return None

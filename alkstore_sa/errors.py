@@ -7,6 +7,8 @@ denied, ...) are SQLAlchemy's own and are not wrapped.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 
 class AlkstoreError(Exception):
     """Root of every exception raised on purpose by alkstore_sa."""
@@ -65,11 +67,69 @@ class SchemaVersionError(AlkstoreError):
     changed in the database.
     """
 
-    def __init__(self, schema: str, found: int | None, expected: int) -> None:
+    def __init__(
+        self,
+        schema: str,
+        found: int | None,
+        expected: int,
+        *,
+        spoken: Collection[int] | None = None,
+    ) -> None:
         self.schema = schema
         self.found = found
         self.expected = expected
-        super().__init__(_advice(schema, found, expected))
+        if spoken is None or found is None or found < min(spoken):
+            message = _advice(schema, found, expected)
+        else:
+            message = _runtime_advice(schema, found, sorted(spoken))
+        super().__init__(message)
+
+
+def _runtime_advice(schema: str, found: int, spoken: list[int]) -> str:
+    """One line for a runtime (service, worker, supervisor) refusing ``found``."""
+    from .names import NEWEST_KNOWN_SCHEMA_VERSION as newest
+
+    head = f"schema {schema!r} is at pg-boss schema version {found}, "
+    speaks = f"alkstore_sa speaks {' and '.join(map(str, spoken))}"
+    if found > newest:
+        return (
+            head + f"newer than this alkstore_sa knows (up to {newest}); upgrade alkstore_sa "
+            f"({speaks})"
+        )
+    if found < newest:
+        # Between two spoken versions a runtime would be half-working: some
+        # statements of the older version still run, others fail. Refused whole.
+        return (
+            head + f"which no alkstore_sa runtime speaks ({speaks}): run `alkstore db upgrade "
+            f"--schema-version {newest} --schema {schema}`, or let Node pg-boss 12.38 migrate it"
+        )
+    return (
+        head + f"which this alkstore_sa release does not speak yet ({speaks}): keep Node "
+        f"pg-boss 11.1.x-12.5.x and alkstore_sa on a schema at {spoken[0]}, or use another schema"
+    )
+
+
+class SchemaVersionChangedError(AlkstoreError):
+    """The schema moved to another pg-boss version under this process.
+
+    Another client (Node pg-boss 12.38 started with ``migrate: true``, or ``alkstore
+    db upgrade``) migrated the schema while a transaction ran statements of the old
+    version, and one of them failed: the transaction is aborted. Roll it back and
+    run it again; the next transaction speaks the new version (or refuses it with a
+    :class:`SchemaVersionError` if this release does not speak it).
+    """
+
+    def __init__(self, schema: str, before: int, after: int | None) -> None:
+        self.schema = schema
+        self.before = before
+        self.after = after
+        now = "no version" if after is None else f"version {after}"
+        super().__init__(
+            f"schema {schema!r} moved from pg-boss schema version {before} to {now} under "
+            "this process (another client migrated it) and this transaction's statement "
+            "failed on it: roll the transaction back and retry it; the next transaction "
+            "uses the new version"
+        )
 
 
 def _advice(schema: str, found: int | None, expected: int) -> str:

@@ -16,7 +16,28 @@ DEFAULT_SCHEMA = "pgboss"
 """The schema Node pg-boss uses by default, and so do we."""
 
 SCHEMA_VERSION = 26
-"""The pg-boss schema version this library reads and writes."""
+"""The pg-boss schema version migrations install by default and the runtime has always spoken."""
+
+NEWEST_KNOWN_SCHEMA_VERSION = 46
+"""The newest pg-boss schema version this release knows (pg-boss 12.38.0's); a schema
+beyond it was migrated by a newer pg-boss and is refused with advice to upgrade alkstore_sa."""
+
+SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26})
+"""The pg-boss schema versions the services, workers and supervisors accept.
+
+Read at every schema check (not bound at import), so a test may widen it with
+``monkeypatch``. 46 joins it once the runtime at 46 passes its interop tests
+against Node pg-boss 12.38.0 (docs/concepts/compatibility.md); versions 27 to 45
+are never spoken: they are refused with advice to move on to 46."""
+
+SCHEMA_RECHECK_SECONDS = 10.0
+"""How long a verified schema version is trusted before it is read again.
+
+Workers, supervisors and services of one engine share the answer; when it expires
+the next statement re-reads the version, so a schema another client migrated
+(Node pg-boss 12.38 started with ``migrate: true``) is noticed within this many
+seconds, and at once when a statement fails the way a changed schema makes it fail
+(docs/concepts/compatibility.md, "Live upgrades")."""
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:/-]+")

@@ -10,12 +10,16 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from . import ops
-from ._engine_cache import execution_options, make_context
+from ._engine_cache import ensure_version, execution_options, make_context, read_version
+from .errors import SchemaVersionChangedError
 from .names import DEFAULT_SCHEMA
 from .ops import driver
+from .ops._core import may_be_schema_change
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
 from .records import (
     FailResult,
@@ -53,7 +57,8 @@ class AsyncQueueService:
     def __init__(self, session: AsyncSession, *, schema: str = DEFAULT_SCHEMA, notify: bool = True):
         self.session = session
         bind = session.sync_session.get_bind()
-        engine = getattr(bind, "engine", None)
+        engine: Engine | None = getattr(bind, "engine", None)
+        self._engine = engine
         self._ctx, self._state = make_context(schema, notify, engine)
         self._options = execution_options(schema)
 
@@ -63,10 +68,31 @@ class AsyncQueueService:
         return self._ctx.schema
 
     async def _run(self, op: ops.Op[T]) -> T:
-        if self._state is not None and self._ctx.schema not in self._state.checked:
-            await self._drive(ops.check_schema(self._ctx))
-            self._state.checked.add(self._ctx.schema)
-        return await self._drive(op)
+        if self._state is None:
+            return await self._drive(op)
+        # The schema's version (read at most every SCHEMA_RECHECK_SECONDS per
+        # engine) chooses the statements; ``op`` has not started yet, so it
+        # sees the version set here.
+        await self._drive(ensure_version(self._ctx, self._state))
+        try:
+            return await self._drive(op)
+        except DBAPIError as exc:
+            if not may_be_schema_change(exc):
+                raise
+            # Possibly a schema migrated under us. The caller's transaction is
+            # aborted, so it cannot be retried here: look on a connection of our
+            # own, and if the version moved say so; the next transaction re-reads it.
+            self._state.expire(self._ctx.schema)
+            before, after = self._ctx.version, await self._moved()
+            if after == before:
+                raise
+            raise SchemaVersionChangedError(self._ctx.schema, before, after) from exc
+
+    async def _moved(self) -> int | None:
+        """The schema's installed version, read outside the caller's transaction."""
+        assert self._engine is not None  # a service without an engine has no cache
+        async with AsyncEngine(self._engine).connect() as conn:
+            return await driver.arun(conn, read_version(self._ctx.schema), self._options)
 
     async def _drive(self, op: ops.Op[T]) -> T:
         return await driver.arun(self.session, op, self._options)

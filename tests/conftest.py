@@ -106,6 +106,23 @@ def schema(engine: Engine) -> Iterator[str]:
     drop_schema(engine, name)
 
 
+@pytest.fixture
+def spoken46(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime accepts schema 46 for this test (``SPOKEN_SCHEMA_VERSIONS`` widened)."""
+    from alkstore_sa import names
+
+    monkeypatch.setattr(names, "SPOKEN_SCHEMA_VERSIONS", names.SPOKEN_SCHEMA_VERSIONS | {46})
+
+
+@pytest.fixture
+def schema46(engine: Engine, spoken46: None) -> Iterator[str]:
+    """A fresh schema at pg-boss schema version 46, made by our migrations, with 46 spoken."""
+    name = new_schema_name()
+    migrate.upgrade(engine, name, schema_version=46)
+    yield name
+    drop_schema(engine, name)
+
+
 class Runner:
     """Runs coroutines for the sync-looking test suite (one loop per test)."""
 
@@ -226,5 +243,25 @@ def harness(
 ) -> Iterator[Harness]:
     """A worker test harness (``tests/support/worker.py``), once sync and once async."""
     h = Harness(request.param, engine, schema, database_url)
+    yield h
+    h.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def env46(
+    request: pytest.FixtureRequest, engine: Engine, schema46: str, database_url: str
+) -> Iterator[Env]:
+    """``env`` on a schema at 46: the service suite at 46, sync and async."""
+    e = Env(request.param, engine, schema46, database_url)
+    yield e
+    e.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def harness46(
+    request: pytest.FixtureRequest, engine: Engine, schema46: str, database_url: str
+) -> Iterator[Harness]:
+    """``harness`` on a schema at 46 (``tests/support/worker.py``), sync and async."""
+    h = Harness(request.param, engine, schema46, database_url)
     yield h
     h.close()

@@ -40,7 +40,18 @@ def convert(source: str) -> str:
         ">>> async with AsyncSession(engine) as session, session.begin():",
     )
     body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
-    body = body.replace("self._drive(ops.check_schema", "await self._drive(ops.check_schema")
+    body = body.replace("self._drive(ensure_version(", "await self._drive(ensure_version(")
+    body = body.replace(
+        "from sqlalchemy.ext.asyncio import AsyncSession",
+        "from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession",
+    )
+    body = body.replace("def _moved(", "async def _moved(")
+    body = body.replace("self._moved()", "await self._moved()")
+    body = body.replace(
+        "with self._engine.connect() as conn:",
+        "async with AsyncEngine(self._engine).connect() as conn:",
+    )
+    body = body.replace("return driver.run(conn,", "return await driver.arun(conn,")
     body = body.replace("return self._drive(op)", "return await self._drive(op)")
     body = body.replace("return driver.run(self.session,", "return await driver.arun(self.session,")
     # public methods: `def name(` -> `async def name(` and `self._run(` -> `await self._run(`

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Executable, Result, func, select
 
-from ..names import notify_channel
+from ..names import SCHEMA_VERSION, notify_channel
 
 T = TypeVar("T")
 
@@ -56,21 +56,33 @@ class PolicyCache:
 
 @dataclass(slots=True)
 class Context:
-    """What every operation needs to know about its service."""
+    """What every operation needs to know about its service.
+
+    ``version`` is the pg-boss schema version the operations speak (26 or 46):
+    :func:`check_schema` sets it from the installed schema, and operations choose
+    their statements by it (the builders of 46 live in :mod:`alkstore_sa.sql.v46`).
+    """
 
     schema: str
     notify: bool = True
     policies: PolicyCache = field(default_factory=PolicyCache)
+    version: int = SCHEMA_VERSION
 
     @property
     def channel(self) -> str:
         return notify_channel(self.schema)
 
 
-def check_schema(ctx: Context) -> Op[None]:
-    """Raise a clear error if the schema is missing or at another version."""
+def check_schema(ctx: Context) -> Op[int]:
+    """Read the installed version into ``ctx.version`` and return it.
+
+    Raises :class:`~alkstore_sa.SchemaNotInstalledError` if the schema is missing and
+    :class:`~alkstore_sa.SchemaVersionError` (one line of advice) if its version is not
+    in :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`; ``ctx`` is then unchanged.
+    Only reads, so a refusal leaves the caller's transaction usable.
+    """
+    from .. import names
     from ..errors import SchemaNotInstalledError, SchemaVersionError
-    from ..names import SCHEMA_VERSION
     from ..sql._common import VERSION
 
     found = yield Call(select(func.to_regclass(f'"{ctx.schema}".version').is_not(None)))
@@ -78,8 +90,31 @@ def check_schema(ctx: Context) -> Op[None]:
         raise SchemaNotInstalledError(ctx.schema)
     result = yield Call(select(VERSION.c.version).limit(1))
     version = result.scalar()
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(ctx.schema, version, SCHEMA_VERSION)
+    # Read here, not bound at import: tests widen the set with monkeypatch.
+    spoken = names.SPOKEN_SCHEMA_VERSIONS
+    if version not in spoken:
+        expected = min((v for v in spoken if version is None or v >= version), default=max(spoken))
+        raise SchemaVersionError(ctx.schema, version, expected, spoken=spoken)
+    ctx.version = int(version)
+    return ctx.version
+
+
+# SQLSTATEs with which a statement of one schema version fails on another: a
+# column, table or function the statement names is gone or has a new signature
+# (42703, 42P01, 42883), an enum or other typed literal no longer parses (22P02,
+# 42804), a NOT NULL or CHECK added since trips (23502, 23514). Seen when a
+# worker speaking 26 keeps running while its schema is migrated to 46
+# (tests/test_schema_version_runtime.py); any of them makes the runtime read the
+# installed version again before its next statement.
+_SCHEMA_CHANGE_CODES = frozenset({"42703", "42P01", "42883", "22P02", "42804", "23502", "23514"})
+
+
+def may_be_schema_change(error: BaseException) -> bool:
+    """Could ``error`` (a SQLAlchemy ``DBAPIError``) come from a schema at another version?"""
+    from sqlalchemy.exc import DBAPIError
+
+    code = getattr(getattr(error, "orig", None), "sqlstate", None)
+    return isinstance(error, DBAPIError) and code in _SCHEMA_CHANGE_CODES
 
 
 class Conflict(Exception):

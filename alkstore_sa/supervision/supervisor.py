@@ -40,11 +40,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .._engine_cache import engine_state, execution_options
+from .._engine_cache import engine_state, ensure_version, execution_options, version_due
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError
 from ..names import DEFAULT_SCHEMA, validate_schema
-from ..ops import Context, Op, check_schema, driver
+from ..ops import Context, Op, driver
+from ..ops._core import may_be_schema_change
 from ..ops.supervision import (
     PassPlan,
     QueueWarning,
@@ -90,10 +91,10 @@ class _Core:
         if on_warning is not None and not callable(on_warning):
             raise InvalidOptionsError("on_warning", f"must be callable, not {on_warning!r}")
         self.on_warning = on_warning
-        self._ctx = Context(schema=schema, notify=notify, policies=engine_state(engine).policies)
+        self._state = engine_state(engine)
+        self._ctx = Context(schema=schema, notify=notify, policies=self._state.policies)
         self._options = execution_options(schema)
         self._next: dict[str, dt.datetime] = {}
-        self._checked = False
         self.skew_seconds: float | None = None
         """Database clock minus local clock, as last measured (``None`` before)."""
 
@@ -156,9 +157,11 @@ class _Core:
     run_once: Callable[..., Any]
 
     def _passing(self, force: bool) -> Steps[SupervisionReport]:
-        if not self._checked:
-            yield Run(check_schema(self._ctx))
-            self._checked = True
+        # The installed version chooses the pass's statements; read as the services
+        # and workers of this engine read it (again every SCHEMA_RECHECK_SECONDS).
+        version = version_due(self._ctx, self._state)
+        if version is not None:
+            yield Run(version)
         due = self._take_due(force)
         if "clock" in due:
             before = self.clock.now()
@@ -183,6 +186,12 @@ class _Core:
     def _unit(self, step: Any) -> Op[Any]:
         """The operation a step of the pass asks to run (a unit, or a :class:`Run`)."""
         return with_lock_timeouts(step.op if isinstance(step, Run) else step)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A unit failed: if as a changed schema makes statements fail, read the
+        version again before the next unit."""
+        if may_be_schema_change(exc):
+            self._state.expire(self.schema)
 
     def _log_state(self, started: bool) -> None:
         action = "supervisor_start" if started else "supervisor_stop"
@@ -263,8 +272,12 @@ class Supervisor(_Core):
             return step.event.wait(step.timeout)
         if isinstance(step, Call):
             return step.fn(*step.args)
-        with self.engine.begin() as conn:
-            return driver.run(conn, self._unit(step), self._options)
+        try:
+            with self.engine.begin() as conn:
+                return driver.run(conn, self._unit(step), self._options)
+        except Exception as exc:
+            self._failed(exc)
+            raise
 
     def run_once(self, *, force: bool = False) -> SupervisionReport:
         """Run the steps that are due (all of them on the first call, or with ``force``).
@@ -282,8 +295,7 @@ class Supervisor(_Core):
         if self._thread is not None and self._thread.is_alive():
             return
         with self._lock:
-            self._answer(Run(check_schema(self._ctx)))
-            self._checked = True
+            self._answer(Run(ensure_version(self._ctx, self._state)))
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, name=f"alkstore-supervisor-{self.schema}", daemon=True
@@ -336,8 +348,12 @@ class AsyncSupervisor(_Core):
             return step.event.is_set()
         if isinstance(step, Call):
             return await step.fn(*step.args)
-        async with self.engine.begin() as conn:
-            return await driver.arun(conn, self._unit(step), self._options)
+        try:
+            async with self.engine.begin() as conn:
+                return await driver.arun(conn, self._unit(step), self._options)
+        except Exception as exc:
+            self._failed(exc)
+            raise
 
     async def run_once(self, *, force: bool = False) -> SupervisionReport:
         """See :meth:`Supervisor.run_once`."""
@@ -349,8 +365,7 @@ class AsyncSupervisor(_Core):
         if self._task is not None and not self._task.done():
             return
         async with self._lock:
-            await self._answer(Run(check_schema(self._ctx)))
-            self._checked = True
+            await self._answer(Run(ensure_version(self._ctx, self._state)))
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(
             adrive(self._looping(self._stop), self._answer), name="alkstore-supervisor"

@@ -20,10 +20,11 @@ from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
-from .. import ops
-from .._engine_cache import execution_options, make_context
-from ..errors import InvalidOptionsError
+from .. import names, ops
+from .._engine_cache import execution_options, make_context, version_due
+from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
+from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import FailResult, Job, Settled
 from ..steps import Call, Join, Run, Steps, Wait
@@ -177,6 +178,7 @@ class WorkerBase(Registry, Generic[B]):
         self._listener: Listener | None = None
         self._subscription: Subscription | None = None
         self._queues: dict[str, QueueState] = {}
+        self._refusal: tuple[int | None] | None = None  # the version refused, said once
         self._stopping = self._event()
         self._stop_requested = self._event()
         self._force = self._event()
@@ -318,12 +320,23 @@ class WorkerBase(Registry, Generic[B]):
     # ------------------------------------------------------------ operations
 
     def _op(self, op: ops.Op[Any], session: Any = None) -> Steps[Any]:
-        """Run ``op``; the schema is checked first, once per engine (as the services do)."""
-        checked = self._engine_state.checked
-        if self.schema not in checked:
-            yield Run(ops.check_schema(self._ctx))
-            checked.add(self.schema)
-        return (yield Run(op, session))
+        """Run ``op`` in the installed schema version's statements.
+
+        The version is read as the services read it (once per engine, again every
+        SCHEMA_RECHECK_SECONDS). A statement failing as a changed schema makes it
+        fail expires that reading; its transaction rolled back, so the loop that
+        asked retries it (a claim after its backoff, a settlement with the batch)
+        and then speaks the version found.
+        """
+        due = version_due(self._ctx, self._engine_state)
+        if due is not None:
+            yield Run(due)  # a change is logged once per engine (schema_version_changed)
+        try:
+            return (yield Run(op, session))
+        except Exception as exc:
+            if may_be_schema_change(exc):
+                self._engine_state.expire(self.schema)
+            raise
 
     # ------------------------------------------------------------ fetching
 
@@ -341,12 +354,20 @@ class WorkerBase(Registry, Generic[B]):
                 jobs = yield from self._op(
                     ops.fetch(self._ctx, spec.queue, want, spec.priority, False)
                 )
+            except SchemaVersionError as exc:
+                # The schema is (now) at a version this release does not speak:
+                # claim nothing, say so once, and look again every recheck period
+                # (no crash loop; queued jobs stay for a client that speaks it).
+                self._refused(exc)
+                yield Wait(self._stopping, names.SCHEMA_RECHECK_SECONDS)
+                continue
             except Exception as exc:
                 delay = backoff.next()
                 self._loop_error("fetch", spec.queue, exc, delay)
                 yield Wait(self._stopping, delay)
                 continue
             backoff.reset()
+            self._refusal = None
             state.claimed(len(jobs), want)
             for job in jobs:
                 self._start_job(state, self._begin(spec, job, fetched_at))
@@ -672,6 +693,24 @@ class WorkerBase(Registry, Generic[B]):
             self.on_error(exc, job)
         except Exception:
             log.exception("on_error callback failed", extra={"action": "on_error_failed"})
+
+    def _refused(self, exc: SchemaVersionError) -> None:
+        with self._book:
+            if self._refusal == (exc.found,):
+                return
+            self._refusal = (exc.found,)
+        log.error(
+            "worker %s stopped fetching: %s",
+            self.name,
+            exc,
+            extra={
+                "action": "schema_version_refused",
+                "worker": self.name,
+                "schema": self.schema,
+                "found": exc.found,
+            },
+        )
+        self._report(exc, None)
 
     def _loop_error(self, where: str, queue: str | None, exc: BaseException, delay: float) -> None:
         log.warning(
