@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from . import shapes
+from . import peers, shapes
 from .common import (
     DEFAULT_URL,
     Config,
@@ -29,6 +29,7 @@ from .common import (
     spread,
 )
 from .scenarios import Variant, drain, latency, mixed, send
+from .scenarios import peers as peer_scenarios
 
 SCENARIO_MODULES = {"send": send, "drain": drain, "latency": latency, "mixed": mixed}
 
@@ -62,16 +63,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run the mixed scenario with the AsyncWorker (3 more minutes)",
     )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="run the peer scenarios (pg-boss 12.38, PgQueuer) instead of the default ones; "
+        "with --only, add them to the selected scenarios",
+    )
     p.add_argument("--keep-schema", action="store_true", help="do not drop the bench schema")
     return p.parse_args(argv)
 
 
-def collect(cfg: Config, only: list[str]) -> list[Variant]:
+def collect(cfg: Config, only: list[str], with_peers: bool = False) -> list[Variant]:
+    """The selected variants: ``--peers`` alone runs only the peer scenarios."""
     out: list[Variant] = []
-    for module in SCENARIO_MODULES.values():
-        for v in module.variants(cfg):
-            if not only or any(o in v.scenario for o in only):
-                out.append(v)
+    if not with_peers or only:
+        for module in SCENARIO_MODULES.values():
+            for v in module.variants(cfg):
+                if not only or any(o in v.scenario for o in only):
+                    out.append(v)
+    if with_peers:
+        out += peer_scenarios.variants(cfg)
     return out
 
 
@@ -139,7 +150,48 @@ def summarise(variants: list[Variant], samples: list[Sample]) -> list[dict[str, 
                 row["target"] = f"{op} {goal:g}"
                 row["met"] = row["ratio"] >= goal if op == ">=" else row["ratio"] <= goal
         rows.append(row)
+    _against_best_peer(variants, values, rows)
     return rows
+
+
+def _against_best_peer(
+    variants: list[Variant],
+    values: dict[tuple[str, str, str], dict[int, float]],
+    rows: list[dict[str, Any]],
+) -> None:
+    """Add to each of our rows in a peer scenario its ratio to the best peer there.
+
+    The best peer of a (scenario, metric) is the one with the best median (highest
+    jobs/s, lowest latency); the ratio is the median of the per-round ratios, as
+    for the ceiling.
+    """
+    kinds = {(v.scenario, v.name): v for v in variants}
+    best: dict[tuple[str, str], tuple[str, float]] = {}
+    for r in rows:
+        v = kinds.get((r["scenario"], r["variant"]))
+        if v is None or v.kind != "peer":
+            continue
+        key = (r["scenario"], r["metric"])
+        lower = r["metric"].endswith("ms")
+        if key not in best or (r["median"] < best[key][1] if lower else r["median"] > best[key][1]):
+            best[key] = (r["variant"], r["median"])
+    for r in rows:
+        v = kinds.get((r["scenario"], r["variant"]))
+        if v is None or v.kind != "ours" or (r["scenario"], r["metric"]) not in best:
+            continue
+        name = best[(r["scenario"], r["metric"])][0]
+        base = values[(r["scenario"], name, r["metric"])]
+        ours = values[(r["scenario"], r["variant"], r["metric"])]
+        ratios = [ours[i] / base[i] for i in ours if base.get(i)]
+        if not ratios:
+            continue
+        r["best_peer"] = name
+        r["peer_ratio"] = median(ratios)
+        r["peer_ratio_iqr"] = [percentile(ratios, 25), percentile(ratios, 75)]
+        for metric, op, goal in v.peer_targets:
+            if metric == r["metric"]:
+                r["peer_target"] = f"{op} {goal:g}"
+                r["peer_met"] = r["peer_ratio"] >= goal if op == ">=" else r["peer_ratio"] <= goal
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -168,6 +220,37 @@ def table(rows: list[dict[str, Any]]) -> str:
             )
             + " |"
         )
+    return "\n".join(lines)
+
+
+def peer_table(rows: list[dict[str, Any]]) -> str:
+    """The peer scenarios' rows: each against the ceiling, ours also against the best peer."""
+    head = (
+        *("scenario", "variant", "metric", "median", "spread", "vs ceiling", "IQR"),
+        *("best peer", "vs best peer", "IQR", "target"),
+    )
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        if not r["scenario"].startswith("peers:"):
+            continue
+        ratio, pratio = r.get("ratio"), r.get("peer_ratio")
+        target = r.get("peer_target", "")
+        if target:
+            target += " ok" if r.get("peer_met") else " MISSED"
+        cells = [
+            r["scenario"].removeprefix("peers: "),
+            r["variant"],
+            r["metric"],
+            f"{r['median']:,.1f}",
+            f"{r['spread_pct']:.0f}%",
+            f"{ratio:.2f}" if isinstance(ratio, float) else "",
+            "{:.2f}-{:.2f}".format(*r["ratio_iqr"]) if "ratio_iqr" in r else "",
+            r.get("best_peer", ""),
+            f"{pratio:.2f}" if isinstance(pratio, float) else "",
+            "{:.2f}-{:.2f}".format(*r["peer_ratio_iqr"]) if "peer_ratio_iqr" in r else "",
+            target,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -202,15 +285,20 @@ def main(argv: list[str] | None = None) -> int:
         # The ceiling is only a ceiling if the database does the same work on both sides.
         if not shapes.compare(cfg, show_sql=False):
             print("warning: the ceiling's plans differ from alkstore_sa's", file=sys.stderr)
-        variants = collect(cfg, args.only)
+        variants = collect(cfg, args.only, args.peers)
         samples = run_all(cfg, variants)
     finally:
+        peers.close_all(cfg, drop=not args.keep_schema)
         if not args.keep_schema:
             drop(cfg)
         cfg.close()
     rows = summarise(variants, samples)
     print()
-    print(table(rows))
+    own = [r for r in rows if not r["scenario"].startswith("peers:")]
+    if own:
+        print(table(own))
+    if len(own) < len(rows):
+        print(("\n" if own else "") + peer_table(rows))
     elapsed = time.perf_counter() - started
     print(f"\n{len(samples)} samples in {elapsed:.0f}s")
     out = args.json or RESULTS / f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}.json"

@@ -78,11 +78,12 @@ def _samples(scenario: str, variant: str, clock: Clock) -> list[Sample]:
     ]
 
 
-def run_worker(cfg: Config, n: int) -> Clock:
+def run_worker(cfg: Config, n: int, concurrency: int | None = None) -> Clock:
     from alkstore_sa.worker import Worker
 
     clock = Clock(n)
-    worker = Worker(cfg.engine, schema=cfg.schema)
+    settings: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
+    worker = Worker(cfg.engine, schema=cfg.schema, **settings)
     worker.register(QUEUE, lambda job: clock.start(job.data))
     worker.start()
     try:
@@ -94,14 +95,15 @@ def run_worker(cfg: Config, n: int) -> Clock:
     return clock
 
 
-def run_async_worker(cfg: Config, n: int) -> Clock:
+def run_async_worker(cfg: Config, n: int, concurrency: int | None = None) -> Clock:
     from alkstore_sa.worker import AsyncWorker
 
     clock = Clock(n)
+    settings: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
 
     async def main() -> None:
         engine = cfg.async_engine()
-        worker = AsyncWorker(engine, schema=cfg.schema)
+        worker = AsyncWorker(engine, schema=cfg.schema, **settings)
 
         async def handler(job: Any) -> None:
             clock.start(job.data)
