@@ -66,6 +66,8 @@ class Settings:
     :ivar supervise: run the monitor (counters, warnings, expiration) and deletion.
     :ivar schedule: run the cron timekeeper and work ``__pgboss__send-it``.
     :ivar queues: only these queues (monitor and deletion); ``None`` = all.
+    :ivar persist_warnings: at schema 46, also write warnings into the ``warning``
+        table and apply its retention (pg-boss's ``persistWarnings``, off by default).
     """
 
     supervise: bool = True
@@ -80,6 +82,7 @@ class Settings:
     delete_batch_size: int = 10_000
     expire_batch_size: int = 1_000
     queues: tuple[str, ...] | None = None
+    persist_warnings: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Settings:
@@ -88,7 +91,7 @@ class Settings:
         opt.check_unknown(options, allowed, "supervision")
         values: dict[str, Any] = {}
         for key, value in options.items():
-            if key in ("supervise", "schedule"):
+            if key in ("supervise", "schedule", "persist_warnings"):
                 values[key] = opt.check_bool(key, value)
             elif key in _INTERVALS:
                 top = _INTERVALS[key][1]
@@ -399,7 +402,14 @@ def _table_steps(
 
 
 def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
-    """One pass: per table and chunk of 100 queues monitor then maintain; cron; send-it."""
+    """One pass: per table and chunk of 100 queues monitor then maintain; cron; send-it.
+
+    At schema 46 the pass is :func:`~alkstore_sa.ops.supervision46.supervise_pass46`.
+    """
+    if ctx.version == 46:
+        from .supervision46 import supervise_pass46
+
+        return (yield from supervise_pass46(ctx, plan))
     tally = _Tally()
     s = plan.settings
     if plan.monitor:

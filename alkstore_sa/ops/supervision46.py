@@ -1,0 +1,527 @@
+"""The supervision pass at schema 46: every duty of pg-boss 12.38's supervisor.
+
+:func:`alkstore_sa.ops.supervision.supervise_pass` hands a context at version 46
+to :func:`supervise_pass46`. Its units are run as at 26 (each in a short
+transaction of its own, or inline in the caller's transaction).
+
+The rule: whenever we win a turn that Node pg-boss 12.38 also claims, we do in
+that turn everything Node does in it with its default settings; a turn whose
+duties we cannot all do is never claimed, so Node keeps it.
+
+Turn by turn (the throttle in brackets), what Node 12.38 does and what we do:
+
+monitor, per table and 100 queues (``queue.monitor_claim_on``)
+    Node: unless ``version.monitor_backoff_on`` is ahead, the counters under the
+    ``queue-stats`` try-lock (claims handed back when it is lost) and
+    ``queue_backlog`` warnings; then expiry by lease, then by heartbeat, in
+    batches of 1,000 until one comes back short. We: the same; expiry through
+    the schema-46 fail statements; a warning is logged and reported, and written
+    to ``warning`` with ``persist_warnings`` (Node's ``persistWarnings``).
+stats history (part of the monitor turn)
+    Node: only with ``persistQueueStats``, off by default: deltas, histograms,
+    ``queue_stats`` rows and their day partitions. We: never (Node's default).
+    The delta window (``queue.delta_on``) is shared and our aggregate leaves it
+    alone, so a Node instance that persists still counts every job in its next
+    window; only the resolution of its history drops.
+maintenance, per table and 100 queues (``queue.maintain_on``)
+    Node: per queue the retention walk, then ``setRetainedCount`` (only the
+    deleted taken off when a walk is cut short), the dependency cleanup by child
+    then by parent; unfinished queues handed back. We: the same, in batches of
+    10,000 keys under ``<table>deletion`` / ``<table>cleanupDependencies``.
+after the queues (no claim)
+    Node: monitor backoff from the pass's pin time; vacuum diagnosis; warning
+    retention (with ``persistWarnings``); ``queue_stats`` retention (with
+    ``persistQueueStats``); instance upkeep. We: the backoff, the warning
+    retention with ``persist_warnings``, the instance upkeep. **Left out:** the
+    vacuum diagnosis (``xmin_horizon``, ``autovacuum_disabled``), which claims
+    nothing and only warns; every Node instance still runs its own.
+reindex (``version.reindex_on``)
+    **Left out, never claimed**, so a Node instance keeps the turn (its
+    ``REINDEX CONCURRENTLY`` cannot run inside our transactions).
+cron (``version.cron_on``)
+    Node: the occurrences of every schedule in the last 60 s, a ``missed:
+    'once'`` catch-up, filed into send-it under the escaped key and the 60 s
+    slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same for cron
+    schedules (a bad row is reported, not sent). **While any schedule is a
+    recurrence rule the turn is not claimed** (we do not evaluate RFC 5545 rules).
+send-it (a queue; no claim)
+    Node: send each job's request, then ``schedule.last_job_id``. We: the same.
+BAM (``version.bam_on``) and flows (``version.flow_on``)
+    **Left out, never claimed.**
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+from .. import options as opt
+from ..cron import previous_fire
+from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
+from ..names import SEND_IT_QUEUE
+from ..records import QueueWarning, SupervisionReport
+from ..sql import locks
+from ..sql.v46 import cron as cron_sql
+from ..sql.v46 import supervision as sql
+from ._core import Call, Context, Op
+from .sending import send
+from .supervision import (
+    CHUNK,
+    SEND_IT_BATCH,
+    SEND_IT_ROUNDS,
+    SLOT_SECONDS,
+    CronOutcome,
+    PassPlan,
+    _interval,
+    _lock,
+    _Tally,
+    _unpack,
+    ensure_send_it,
+    queue_tables,
+)
+from .working import (
+    Settlement,
+    complete_many,
+    expire_heartbeats46,
+    expire_jobs46,
+    fail_many,
+    fetch,
+)
+
+logger = logging.getLogger(__name__)
+
+WARNING_RETENTION_DAYS = 365
+"""pg-boss's default ``warningRetentionDays``."""
+
+_BACKLOG = (
+    'Warning: large queue backlog: queue "{name}" has {queued} jobs in the created or '
+    "retry state, over its warning threshold of {threshold}. Your queue should be reviewed"
+)
+_BACKOFF = (
+    "Warning: queue monitoring spent long enough scanning the job table to risk holding "
+    "back autovacuum, so the next stats refresh is deferred: {elapsed:.1f}s of aggregate "
+    "against an autovacuum_naptime of {naptime:g}s. Shrink the job table (retention, "
+    "deleteAfterSeconds) or partition its busiest queues."
+)
+
+# pg-boss tells a recurrence rule from a cron expression by an iCalendar
+# property at the head of a line, or a FREQ= part.
+_RRULE = re.compile(r"^[ \t]*[a-z][a-z0-9-]*[;:]|(?:^|[\s;])FREQ=", re.IGNORECASE | re.MULTILINE)
+
+
+def is_rrule(expression: str) -> bool:
+    """Would pg-boss read ``expression`` as an RFC 5545 recurrence rule?"""
+    return bool(_RRULE.search(expression))
+
+
+def occurrence_key(name: str, key: str) -> str:
+    """pg-boss 12.38's send-it key: the name's ``_`` escaped as ``\\_``, ``__``, the key."""
+    return name.replace("_", "\\_") + "__" + key
+
+
+def slot_of(instant: dt.datetime) -> dt.datetime:
+    """The 60-second slot ``instant`` falls in, as naive UTC wall time (``singleton_on``)."""
+    epoch = int(instant.timestamp()) // SLOT_SECONDS * SLOT_SECONDS
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)
+
+
+# ------------------------------------------------------------------ units
+
+
+def _warn(ctx: Context, plan: PassPlan, kind: str, message: str, data: Any) -> Op[None]:
+    # Node persists a warning only with persistWarnings (off by default).
+    if plan.settings.persist_warnings:
+        params = {"type": kind, "message": message, "data": json.dumps(data, default=str)}
+        yield Call(sql.insert_warning(), {**params, "now": plan.now})
+
+
+def claim_monitor(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[tuple[list[str], bool]]:
+    """The monitor turn of ``names``: the queues won, and whether to count them."""
+    params = {
+        "names": list(names),
+        "interval": _interval(plan, plan.settings.monitor_interval),
+        "now": plan.now,
+    }
+    rows = (yield Call(sql.claim_monitor(), params)).all()
+    return sorted(r.name for r in rows), all(r.refresh_stats for r in rows)
+
+
+def cache_stats(
+    ctx: Context, names: Sequence[str], plan: PassPlan
+) -> Op[tuple[list[QueueWarning], float, bool]]:
+    """Count ``names``; ``(warnings, pin seconds, written)`` - not written when
+    another instance held the ``queue-stats`` lock (its claims are handed back)."""
+    params = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
+    rows = (yield Call(sql.cache_stats(), params)).all()
+    warnings = []
+    for row in rows:
+        threshold = row.warning_queued or plan.settings.warning_queue_size
+        if row.queued_count > threshold:
+            warnings.append(QueueWarning(row.name, row.queued_count, threshold))
+            message = _BACKLOG.format(name=row.name, queued=row.queued_count, threshold=threshold)
+            data = {
+                "name": row.name,
+                "queuedCount": row.queued_count,
+                "warningQueueSize": row.warning_queued,
+                "pinSeconds": row.pin_seconds,
+            }
+            yield from _warn(ctx, plan, "queue_backlog", message, data)
+    pinned = max((float(r.pin_seconds or 0) for r in rows), default=0.0)
+    return warnings, pinned, bool(rows)
+
+
+def expire(
+    ctx: Context, table: str, names: Sequence[str], plan: PassPlan, *, heartbeat: bool
+) -> Op[dict[str, int]]:
+    """One batch of expiry by lease (or by heartbeat), under Node's lock for it."""
+    step = "failJobsByHeartbeat" if heartbeat else "failJobsByTimeout"
+    yield from _lock(ctx, locks.table_key(table, step), plan)
+    sweep = expire_heartbeats46 if heartbeat else expire_jobs46
+    return (yield from sweep(ctx, names, plan.settings.expire_batch_size, plan.now))
+
+
+def claim_maintain(
+    ctx: Context, names: Sequence[str], plan: PassPlan
+) -> Op[tuple[list[str], dt.datetime | None]]:
+    """The maintenance turn of ``names``: the queues won and the stamp they share."""
+    params = {
+        "names": list(names),
+        "interval": _interval(plan, plan.settings.maintenance_interval),
+        "now": plan.now,
+    }
+    rows = (yield Call(sql.claim_maintain(), params)).all()
+    return sorted(r.name for r in rows), (rows[0].claimed_on if rows else None)
+
+
+def release_maintain(
+    ctx: Context, names: Sequence[str], claimed_on: dt.datetime | None
+) -> Op[None]:
+    """Hand back the maintenance turn of queues the pass did not finish."""
+    yield Call(sql.release_maintain(), {"names": list(names), "claimed_on": claimed_on})
+
+
+def database_time(ctx: Context, plan: PassPlan) -> Op[dt.datetime]:
+    result = yield Call(sql.database_time(), {"now": plan.now})
+    value: dt.datetime = result.scalar_one()
+    return value
+
+
+def delete_batch(
+    ctx: Context, table: str, name: str, after: Any, before: dt.datetime, plan: PassPlan
+) -> Op[Any]:
+    """One retention batch of queue ``name`` under ``<table>deletion``."""
+    yield from _lock(ctx, locks.table_key(table, "deletion"), plan)
+    params = {
+        "qname": name,
+        "after": after,
+        "batch": plan.settings.delete_batch_size,
+        "retained_before": before,
+        "now": plan.now,
+    }
+    return (yield Call(sql.delete_batch(cursor=after is not None), params)).one()
+
+
+def set_retained(
+    ctx: Context, name: str, retained: int, before: dt.datetime, plan: PassPlan
+) -> Op[None]:
+    params = {"qname": name, "retained": retained, "retained_before": before, "now": plan.now}
+    yield Call(sql.set_retained_count(), params)
+
+
+def reduce_retained(ctx: Context, name: str, deleted: int, deleted_retained: int) -> Op[None]:
+    params = {"qname": name, "deleted": deleted, "deleted_retained": deleted_retained}
+    yield Call(sql.reduce_retained_count(), params)
+
+
+def cleanup_batch(
+    ctx: Context, table: str, name: str, side: str, after: Any, plan: PassPlan
+) -> Op[Any]:
+    """One dependency-cleanup batch under ``<table>cleanupDependencies``."""
+    yield from _lock(ctx, locks.table_key(table, "cleanupDependencies"), plan)
+    params = {"qname": name, "after": after, "batch": plan.settings.delete_batch_size}
+    return (yield Call(sql.cleanup_dependencies(side, cursor=after is not None), params)).one()
+
+
+def monitor_backoff(ctx: Context, elapsed: float, plan: PassPlan) -> Op[str | None]:
+    """Defer the next aggregates if this pass pinned the horizon too long; the
+    warning's text when it engaged."""
+    row = (yield Call(sql.set_monitor_backoff(), {"elapsed": elapsed, "now": plan.now})).first()
+    if row is None:
+        return None
+    message = _BACKOFF.format(elapsed=elapsed, naptime=row.naptime_seconds)
+    data = {
+        "elapsedSeconds": elapsed,
+        "naptimeSeconds": row.naptime_seconds,
+        "backoffSeconds": row.backoff_seconds,
+        "backoffUntil": row.backoff_until,
+    }
+    yield from _warn(ctx, plan, "monitor_backoff", message, data)
+    return message
+
+
+def upkeep(ctx: Context, plan: PassPlan) -> Op[None]:
+    """The tail of Node's pass that claims nothing: warning retention (with
+    persisted warnings) and the instance registry's upkeep."""
+    if plan.settings.persist_warnings:
+        yield Call(sql.delete_old_warnings(), {"days": WARNING_RETENTION_DAYS, "now": plan.now})
+    yield Call(sql.delete_old_instances(), {"now": plan.now})
+    yield Call(sql.trim_dead_instances(), {"now": plan.now})
+
+
+def _latest_before(
+    expr: str, tz: str, after: dt.datetime, until: dt.datetime
+) -> dt.datetime | None:
+    fired = previous_fire(expr, tz, until)
+    return fired if fired is not None and fired > after else None
+
+
+def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
+    """Win the cron turn and file the occurrences due, as pg-boss 12.38's timekeeper.
+
+    The schedules are read first: if any is a recurrence rule, the turn is left
+    to Node (never claimed), since we would skip it. Otherwise each schedule's
+    occurrence in the 60 seconds ending now (and with ``missed: 'once'`` the
+    latest one in the gap since the last pass) goes to send-it under
+    :func:`occurrence_key` and its :func:`slot_of`.
+    """
+    schedules = (yield Call(cron_sql.all_schedules())).all()
+    rules = [f"{r.name}__{r.key}" for r in schedules if r.kind != "cron" or is_rrule(r.cron)]
+    if rules:
+        return CronOutcome(False, (), (f"cron turn left to Node: recurrence rules {rules}",))
+    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
+    if not claim.claimed:
+        return CronOutcome(False)
+    yield from ensure_send_it(ctx)
+    at = plan.cron_now or plan.now
+    if at is None:
+        at = yield from database_time(ctx, plan)
+    window = at - dt.timedelta(seconds=SLOT_SECONDS)
+    datas, keys, slots, problems = [], [], [], []
+    for row in schedules:
+        tz = row.timezone or "UTC"
+        try:
+            due = _latest_before(row.cron, tz, window, at)
+            slot_set = set()
+            options = row.options if isinstance(row.options, Mapping) else {}
+            if options.get("missed") == "once" and claim.prior_cron_on is not None:
+                start = max(claim.prior_cron_on, row.created_on)
+                if start < window:
+                    missed = _latest_before(row.cron, tz, start, window)
+                    if missed is not None:
+                        slot_set.add(slot_of(missed))
+            if due is not None:
+                slot_set.add(slot_of(due))
+        except InvalidOptionsError as exc:
+            problems.append(f"schedule {row.name}__{row.key}: {exc}")
+            continue
+        for slot in sorted(slot_set):
+            data = {"name": row.name, "key": row.key, "data": row.data, "options": row.options}
+            data["slot"] = slot.isoformat(sep=" ")
+            datas.append(opt.encode_json("data", data))
+            keys.append(occurrence_key(row.name, row.key))
+            slots.append(slot)
+    if not datas:
+        return CronOutcome(True, (), tuple(problems))
+    params = {"queue": SEND_IT_QUEUE, "datas": datas, "keys": keys, "slots": slots, "now": plan.now}
+    inserted = (yield Call(cron_sql.insert_occurrences(), params)).all()
+    return CronOutcome(True, tuple(r.singleton_key for r in inserted), tuple(problems))
+
+
+def set_last_jobs(ctx: Context, fired: Mapping[tuple[str, str], tuple[str, Any]]) -> Op[None]:
+    """``schedule.last_job_id`` for the latest slot each ``(name, key)`` sent."""
+    if not fired:
+        return
+    names, keys, ids = [], [], []
+    for (name, key), (_, job_id) in fired.items():
+        names.append(name)
+        keys.append(key)
+        ids.append(job_id)
+    yield Call(cron_sql.set_last_job_ids(), {"names": names, "keys": keys, "ids": ids})
+
+
+# ------------------------------------------------------------------ the pass
+
+
+def _walk(tally: _Tally, step: str, batch: Any) -> Generator[Op[Any], Any, tuple[bool, list[Any]]]:
+    # Carry each batch's cursor into the next until one comes back without
+    # one (done) or fails (not done); every batch's row is kept.
+    after: Any = None
+    rows: list[Any] = []
+    while True:
+        row = yield from tally.attempt(batch(after), step)
+        if row is None:
+            return False, rows
+        rows.append(row)
+        if row.walk_cursor is None:
+            return True, rows
+        after = row.walk_cursor
+
+
+def _maintain_queue(
+    ctx: Context, plan: PassPlan, table: str, name: str, tally: _Tally
+) -> Generator[Op[Any], Any, bool]:
+    now = yield from tally.attempt(database_time(ctx, plan), "maintain")
+    if now is None:
+        return False
+    before = now - dt.timedelta(seconds=sql.DELTA_LAG_SECONDS)
+    done, rows = yield from _walk(
+        tally, "delete", lambda after: delete_batch(ctx, table, name, after, before, plan)
+    )
+    deleted = sum(r.deleted for r in rows)
+    if deleted:
+        tally.deleted[name] += deleted
+    if done:
+        retained = sum(r.retained for r in rows)
+        yield from tally.attempt(set_retained(ctx, name, retained, before, plan), "retained")
+    elif deleted:
+        held = sum(r.deleted_retained for r in rows)
+        yield from tally.attempt(reduce_retained(ctx, name, deleted, held), "retained")
+    children, _ = yield from _walk(
+        tally, "dependencies", lambda a: cleanup_batch(ctx, table, name, "child", a, plan)
+    )
+    parents, _ = yield from _walk(
+        tally, "dependencies", lambda a: cleanup_batch(ctx, table, name, "parent", a, plan)
+    )
+    return done and children and parents
+
+
+def _drain(
+    tally: _Tally, step: str, unit: Any, batch: int
+) -> Generator[Op[Any], Any, Counter[str]]:
+    total: Counter[str] = Counter()
+    while True:
+        done = yield from tally.attempt(unit(), step)
+        if done is None:
+            return total
+        total.update(done)
+        if sum(done.values()) < batch:
+            return total
+
+
+def _chunk46(
+    ctx: Context, plan: PassPlan, table: str, chunk: list[str], tally: _Tally, pin: list[float]
+) -> Generator[Op[Any], Any, None]:
+    s = plan.settings
+    claimed = yield from tally.attempt(claim_monitor(ctx, chunk, plan), "monitor")
+    watched, refresh = claimed or ([], False)
+    if watched:
+        tally.monitored += watched
+        if refresh:
+            stats = yield from tally.attempt(cache_stats(ctx, watched, plan), "stats")
+            if stats is not None:
+                warnings, pinned, written = stats
+                tally.warnings += warnings
+                pin.append(pinned)
+                if not written:
+                    tally.busy.append(f"stats: {locks.QUEUE_STATS}")
+        for heartbeat in (False, True):
+            step = "heartbeat" if heartbeat else "expire"
+            tally.expired += yield from _drain(
+                tally,
+                step,
+                lambda hb=heartbeat: expire(ctx, table, watched, plan, heartbeat=hb),
+                s.expire_batch_size,
+            )
+    won = yield from tally.attempt(claim_maintain(ctx, chunk, plan), "maintain")
+    tidied, claimed_on = won or ([], None)
+    finished = 0
+    for name in tidied:
+        if not (yield from _maintain_queue(ctx, plan, table, name, tally)):
+            break
+        finished += 1
+    tally.maintained += tidied[:finished]
+    if finished < len(tidied):
+        yield from tally.attempt(release_maintain(ctx, tidied[finished:], claimed_on), "maintain")
+
+
+def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
+    """Send-it at 46: as at 26 (:func:`~alkstore_sa.ops.supervision.work_send_it`:
+    the requests sent and the send-it jobs settled in one transaction), then
+    ``schedule.last_job_id`` for the latest slot of each schedule sent."""
+    try:
+        jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, True, False)
+    except QueueNotFoundError:
+        return 0, 0
+    done, failed = [], []
+    fired: dict[tuple[str, str], tuple[str, Any]] = {}
+    for job in jobs:
+        try:
+            target, data, options = _unpack(job.data)
+            job_id = yield from send(ctx, target, data, options)
+        except AlkstoreError as exc:
+            logger.warning("scheduled job not sent: %s", exc, extra={"action": "send_it_failed"})
+            failed.append(Settlement(job.id, exc, job.started_on))
+            continue
+        done.append(Settlement(job.id, None, job.started_on))
+        key, slot = job.data.get("key"), job.data.get("slot")
+        # A payload from an older timekeeper names no key: nothing to record.
+        if job_id is not None and isinstance(key, str):
+            mark = (target, key)
+            filed = str(slot) if slot is not None else "~"  # no slot: the newest
+            if mark not in fired or fired[mark][0] <= filed:
+                fired[mark] = (filed, job_id)
+    if done:
+        yield from complete_many(ctx, SEND_IT_QUEUE, done)
+    if failed:
+        yield from fail_many(ctx, SEND_IT_QUEUE, failed)
+    yield from set_last_jobs(ctx, fired)
+    return len(jobs), len(done)
+
+
+def _send_it46(ctx: Context, tally: _Tally) -> Generator[Op[Any], Any, None]:
+    for _ in range(SEND_IT_ROUNDS):
+        counts = yield from tally.attempt(work_send_it46(ctx, SEND_IT_BATCH), "send-it")
+        if counts is None:
+            return
+        tally.sent += counts[1]
+        if counts[0] < SEND_IT_BATCH:
+            return
+
+
+def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
+    """One pass at 46: per table and chunk of 100 queues, monitor then maintain;
+    then the monitor backoff and the upkeep; cron; send-it (see the module table)."""
+    tally = _Tally()
+    s = plan.settings
+    pin: list[float] = []
+    if plan.monitor:
+        rows = yield from tally.attempt(queue_tables(ctx, s.queues), "queues")
+        tables: dict[str, list[str]] = {}
+        for name, table in rows or []:
+            tables.setdefault(table, []).append(name)
+        for table, names in tables.items():
+            for start in range(0, len(names), CHUNK):
+                chunk = names[start : start + CHUNK]
+                yield from _chunk46(ctx, plan, table, chunk, tally, pin)
+        if sum(pin) > 0:
+            message = yield from tally.attempt(monitor_backoff(ctx, sum(pin), plan), "backoff")
+            if message:
+                logger.warning(message, extra={"action": "monitor_backoff"})
+        yield from tally.attempt(upkeep(ctx, plan), "upkeep")
+    if plan.cron:
+        outcome = yield from tally.attempt(cron46(ctx, plan), "cron")
+        if outcome is not None:
+            tally.cron_checked = outcome.won
+            tally.fired += outcome.fired
+            tally.errors += outcome.problems
+    if plan.send_it:
+        yield from _send_it46(ctx, tally)
+    return SupervisionReport(
+        monitored=tuple(tally.monitored),
+        warnings=tuple(tally.warnings),
+        expired=dict(tally.expired),
+        maintained=tuple(tally.maintained),
+        deleted=dict(tally.deleted),
+        cron_checked=tally.cron_checked,
+        fired=tuple(tally.fired),
+        sent=tally.sent,
+        skew_seconds=plan.skew_seconds,
+        busy=tuple(tally.busy),
+        errors=tuple(tally.errors),
+    )
