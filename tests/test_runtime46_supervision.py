@@ -21,7 +21,7 @@ def sql(engine: Engine, schema: str, statement: str, **params: Any) -> list[Any]
 
 
 def make_queue(engine: Engine, schema: str, name: str, options: str = "{}") -> None:
-    opts = options[:-1] + (', ' if options != "{}" else "") + '"policy": "standard"}'
+    opts = options[:-1] + (", " if options != "{}" else "") + '"policy": "standard"}'
     sql(engine, schema, "SELECT {s}.create_queue(:n, CAST(:o AS jsonb))", n=name, o=opts)
 
 
@@ -47,11 +47,16 @@ def test_monitor_counts_blocked_apart_and_stamps_monitor_on_with_the_counts(
         ('q', 'created', now() + interval '1 hour', true),
         ('q', 'created', now(), true)""",
     )
-    sql(engine, schema46, "INSERT INTO {s}.job (name, state, started_on) VALUES ('q', 'active', now())")
+    sql(
+        engine,
+        schema46,
+        "INSERT INTO {s}.job (name, state, started_on) VALUES ('q', 'active', now())",
+    )
     report = run(engine, schema46)
     row = queue_row(engine, schema46, "q")
     assert "q" in report.monitored
-    assert (row.queued_count, row.ready_count, row.deferred_count, row.blocked_count) == (5, 2, 1, 2)
+    split = (row.queued_count, row.ready_count, row.deferred_count, row.blocked_count)
+    assert split == (5, 2, 1, 2)  # queued = ready + deferred + blocked
     assert row.active_count == 1
     assert row.ready_history == [2]
     assert row.monitor_on is not None and row.monitor_claim_on is not None
