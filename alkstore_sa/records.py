@@ -40,6 +40,23 @@ class Job:
     output: Any
     dead_letter: str | None
     policy: str | None
+    # The columns schema 46 (pg-boss 12) adds; on a schema-26 database they keep
+    # these defaults (docs/concepts/compatibility.md).
+    group_id: str | None = None
+    group_tier: str | None = None
+    heartbeat_on: dt.datetime | None = None
+    heartbeat_seconds: int | None = None
+    blocked: bool = False
+    blocking: bool = False
+    pending_dependencies: int = 0
+    source_name: str | None = None
+    source_id: uuid.UUID | None = None
+    source_created_on: dt.datetime | None = None
+    source_retry_count: int | None = None
+    source_output: Any = None
+    source_root_id: uuid.UUID | None = None
+    trace_context: Any = None
+    upsert_by_key: bool | None = None
 
     @property
     def queue(self) -> str:
@@ -108,6 +125,10 @@ def decode_json(text: str | None) -> tuple[Any, str | None]:
         return None, f"cannot be decoded: {type(exc).__name__}: {exc}"
 
 
+JSON_FIELDS = ("data", "output", "source_output", "trace_context")
+"""The fields of :class:`Job` read from jsonb columns (as text, see :func:`read_job`)."""
+
+
 def read_job(row: Mapping[Any, Any]) -> Job:
     """A :class:`Job` from a row of :func:`alkstore_sa.sql.reading.readable_columns`.
 
@@ -121,7 +142,9 @@ def read_job(row: Mapping[Any, Any]) -> Job:
         for mark in marks.split(";"):
             name, _, stored = mark.partition("=")
             problems[name] = f"{stored} is outside the range of Python's datetime"
-    for name in ("data", "output"):
+    for name in JSON_FIELDS:
+        if name not in values:
+            continue  # a schema-26 row has no source_output or trace_context
         values[name], problem = decode_json(values[name])
         if problem is not None:
             problems[name] = problem
@@ -157,6 +180,10 @@ class QueueInfo:
     maintain_on: dt.datetime | None
     created_on: dt.datetime
     updated_on: dt.datetime
+    # Settings schema 46 (pg-boss 12) adds; on a schema-26 database they keep
+    # these defaults.
+    heartbeat_seconds: int | None = None
+    notify: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:

@@ -33,6 +33,9 @@ class QueuePolicy(enum.StrEnum):
     * ``singleton`` - at most one *active* job per key.
     * ``stately`` - at most one job per key in each of created, retry and active.
     * ``exclusive`` - at most one queued-or-active job per key.
+    * ``key_strict_fifo`` - each key's jobs run one at a time, in the order sent;
+      every job needs a key. Only on schemas at version 46 (pg-boss 12): a schema-26
+      queue cannot have it.
     """
 
     STANDARD = "standard"
@@ -40,6 +43,7 @@ class QueuePolicy(enum.StrEnum):
     SINGLETON = "singleton"
     STATELY = "stately"
     EXCLUSIVE = "exclusive"
+    KEY_STRICT_FIFO = "key_strict_fifo"
 
 
 job_state_type = ENUM(

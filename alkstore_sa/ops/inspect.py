@@ -8,6 +8,7 @@ from ..names import validate_queue
 from ..options import check_int
 from ..records import Job, read_job
 from ..sql import inspect as inspect_sql
+from ..sql.v46 import fetch as fetch46_sql
 from ._core import Call, Context, Op
 from .queues import require_queue
 
@@ -29,5 +30,6 @@ def list_jobs(ctx: Context, name: str, state: object, limit: int) -> Op[list[Job
     wanted = _state(state)
     check_int("limit", limit, minimum=1, maximum=LIST_LIMIT_MAX)
     yield from require_queue(ctx, name)
-    result = yield Call(inspect_sql.list_jobs(wanted), {"qname": name, "limit": limit})
+    stmt = fetch46_sql.list_jobs(wanted) if ctx.version >= 46 else inspect_sql.list_jobs(wanted)
+    result = yield Call(stmt, {"qname": name, "limit": limit})
     return [read_job(row) for row in result.mappings().all()]

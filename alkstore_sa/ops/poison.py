@@ -23,6 +23,7 @@ from ..limits import MAX_SINGLETON_KEY_BYTES
 from ..sql import fail as fail_sql
 from ..sql import fetch as fetch_sql
 from ..sql.v46 import fail as fail46_sql
+from ..sql.v46 import fetch as fetch46_sql
 from ._core import Call, Context, Op
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,14 @@ def fail_unclaimable_keys(
     params: Mapping[str, Any],
     priority: bool,
     ignore_start_after: bool,
+    policy: str,
 ) -> Op[int]:
     """Fail the next jobs (at most ``params["limit"]``) whose key is one of ``keys``."""
-    stmt = fetch_sql.keyed_jobs(priority=priority, ignore_start_after=ignore_start_after)
+    stmt = (
+        fetch46_sql.keyed_jobs(policy=policy, ignore_start_after=ignore_start_after)
+        if ctx.version >= 46
+        else fetch_sql.keyed_jobs(priority=priority, ignore_start_after=ignore_start_after)
+    )
     result = yield Call(stmt, {**params, "keys": list(keys)})
     poisoned = []
     for row in result.all():

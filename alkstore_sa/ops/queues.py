@@ -5,25 +5,36 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sqlalchemy import Executable
+
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueExistsError, QueueNotFoundError
+from ..models.enums import QueuePolicy
 from ..names import validate_queue
 from ..records import QueueInfo, QueueStats
 from ..sql import locks
 from ..sql import queues as queue_sql
+from ..sql.v46 import queues as queue46_sql
 from ._core import Call, Context, Op
+
+
+def _get_queues(ctx: Context, *, by_name: bool) -> Executable:
+    # At 46 also the settings pg-boss 12 added (QueueInfo's heartbeat_seconds, notify).
+    if ctx.version >= 46:
+        return queue46_sql.get_queues(by_name=by_name)
+    return queue_sql.get_queues(by_name=by_name)
 
 
 def get_queue(ctx: Context, name: str) -> Op[QueueInfo | None]:
     validate_queue(name)
-    result = yield Call(queue_sql.get_queues(by_name=True), {"names": [name]})
+    result = yield Call(_get_queues(ctx, by_name=True), {"names": [name]})
     row = result.mappings().first()
     return None if row is None else QueueInfo.from_row(row)
 
 
 def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]:
     if names is None:
-        result = yield Call(queue_sql.get_queues(by_name=False))
+        result = yield Call(_get_queues(ctx, by_name=False))
     else:
         if isinstance(names, str | bytes):
             raise InvalidOptionsError("names", "must be a list of queue names, not one name")
@@ -34,7 +45,7 @@ def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]
         names = list(names)
         for n in names:
             validate_queue(n)
-        result = yield Call(queue_sql.get_queues(by_name=True), {"names": list(names)})
+        result = yield Call(_get_queues(ctx, by_name=True), {"names": list(names)})
     return [QueueInfo.from_row(r) for r in result.mappings().all()]
 
 
@@ -44,6 +55,20 @@ def require_queue(ctx: Context, name: str) -> Op[QueueInfo]:
     if info is None:
         raise QueueNotFoundError(name, ctx.schema)
     return info
+
+
+def queue_policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
+    """Queue ``name``'s policy, from the engine's cache when fresh (else read and
+    cached); :class:`QueueNotFoundError` if the queue does not exist."""
+    policy = None if refresh else ctx.policies.get(ctx.schema, name)
+    if policy is None:
+        info = yield from get_queue(ctx, name)
+        if info is None:
+            ctx.policies.drop(ctx.schema, name)
+            raise QueueNotFoundError(name, ctx.schema)
+        policy = info.policy.value
+        ctx.policies.put(ctx.schema, name, policy)
+    return policy
 
 
 def _lock(ctx: Context, key: str) -> Call:
@@ -56,6 +81,13 @@ def create_queue(
     validate_queue(name)
     opt.check_bool("exist_ok", exist_ok)
     checked = opt.queue_options(name, options)
+    if ctx.version < 46 and checked.get("policy") == QueuePolicy.KEY_STRICT_FIFO:
+        # Schema 26 has neither the index nor the check this policy relies on.
+        raise InvalidOptionsError(
+            "policy",
+            f"key_strict_fifo needs a schema at version 46 (pg-boss 12); "
+            f"{ctx.schema!r} is at {ctx.version}",
+        )
     dead = checked.get("dead_letter")
     if dead is not None:
         found = yield from get_queue(ctx, dead)

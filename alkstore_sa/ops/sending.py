@@ -13,11 +13,14 @@ from sqlalchemy import func, select
 from .. import limits
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
+from ..models.enums import QueuePolicy
 from ..names import validate_queue
 from ..sql import queues as queue_sql
 from ..sql import send as send_sql
+from ..sql.v46 import job_now, node_channel
+from ..sql.v46 import send as send46_sql
 from ._core import Call, Context, Op
-from .queues import require_queue
+from .queues import queue_policy, require_queue
 
 _DATA_ONLY = frozenset({"data"})
 
@@ -127,9 +130,14 @@ def send_many(
     yield from _check_dead_letters(name, specs)
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.
-    stmt = send_sql.insert_jobs(notify=ctx.notify, given=frozenset(k[3:] for k in arrays))
-    result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **arrays})
-    rows = result.all()
+    given = frozenset(k[3:] for k in arrays)
+    rows: Sequence[Any]
+    if ctx.version >= 46:
+        rows = yield from _insert_46(ctx, name, specs, given, arrays)
+    else:
+        stmt = send_sql.insert_jobs(notify=ctx.notify, given=given)
+        result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **arrays})
+        rows = result.all()
     if not rows[0].found:
         raise QueueNotFoundError(name, ctx.schema)
     inserted = {row.id for row in rows if row.id is not None}
@@ -139,6 +147,45 @@ def send_many(
         out.append(job_id if job_id in inserted else None)
         inserted.discard(job_id)
     return out
+
+
+def _refuse_unkeyed(name: str) -> InvalidOptionsError:
+    return InvalidOptionsError(
+        "singleton_key", f"queue {name!r} has policy key_strict_fifo: every job needs a key"
+    )
+
+
+def _insert_46(
+    ctx: Context,
+    name: str,
+    specs: Sequence[Mapping[str, Any]],
+    given: frozenset[str],
+    arrays: Mapping[str, list[Any]],
+) -> Op[Sequence[Any]]:
+    """The insert at schema 46; its rows as :func:`alkstore_sa.sql.v46.send.insert_jobs`'s."""
+    all_keyed = all(spec.get("singleton_key") is not None for spec in specs)
+    if not all_keyed:
+        # A key_strict_fifo queue's CHECK refuses a job without a key and would
+        # abort the caller's transaction: refused here, before any SQL, by the
+        # queue's (cached) policy. Should the cache be stale, the statement
+        # inserts nothing for such a batch and reports the policy.
+        policy = yield from queue_policy(ctx, name)
+        if policy == QueuePolicy.KEY_STRICT_FIFO:
+            raise _refuse_unkeyed(name)
+    stmt = send46_sql.insert_jobs(notify=ctx.notify, given=given)
+    params = {
+        "qname": name,
+        "channel": ctx.channel,
+        "node_channel": node_channel(ctx.schema),
+        "all_keyed": all_keyed,
+        **arrays,
+    }
+    result = yield Call(stmt, params)
+    rows = result.all()
+    if not all_keyed and rows[0].policy == QueuePolicy.KEY_STRICT_FIFO:
+        ctx.policies.put(ctx.schema, name, QueuePolicy.KEY_STRICT_FIFO.value)
+        raise _refuse_unkeyed(name)
+    return rows
 
 
 def send(ctx: Context, name: str, data: Any, options: Mapping[str, Any]) -> Op[uuid.UUID | None]:
@@ -158,7 +205,9 @@ def send_debounced(
         return first
     # The current slot is taken: claim the next one, starting when it opens
     # (pg-boss: one more attempt with the slot offset by one period).
-    result = yield Call(select(func.extract("epoch", func.now())))
+    # The clock the insert computes slots with (job_now() at 46).
+    clock = job_now() if ctx.version >= 46 else func.now()
+    result = yield Call(select(func.extract("epoch", clock)))
     epoch = float(result.scalar_one())
     wait = seconds - math.floor(epoch % seconds)
     if seconds > 1:

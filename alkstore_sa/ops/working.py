@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidOptionsError, QueueNotFoundError
+from ..errors import InvalidOptionsError
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..records import FailResult as FailResult  # re-exported: the workers read it
@@ -22,24 +22,18 @@ from ..sql import fetch as fetch_sql
 from ..sql import reading as reading_sql
 from ..sql import settle as settle_sql
 from ..sql.v46 import fail as fail46_sql
+from ..sql.v46 import fetch as fetch46_sql
+from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Conflict, Context, Op
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
-from .queues import get_queue, require_queue
+from .queues import queue_policy, require_queue
 from .sending import send_many
 
 _log = logging.getLogger(__name__)
 
 
 def _policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
-    policy = None if refresh else ctx.policies.get(ctx.schema, name)
-    if policy is None:
-        info = yield from get_queue(ctx, name)
-        if info is None:
-            ctx.policies.drop(ctx.schema, name)
-            raise QueueNotFoundError(name, ctx.schema)
-        policy = info.policy.value
-        ctx.policies.put(ctx.schema, name, policy)
-    return policy
+    return (yield from queue_policy(ctx, name, refresh=refresh))
 
 
 def fetch(
@@ -64,10 +58,17 @@ def fetch(
 def _claim(
     ctx: Context, name: str, policy: str, batch_size: int, priority: bool, ignore_start_after: bool
 ) -> Op[list[Job]]:
-    aware = policy in fetch_sql.RACY_POLICIES
-    stmt = fetch_sql.fetch_jobs(
-        priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
-    )
+    stmt: Executable
+    if ctx.version >= 46:
+        # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
+        # is not an option there.
+        aware = policy in fetch46_sql.SINGLETON_POLICIES
+        stmt = fetch46_sql.fetch_jobs(policy=policy, ignore_start_after=ignore_start_after)
+    else:
+        aware = policy in fetch_sql.RACY_POLICIES
+        stmt = fetch_sql.fetch_jobs(
+            priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
+        )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
     jobs: list[Job] = []
     # Poison rows (see ops/poison.py) are failed and left out; while there were
@@ -77,7 +78,7 @@ def _claim(
     for _ in range(_POISON_ROUNDS):
         want = batch_size - len(jobs)
         claimed, poisoned = yield from _claim_once(
-            ctx, name, aware, stmt, {**params, "limit": want}, priority, ignore_start_after
+            ctx, name, aware, stmt, {**params, "limit": want}, priority, ignore_start_after, policy
         )
         jobs.extend(claimed)
         if not poisoned or len(jobs) >= batch_size:
@@ -96,15 +97,18 @@ def _claim_once(
     params: dict[str, Any],
     priority: bool,
     ignore_start_after: bool,
+    policy: str,
 ) -> Op[tuple[list[Job], int]]:
     """One claim: the jobs it activated and how many poison jobs it failed."""
     poisoned = 0
     if aware:
         # Lock the keys first, in their own statement (see sql/fetch.py).
-        locked = yield Call(
-            fetch_sql.lock_keys(priority=priority, ignore_start_after=ignore_start_after),
-            {**params, "lock_schema": ctx.schema},
+        lock: Executable = (
+            fetch46_sql.lock_keys(policy=policy, ignore_start_after=ignore_start_after)
+            if ctx.version >= 46
+            else fetch_sql.lock_keys(priority=priority, ignore_start_after=ignore_start_after)
         )
+        locked = yield Call(lock, {**params, "lock_schema": ctx.schema})
         keys = list(locked.scalars().all())
         # A key too large for the unique index would make the claim statement
         # fail as a whole on activation: its jobs are failed instead, and the
@@ -113,14 +117,17 @@ def _claim_once(
         oversized = [k for k in keys if key_too_large(k)]
         if oversized:
             poisoned = yield from fail_unclaimable_keys(
-                ctx, name, oversized, params, priority, ignore_start_after
+                ctx, name, oversized, params, priority, ignore_start_after, policy
             )
             keys = [k for k in keys if not key_too_large(k)]
         params["keys"] = keys
         if not keys:
             return [], poisoned
+    # key_strict_fifo takes no key locks (pg-boss's claim skips held keys) and can
+    # still collide with a Node fetcher on job_i8: in a savepoint too.
+    risky = aware or policy == fetch46_sql.KEY_STRICT_FIFO
     try:
-        result = yield Call(stmt, params, savepoint=aware)
+        result = yield Call(stmt, params, savepoint=risky)
     except Conflict:
         # A client that takes no key locks (Node pg-boss) activated a job of the
         # same key first, or deadlocked with us: pg-boss answers with no jobs,
@@ -235,7 +242,8 @@ def complete_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[Se
     settled = settlement_items(name, items)
     if not settled:
         return Settled(0, [])
-    result = yield Call(settle_sql.complete_jobs(), _settle_params(name, settled))
+    stmt = settle46_sql.complete_jobs() if ctx.version >= 46 else settle_sql.complete_jobs()
+    result = yield Call(stmt, _settle_params(name, settled))
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
     return Settled(len(settled), affected)
@@ -320,7 +328,8 @@ def _by_ids(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settle
 
 
 def cancel(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(ctx, settle_sql.cancel_jobs(), name, ids))
+    stmt = settle46_sql.cancel_jobs() if ctx.version >= 46 else settle_sql.cancel_jobs()
+    return (yield from _by_ids(ctx, stmt, name, ids))
 
 
 def _requeue(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settled]:
@@ -332,44 +341,84 @@ def _requeue(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settl
     """
     validate_queue(name)
     id_list = opt.job_ids(ids)
-    affected: list[uuid.UUID] = []
+    rows: list[Any] = []
     try:
         result = yield Call(stmt, {"qname": name, "ids": id_list}, savepoint=True)
-        affected = list(result.scalars().all())
+        rows = list(result.all())
     except Conflict:
         for job in id_list:
             try:
                 result = yield Call(stmt, {"qname": name, "ids": [job]}, savepoint=True)
             except Conflict:
                 continue
-            affected.extend(result.scalars().all())
+            rows.extend(result.all())
+    affected = [row.id for row in rows]
     yield from _found_or_missing(ctx, name, affected)
+    if ctx.version >= 46:
+        # A resumed job leaves retained_count and stays in total_count (live).
+        yield from _reduce_retained(ctx, name, _retained(rows), 0)
     return Settled(len(id_list), affected)
 
 
+def _retained(rows: Sequence[Any]) -> int:
+    return sum(int(getattr(row, "retained", 0) or 0) for row in rows)
+
+
+def _reduce_retained(ctx: Context, name: str, retained: int, total: int) -> Op[None]:
+    """At 46: take jobs a resume or delete moved out of the completed and cancelled
+    set off the queue's ``retained_count`` and ``total_count`` at once, as pg-boss
+    does. Only when there are some, so settling live jobs never locks the queue
+    row; the caller's transaction then holds it until it ends, and the monitor
+    skips the queue for that pass (its claim skips locked rows)."""
+    if retained or total:
+        yield Call(
+            settle46_sql.reduce_retained(), {"qname": name, "retained": retained, "total": total}
+        )
+
+
 def resume(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _requeue(ctx, settle_sql.resume_jobs(), name, ids))
+    stmt = settle46_sql.resume_jobs() if ctx.version >= 46 else settle_sql.resume_jobs()
+    return (yield from _requeue(ctx, stmt, name, ids))
 
 
 def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _requeue(ctx, settle_sql.retry_jobs(), name, ids))
+    stmt = settle46_sql.retry_jobs() if ctx.version >= 46 else settle_sql.retry_jobs()
+    return (yield from _requeue(ctx, stmt, name, ids))
 
 
 def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    return (yield from _by_ids(ctx, settle_sql.delete_jobs(), name, ids))
+    if ctx.version < 46:
+        return (yield from _by_ids(ctx, settle_sql.delete_jobs(), name, ids))
+    validate_queue(name)
+    id_list = opt.job_ids(ids)
+    result = yield Call(settle46_sql.delete_jobs(), {"qname": name, "ids": id_list})
+    rows = result.all()
+    yield from _found_or_missing(ctx, name, rows)
+    # pg-boss's deleteJob takes the retained jobs it deleted off both counts.
+    retained = _retained(rows)
+    yield from _reduce_retained(ctx, name, retained, retained)
+    return Settled(len(id_list), [row.id for row in rows])
 
 
 def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
     yield from require_queue(ctx, name)
-    result = yield Call(settle_sql.delete_by_state(which), {"qname": name})
-    return int(getattr(result, "rowcount", 0))
+    if ctx.version < 46:
+        result = yield Call(settle_sql.delete_by_state(which), {"qname": name})
+        return int(getattr(result, "rowcount", 0))
+    result = yield Call(settle46_sql.delete_by_state(which), {"qname": name})
+    row = result.one()
+    # As pg-boss's bulk deletes: every deleted job leaves total_count.
+    yield from _reduce_retained(ctx, name, int(row.retained), int(row.deleted))
+    return int(row.deleted)
 
 
 def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
     validate_queue(name)
     # Through readable_columns: a row Python cannot represent comes back as an
     # UnreadableJob instead of failing the whole call.
-    stmt = reading_sql.readable(settle_sql.get_jobs())
+    stmt = (
+        fetch46_sql.get_jobs() if ctx.version >= 46 else reading_sql.readable(settle_sql.get_jobs())
+    )
     result = yield Call(stmt, {"qname": name, "ids": opt.job_ids(ids)})
     jobs = [read_job(r) for r in result.mappings().all()]
     yield from _found_or_missing(ctx, name, jobs)
@@ -386,7 +435,8 @@ def extend_leases(
         return []
     params = _settle_params(name, settled)
     del params["outputs"]
-    result = yield Call(settle_sql.extend_lease(), {**params, "extend_by": extend_by})
+    stmt = settle46_sql.extend_lease() if ctx.version >= 46 else settle_sql.extend_lease()
+    result = yield Call(stmt, {**params, "extend_by": extend_by})
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
     return affected

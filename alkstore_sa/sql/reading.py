@@ -24,6 +24,7 @@ from sqlalchemy import (
     ColumnElement,
     DateTime,
     Select,
+    Table,
     Text,
     case,
     cast,
@@ -45,7 +46,8 @@ _NAIVE_LOW = "'0001-01-01 00:00:00'"
 _NAIVE_HIGH = "'9999-12-31 23:59:59.999999'"
 
 TIMESTAMP_COLUMNS = tuple(c.name for c in JOB.c if isinstance(c.type, DateTime))
-JSON_COLUMNS = ("data", "output")
+JSON_COLUMNS = ("data", "output", "source_output", "trace_context")
+"""The jsonb job columns (the last two exist from schema 46 on)."""
 
 UNREADABLE = "unreadable"
 """Label of the column listing clamped timestamps as ``name=stored text;...`` (or NULL)."""
@@ -55,17 +57,20 @@ def _bound(text: str, aware: bool) -> ColumnElement[Any]:
     return cast(literal_column(text), DateTime(timezone=aware))
 
 
-def readable_columns(columns: Any) -> list[ColumnElement[Any]]:
+def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any]]:
     """The job columns of ``columns`` (a table's or a CTE's ``.c``), each labelled
-    with its own name, plus :data:`UNREADABLE`. See the module docstring."""
+    with its own name, plus :data:`UNREADABLE`. See the module docstring.
+
+    ``table`` says which columns a job has: the schema-26 job table by default,
+    :data:`alkstore_sa.sql.tables46.JOB` at 46."""
     out: list[ColumnElement[Any]] = []
     marks: list[ColumnElement[Any]] = []
-    for name in (c.name for c in JOB.c):
+    for name in (c.name for c in table.c):
         column = columns[name]
         if name in JSON_COLUMNS:
             out.append(cast(column, Text).label(name))
-        elif name in TIMESTAMP_COLUMNS:
-            aware = bool(getattr(JOB.c[name].type, "timezone", False))
+        elif isinstance(table.c[name].type, DateTime):
+            aware = bool(getattr(table.c[name].type, "timezone", False))
             low = _bound(_TZ_LOW if aware else _NAIVE_LOW, aware)
             high = _bound(_TZ_HIGH if aware else _NAIVE_HIGH, aware)
             too_high = column >= high if aware else column > high
@@ -79,10 +84,11 @@ def readable_columns(columns: Any) -> list[ColumnElement[Any]]:
     return out
 
 
-def readable(stmt: Select[Any]) -> Select[Any]:
-    """``stmt`` (selecting every job column) with its rows read as :func:`readable_columns`.
+def readable(stmt: Select[Any], table: Table = JOB) -> Select[Any]:
+    """``stmt`` (selecting every column of ``table``) with its rows read as
+    :func:`readable_columns`.
 
     For statements without an ORDER BY: the outer select does not keep an inner order.
     """
     inner = stmt.subquery("j")
-    return select(*readable_columns(inner.c))
+    return select(*readable_columns(inner.c, table))

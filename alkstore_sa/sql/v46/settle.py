@@ -1,0 +1,277 @@
+"""Statements that settle and move jobs by id at schema 46 (pg-boss 12.38's
+completeJobs, cancelJobs, resumeJobs, retryJobs, deleteJobsById).
+
+As at 26 (:mod:`alkstore_sa.sql.settle`), with what pg-boss 12.38 changed:
+
+* time is read through ``job_now()``;
+* complete writes only ``completed_on``, ``state`` and ``output`` (flow children
+  are released by Node's background resolver, not on the hot path);
+* resume and retry move ``start_after`` up to now when it has passed
+  (``GREATEST``), so wait-time statistics count from when the job could run
+  again; resume also clears ``upsert_by_key``, so a resumed job never collides in
+  ``job_i13`` with a newer job upserted by the same key;
+* resume and delete report ``retained``: how many of the jobs they moved out of
+  the completed and cancelled set the queue's ``retained_count`` had counted
+  (finished by its ``retained_on``), which :func:`reduce_retained` takes off.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    Integer,
+    Select,
+    Text,
+    Update,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    column,
+    delete,
+    func,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
+
+from ...models.enums import JobState
+from .._common import settle_input, state, state_text
+from ..tables46 import JOB, QUEUE
+from . import job_now
+
+
+def _ids() -> Any:
+    return func.any(bindparam("ids", type_=ARRAY(Uuid())))
+
+
+def _qname() -> Any:
+    return bindparam("qname", type_=Text)
+
+
+@functools.cache
+def complete_jobs() -> Update:
+    """``active`` -> ``completed`` with each job's output; returns the ids changed.
+
+    Inputs as :func:`alkstore_sa.sql._common.settle_input`: a fenced item applies
+    only to the attempt that started at its fence (``started_on``).
+    """
+    src = settle_input()
+    return (
+        JOB.update()
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == src.c.id,
+            JOB.c.state == state_text(JobState.ACTIVE),
+            or_(src.c.fence.is_(None), JOB.c.started_on == src.c.fence),
+        )
+        .values(
+            completed_on=job_now(),
+            state=state(JobState.COMPLETED),
+            output=func.cast(src.c.output, JSONB),
+        )
+        .returning(JOB.c.id)
+    )
+
+
+@functools.cache
+def cancel_jobs() -> Update:
+    """Not finished -> ``cancelled``; returns the ids changed."""
+    return (
+        JOB.update()
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == _ids(),
+            JOB.c.state < state_text(JobState.COMPLETED),
+        )
+        .values(completed_on=job_now(), state=state(JobState.CANCELLED))
+        .returning(JOB.c.id)
+    )
+
+
+def _retained_on() -> Any:
+    return select(QUEUE.c.retained_on).where(QUEUE.c.name == _qname()).scalar_subquery()
+
+
+def _was_retained(state_col: Any, completed_on: Any) -> Any:
+    """Was a job (as it was before the statement) counted in ``retained_count``?
+
+    The queue counts the completed and cancelled jobs that finished by its
+    ``retained_on``; a NULL ``retained_on`` (never counted) counts none.
+    """
+    return and_(
+        state_col.in_([state_text(JobState.COMPLETED), state_text(JobState.CANCELLED)]),
+        completed_on <= _retained_on(),
+    )
+
+
+def _with_retained(changed: CTE) -> Select[Any]:
+    """One row per job ``changed`` names, ``(id, retained)``; or none."""
+    return select(
+        changed.c.id,
+        case((_was_retained(changed.c.old_state, changed.c.old_completed_on), 1), else_=0).label(
+            "retained"
+        ),
+    )
+
+
+@functools.cache
+def resume_jobs() -> Select[Any]:
+    """``cancelled`` -> ``created``, ``start_after`` up to now if it has passed,
+    ``upsert_by_key`` cleared; one row ``(id, retained)`` per job resumed."""
+    before = (
+        select(JOB.c.id, JOB.c.completed_on)
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == _ids(),
+            JOB.c.state == state_text(JobState.CANCELLED),
+        )
+        .cte("resumable")
+    )
+    changed = (
+        JOB.update()
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == before.c.id,
+            # Re-checked on the locked row: another session may have moved it.
+            JOB.c.state == state_text(JobState.CANCELLED),
+        )
+        .values(
+            completed_on=None,
+            state=state(JobState.CREATED),
+            upsert_by_key=None,
+            start_after=func.greatest(JOB.c.start_after, job_now()),
+        )
+        .returning(
+            JOB.c.id,
+            state_text(JobState.CANCELLED).label("old_state"),
+            before.c.completed_on.label("old_completed_on"),
+        )
+        .cte("changed")
+    )
+    return _with_retained(changed)
+
+
+@functools.cache
+def retry_jobs() -> Update:
+    """``failed`` -> ``retry`` with one more attempt allowed, ``completed_on``
+    cleared (so retention cannot delete it while it waits) and ``start_after`` up
+    to now if it has passed; returns the ids changed."""
+    return (
+        JOB.update()
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == _ids(),
+            JOB.c.state == state_text(JobState.FAILED),
+        )
+        .values(
+            state=state(JobState.RETRY),
+            retry_limit=JOB.c.retry_limit + 1,
+            completed_on=None,
+            start_after=func.greatest(JOB.c.start_after, job_now()),
+        )
+        .returning(JOB.c.id)
+    )
+
+
+@functools.cache
+def delete_jobs() -> Select[Any]:
+    """Delete jobs by id, whatever their state; one row ``(id, retained)`` per job."""
+    changed = (
+        delete(JOB)
+        .where(JOB.c.name == _qname(), JOB.c.id == _ids())
+        .returning(
+            JOB.c.id,
+            JOB.c.state.label("old_state"),
+            JOB.c.completed_on.label("old_completed_on"),
+        )
+        .cte("changed")
+    )
+    return _with_retained(changed)
+
+
+@functools.cache
+def delete_by_state(which: str) -> Select[Any]:
+    """Delete a queue's ``queued`` (created/retry), ``stored`` (finished) or ``all``
+    jobs; one row ``(deleted, retained)``."""
+    cond = [JOB.c.name == _qname()]
+    if which == "queued":
+        cond.append(JOB.c.state < state_text(JobState.ACTIVE))
+    elif which == "stored":
+        cond.append(JOB.c.state > state_text(JobState.ACTIVE))
+    elif which != "all":
+        raise ValueError(which)
+    changed = (
+        delete(JOB)
+        .where(*cond)
+        .returning(JOB.c.state.label("old_state"), JOB.c.completed_on.label("old_completed_on"))
+        .cte("changed")
+    )
+    counts: list[Any] = [
+        func.count().label("deleted"),
+        func.count()
+        .filter(_was_retained(changed.c.old_state, changed.c.old_completed_on))
+        .label("retained"),
+    ]
+    return select(*counts).select_from(changed)
+
+
+@functools.cache
+def reduce_retained() -> Update:
+    """Take ``:retained`` off queue ``:qname``'s ``retained_count`` (while it has
+    one) and ``:total`` off its ``total_count``, never below zero.
+
+    Jobs a resume or delete moved out of the completed and cancelled set, so the
+    counts do not wait for the next maintenance pass (as pg-boss does after
+    ``deleteJob`` and ``resume``).
+    """
+    retained = bindparam("retained", type_=Integer)
+    total = bindparam("total", type_=Integer)
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == _qname())
+        .values(
+            retained_count=case(
+                (QUEUE.c.retained_count.is_(None), None),
+                else_=func.greatest(QUEUE.c.retained_count - retained, 0),
+            ),
+            total_count=func.greatest(QUEUE.c.total_count - total, 0),
+        )
+    )
+
+
+@functools.cache
+def extend_lease() -> Update:
+    """Push an active job's expiry out to ``now + :extend_by`` seconds, and stamp
+    its heartbeat (``heartbeat_on``), fenced on ``started_on``.
+
+    At 46 Node's monitor also fails an active job whose ``heartbeat_on`` is older
+    than its ``heartbeat_seconds``: a worker extending its lease is alive, so
+    this is its heartbeat too (pg-boss's touch).
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
+        )
+        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
+        .render_derived()
+    )
+    elapsed = func.ceil(func.extract("epoch", job_now() - JOB.c.started_on))
+    return (
+        JOB.update()
+        .where(
+            JOB.c.name == _qname(),
+            JOB.c.id == src.c.id,
+            JOB.c.state == state_text(JobState.ACTIVE),
+            JOB.c.started_on == src.c.fence,
+        )
+        .values(
+            expire_seconds=func.cast(elapsed, Integer) + bindparam("extend_by", type_=Integer),
+            heartbeat_on=job_now(),
+        )
+        .returning(JOB.c.id)
+    )
