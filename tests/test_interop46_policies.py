@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from support.interop46 import schema46_by, speak46, sql
+from support.interop46 import schema46_by, sql
 from support.node import NodeBoss46, NodeError, in_tx, node46, node46_modules, node_url
 
 from alkstore_sa.errors import AlkstoreError
 from alkstore_sa.names import partition_table_name
 
-__all__ = ["node46", "node46_modules", "node_url", "schema46_by", "speak46"]  # fixtures
+__all__ = ["node46", "node46_modules", "node_url", "schema46_by"]  # fixtures
 
 pytestmark = pytest.mark.interop
 

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
-from support.interop46 import speak46, sql, states, version_of, wait_until
+from support.interop46 import sql, states, version_of, wait_until
 from support.node import in_tx, node46, node46_modules, node_url
 from support.schemas import drop_schema, random_schema
 
 from alkstore_sa import Job, migrate, names
 from alkstore_sa.worker import AsyncWorker, Worker
 
-__all__ = ["node46", "node46_modules", "node_url", "speak46"]  # fixtures used below
+__all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
 
 pytestmark = pytest.mark.interop
 
@@ -173,7 +173,7 @@ def test_python_workers_on_26_switch_to_46_under_a_live_upgrade_and_lose_no_job(
     database_url: str,
     schema26: str,
     node46: Any,
-    speak46: None,
+    spoken46: None,
     caplog: pytest.LogCaptureFixture,
     upgrader: str,
 ) -> None:
@@ -203,7 +203,9 @@ def test_python_workers_on_26_switch_to_46_under_a_live_upgrade_and_lose_no_job(
         assert noticed <= names.SCHEMA_RECHECK_SECONDS + 3, noticed
         if boss is not None:  # Node sends too, once the schema is its own
             for name in QUEUES:
-                ids = boss.call("insert", name, [{"data": {"node": i}} for i in range(10)])
+                ids = boss.call(
+                    "insert", name, [{"data": {"node": i}} for i in range(10)], {"returnId": True}
+                )
                 with flow.lock:
                     flow.sent += ids
         time.sleep(AFTER)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from support.interop46 import schema46_by, speak46, sql, states, wait_until
+from support.interop46 import schema46_by, sql, states, wait_until
 from support.node import (
     PY_APP,
     NodeBoss46,
@@ -38,7 +38,7 @@ from alkstore_sa.names import SEND_IT_QUEUE
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import Worker
 
-__all__ = ["node46", "node46_modules", "node_url", "py_engine", "schema46_by", "speak46"]
+__all__ = ["node46", "node46_modules", "node_url", "py_engine", "schema46_by"]
 
 pytestmark = pytest.mark.interop
 

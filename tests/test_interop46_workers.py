@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from support.interop46 import (
     make_schema46,
     schema46_by,
-    speak46,
     sql,
     states,
     wait_until,
@@ -35,7 +34,7 @@ from alkstore_sa import Job
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import AsyncWorker, Worker
 
-__all__ = ["node46", "node46_modules", "node_url", "schema46_by", "speak46"]  # fixtures
+__all__ = ["node46", "node46_modules", "node_url", "schema46_by"]  # fixtures
 
 pytestmark = pytest.mark.interop
 
@@ -298,7 +297,9 @@ HEARTBEAT = 10  # pg-boss's smallest heartbeatSeconds
 
 
 @pytest.fixture
-def node_made_schema(engine: Engine, database_url: str, speak46: None, node46_modules: None) -> Any:
+def node_made_schema(
+    engine: Engine, database_url: str, spoken46: None, node46_modules: None
+) -> Any:
     name = make_schema46(engine, database_url, "node")
     yield name
     drop_schema(engine, name)
