@@ -284,3 +284,11 @@ def test_advisory_keys_are_computed_as_node_computes_them(
     with engine.connect() as conn:
         ours = conn.execute(stmt, {"k": schema46 + key}).scalar_one()
     assert ours == node_key(current_db(engine), schema46, key)
+
+
+def test_a_schedule_at_46_names_its_kind_zone_key_and_missed_policy(env46: Any) -> None:
+    env46.tx(lambda s: s.create_queue("q"))
+    env46.tx(lambda s: s.schedule("q", "*/5 * * * *", {"a": 1}, missed="once"))
+    (row,) = env46.sql("SELECT kind, timezone, key, options FROM {s}.schedule")
+    assert (row.kind, row.timezone, row.key) == ("cron", "UTC", "")
+    assert row.options["missed"] == "once"
