@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from . import names
+from .errors import SchemaVersionError
 from .names import DEFAULT_SCHEMA, validate_schema
 from .ops import Call, Context, Op, PolicyCache, check_schema
 
@@ -161,3 +162,81 @@ def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
         return ensure_version(ctx, state)
     ctx.version = cached
     return None
+
+
+MIGRATION_WAIT = 0.5
+"""Seconds between looks at a schema seen mid-migration."""
+
+MIGRATION_GRACE = 60.0
+"""How long a version between two known ones is taken for a migration under way
+before it is reported as a schema this release cannot use."""
+
+
+class Refusals:
+    """What a worker or supervisor says, and how long it waits, when the installed
+    version is refused: each version said once; a migration under way waited out.
+
+    Our migrations commit version by version, so a runtime that spoke 26 sees 27
+    to 45 for a few seconds on the way to 46 (Node pg-boss migrates in one
+    transaction, so there the new version appears at once): such a version is
+    logged at INFO and looked at again every :data:`MIGRATION_WAIT` seconds for up
+    to :data:`MIGRATION_GRACE`; anything else is logged at ERROR and looked at
+    again every :data:`~alkstore_sa.names.SCHEMA_RECHECK_SECONDS`.
+    """
+
+    def __init__(self, logger: logging.Logger, who: str, stops: str, **extra: Any) -> None:
+        self._log = logger
+        self._who = who
+        self._stops = stops
+        self._extra = extra
+        self._said: set[tuple[int | None, bool]] = set()
+        self._since: dict[int | None, float] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, error: SchemaVersionError, state: _EngineState, schema: str) -> float:
+        """Note one refusal; the seconds to wait before looking again."""
+        found, before = error.found, state.known(schema)
+        now = time.monotonic()
+        with self._lock:
+            since = self._since.setdefault(found, now)
+            migrating = (
+                before is not None
+                and found is not None
+                and before < found < names.NEWEST_KNOWN_SCHEMA_VERSION
+                and now - since < MIGRATION_GRACE
+            )
+            first = (found, migrating) not in self._said
+            self._said.add((found, migrating))
+        if first and migrating:
+            self._log.info(
+                "%s waits: schema %r is being migrated (now at version %s)",
+                self._who,
+                schema,
+                found,
+                extra={
+                    "action": "schema_migrating",
+                    "schema": schema,
+                    "found": found,
+                    **self._extra,
+                },
+            )
+        elif first:
+            self._log.error(
+                "%s %s: %s",
+                self._who,
+                self._stops,
+                error,
+                extra={
+                    "action": "schema_version_refused",
+                    "schema": schema,
+                    "found": found,
+                    **self._extra,
+                },
+            )
+        return MIGRATION_WAIT if migrating else names.SCHEMA_RECHECK_SECONDS
+
+    def clear(self) -> None:
+        """The schema is usable again: a later refusal is said again."""
+        with self._lock:
+            self._said.clear()
+            self._since.clear()

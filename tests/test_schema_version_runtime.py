@@ -5,15 +5,20 @@ services). docs/concepts/compatibility.md."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from conftest import Env, drop_schema, new_schema_name
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.orm import Session
+from support.worker import Harness, wait_for
 
 from alkstore_sa import QueueService, SchemaVersionError, migrate, names
 from alkstore_sa._engine_cache import engine_state
+from alkstore_sa.errors import SchemaVersionChangedError
 from alkstore_sa.sql import tables46
 
 
@@ -167,3 +172,137 @@ def test_a_version_change_is_logged_once_with_from_and_to(
     assert len(changes) == 1
     assert (changes[0].__dict__["from"], changes[0].__dict__["to"]) == (26, 46)
     assert changes[0].__dict__["schema"] == schema
+
+
+# --------------------------------------------------------------------- live upgrades
+
+
+def send_jobs(database_url: str, schema: str, queue: str, n: int, **options: Any) -> list[Any]:
+    """Send ``n`` jobs through an engine of their own, so that only the worker's engine
+    has seen the schema's versions (the change is logged once per engine)."""
+    sender = create_engine(database_url)
+    try:
+        with Session(sender) as session, session.begin():
+            service = QueueService(session, schema=schema)
+            return [service.send(queue, {"i": i}, **options) for i in range(n)]
+    finally:
+        sender.dispose()
+
+
+def version_changes(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int]]:
+    return [
+        (r.__dict__["from"], r.__dict__["to"])
+        for r in caplog.records
+        if r.__dict__.get("action") == "schema_version_changed"
+    ]
+
+
+def test_a_worker_on_26_switches_to_46_when_the_schema_is_migrated_under_it(
+    harness: Harness,
+    database_url: str,
+    spoken46: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 0.5)
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q"))
+    before = send_jobs(database_url, h.schema, "q", 20)
+    done: list[Any] = []
+    worker = h.worker(handlers={"q": h.handler(lambda job: done.append(job.id))})
+    worker = h.start(worker)
+    with caplog.at_level("INFO", logger="alkstore_sa"):
+        migrate.upgrade(h.engine, h.schema, schema_version=46)
+        after = send_jobs(database_url, h.schema, "q", 20)
+        wait_for(lambda: len(done) >= 40, timeout=30)
+        wait_for(lambda: worker._ctx.version == 46, timeout=5)
+        time.sleep(0.3)  # a double completion would show now
+        h.stop(worker)
+    assert sorted(map(str, done)) == sorted(map(str, before + after))  # each exactly once
+    states = h.sql("SELECT state::text, count(*) FROM {s}.job GROUP BY 1")
+    assert states == [("completed", 40)]
+    assert version_changes(caplog) == [(26, 46)]
+    assert worker.stats()["q"].completed == 40
+
+
+def test_a_worker_stops_fetching_when_the_schema_moves_to_a_version_not_spoken(
+    harness: Harness,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 0.5)
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q"))
+    done: list[Any] = []
+    worker = h.start(h.worker(handlers={"q": h.handler(lambda job: done.append(job.id))}))
+    first = send_jobs(database_url, h.schema, "q", 1)
+    wait_for(lambda: len(done) == 1)
+    # Queued before the move, due shortly after it: they must stay queued.
+    waiting = send_jobs(database_url, h.schema, "q", 5, start_after=2)
+
+    def refused() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.__dict__.get("action") == "schema_version_refused"]
+
+    with caplog.at_level("INFO", logger="alkstore_sa"):
+        migrate.upgrade(h.engine, h.schema, schema_version=46)
+        wait_for(refused, timeout=10)
+        time.sleep(3.5)  # past start_after, several rechecks
+        took = h.stop(worker, 10)
+    assert done == first
+    assert len(refused()) == 1
+    assert refused()[0].levelname == "ERROR"
+    assert "version 46" in refused()[0].getMessage()
+    assert not [r for r in caplog.records if r.__dict__.get("action") == "fetch_error"]
+    assert took < 10
+    ids = ", ".join(f"'{i}'" for i in waiting)
+    assert h.sql(f"SELECT state::text, count(*) FROM {{s}}.job WHERE id IN ({ids}) GROUP BY 1") == [
+        ("created", 5)
+    ]
+    assert worker.stats()["q"].fetched == 1
+
+
+def test_a_worker_switches_at_once_when_a_statement_fails_on_a_changed_schema(
+    harness: Harness,
+    database_url: str,
+    spoken46: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No timer here: only the failing statement can tell the worker. The schema
+    # goes back from 46 to 26, so the statements of 46 name columns that are gone.
+    monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 3600.0)
+    h = harness
+    migrate.upgrade(h.engine, h.schema, schema_version=46)
+    h.service_tx(lambda q: q.create_queue("q"))
+    done: list[Any] = []
+    worker = h.start(h.worker(handlers={"q": h.handler(lambda job: done.append(job.id))}))
+    first = send_jobs(database_url, h.schema, "q", 3)
+    wait_for(lambda: len(done) == 3)
+    assert worker._ctx.version == 46
+    with caplog.at_level("INFO", logger="alkstore_sa"):
+        migrate.downgrade(h.engine, h.schema, schema_version=26)
+        later = send_jobs(database_url, h.schema, "q", 3)
+        wait_for(lambda: len(done) == 6, timeout=20)
+        h.stop(worker)
+    assert sorted(map(str, done)) == sorted(map(str, first + later))
+    assert worker._ctx.version == 26
+    assert version_changes(caplog) == [(46, 26)]
+
+
+def test_a_service_raises_once_when_the_schema_changed_under_its_transaction(
+    env46: Env, spoken46: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 3600.0)
+    env46.tx(lambda q: q.create_queue("q"))
+    job_id = env46.tx(lambda q: q.send("q", {"n": 1}))
+    assert env46.tx(lambda q: q.get_job("q", job_id)) is not None  # 46 read and cached
+    migrate.downgrade(env46.engine, env46.schema, schema_version=26)
+    service = env46.service()
+    with pytest.raises(SchemaVersionChangedError) as moved:
+        service.fetch("q", 1)
+    env46.rollback()
+    assert (moved.value.before, moved.value.after) == (46, 26)
+    assert "retry" in str(moved.value) and "\n" not in str(moved.value)
+    jobs = env46.tx(lambda q: q.fetch("q", 1))  # the next transaction speaks 26
+    assert [j.id for j in jobs] == [job_id]

@@ -40,9 +40,15 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .._engine_cache import engine_state, ensure_version, execution_options, version_due
+from .._engine_cache import (
+    Refusals,
+    engine_state,
+    ensure_version,
+    execution_options,
+    version_due,
+)
 from ..clock import Clock, SystemClock
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, validate_schema
 from ..ops import Context, Op, driver
 from ..ops._core import may_be_schema_change
@@ -95,6 +101,7 @@ class _Core:
         self._ctx = Context(schema=schema, notify=notify, policies=self._state.policies)
         self._options = execution_options(schema)
         self._next: dict[str, dt.datetime] = {}
+        self._refusals = Refusals(logger, "supervisor", "paused")
         self.skew_seconds: float | None = None
         """Database clock minus local clock, as last measured (``None`` before)."""
 
@@ -179,8 +186,13 @@ class _Core:
         while not stop.is_set():
             try:
                 yield Call(self.run_once)  # a whole pass, under the supervisor's lock
+            except SchemaVersionError as exc:
+                # Nothing of the pass ran; said once per version, then looked at again.
+                yield Wait(stop, self._refusals.refused(exc, self._state, self.schema))
+                continue
             except Exception:
                 logger.exception("supervision pass failed", extra={"action": "supervise_error"})
+            self._refusals.clear()
             yield Wait(stop, self._sleep_time())
 
     def _unit(self, step: Any) -> Op[Any]:

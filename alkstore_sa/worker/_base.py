@@ -20,8 +20,13 @@ from typing import Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
-from .. import names, ops
-from .._engine_cache import execution_options, make_context, version_due
+from .. import ops
+from .._engine_cache import (
+    Refusals,
+    execution_options,
+    make_context,
+    version_due,
+)
 from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops._core import may_be_schema_change
@@ -178,7 +183,8 @@ class WorkerBase(Registry, Generic[B]):
         self._listener: Listener | None = None
         self._subscription: Subscription | None = None
         self._queues: dict[str, QueueState] = {}
-        self._refusal: tuple[int | None] | None = None  # the version refused, said once
+        self._refusals = Refusals(log, f"worker {self.name}", "stopped fetching", worker=self.name)
+        self._refused_versions: set[int | None] = set()  # reported to on_error once each
         self._stopping = self._event()
         self._stop_requested = self._event()
         self._force = self._event()
@@ -356,10 +362,9 @@ class WorkerBase(Registry, Generic[B]):
                 )
             except SchemaVersionError as exc:
                 # The schema is (now) at a version this release does not speak:
-                # claim nothing, say so once, and look again every recheck period
-                # (no crash loop; queued jobs stay for a client that speaks it).
-                self._refused(exc)
-                yield Wait(self._stopping, names.SCHEMA_RECHECK_SECONDS)
+                # claim nothing and look again later (no crash loop; queued jobs
+                # stay for a client that speaks it).
+                yield Wait(self._stopping, self._refused(exc))
                 continue
             except Exception as exc:
                 delay = backoff.next()
@@ -367,7 +372,7 @@ class WorkerBase(Registry, Generic[B]):
                 yield Wait(self._stopping, delay)
                 continue
             backoff.reset()
-            self._refusal = None
+            self._refusals.clear()
             state.claimed(len(jobs), want)
             for job in jobs:
                 self._start_job(state, self._begin(spec, job, fetched_at))
@@ -459,8 +464,11 @@ class WorkerBase(Registry, Generic[B]):
                     yield from self._flushing(batch)
                     backoff.reset()
                 except Exception as exc:
-                    delay = backoff.next()
-                    self._loop_error("settle", None, exc, delay)
+                    if isinstance(exc, SchemaVersionError):
+                        delay = self._refused(exc)  # kept, and written once it is spoken
+                    else:
+                        delay = backoff.next()
+                        self._loop_error("settle", None, exc, delay)
                     if (yield Wait(self._give_up, delay)):
                         log.error(
                             "gave up settling %d job(s) at shutdown; they stay active until "
@@ -694,23 +702,12 @@ class WorkerBase(Registry, Generic[B]):
         except Exception:
             log.exception("on_error callback failed", extra={"action": "on_error_failed"})
 
-    def _refused(self, exc: SchemaVersionError) -> None:
-        with self._book:
-            if self._refusal == (exc.found,):
-                return
-            self._refusal = (exc.found,)
-        log.error(
-            "worker %s stopped fetching: %s",
-            self.name,
-            exc,
-            extra={
-                "action": "schema_version_refused",
-                "worker": self.name,
-                "schema": self.schema,
-                "found": exc.found,
-            },
-        )
-        self._report(exc, None)
+    def _refused(self, exc: SchemaVersionError) -> float:
+        """The installed version was refused: said once; the seconds to wait."""
+        if exc.found not in self._refused_versions:
+            self._refused_versions.add(exc.found)
+            self._report(exc, None)
+        return self._refusals.refused(exc, self._engine_state, self.schema)
 
     def _loop_error(self, where: str, queue: str | None, exc: BaseException, delay: float) -> None:
         log.warning(
