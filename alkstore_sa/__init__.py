@@ -16,6 +16,7 @@ from .errors import (
     QueueExistsError,
     QueueNotFoundError,
     SchemaNotInstalledError,
+    SchemaVersionChangedError,
     SchemaVersionError,
 )
 from .models.enums import JobState, QueuePolicy
@@ -67,6 +68,7 @@ __all__ = [
     "QueueWarning",
     "ScheduleInfo",
     "SchemaNotInstalledError",
+    "SchemaVersionChangedError",
     "SchemaVersionError",
     "SendOptions",
     "Settled",

@@ -306,3 +306,36 @@ def test_a_service_raises_once_when_the_schema_changed_under_its_transaction(
     assert "retry" in str(moved.value) and "\n" not in str(moved.value)
     jobs = env46.tx(lambda q: q.fetch("q", 1))  # the next transaction speaks 26
     assert [j.id for j in jobs] == [job_id]
+
+
+def test_the_statements_of_26_still_succeed_on_a_schema_migrated_to_46(
+    engine: Engine, spoken46: None, schema_at: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a process that last read 26 does until its next reading: pg-boss 12.38's
+    # migration only adds, so nothing of 26 fails (docs/concepts/compatibility.md).
+    monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 3600.0)
+    schema = schema_at(26)  # type: ignore[operator]
+    queues_of(engine, schema)
+    migrate.upgrade(engine, schema, schema_version=46)
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        q.create_queue("dlq")
+        q.create_queue("q", dead_letter="dlq", retry_limit=0)
+        q.create_queue("p", partition=True, policy="singleton")
+        q.update_queue("q", retry_delay=1)
+        ids = [q.send("q", {"n": n}) for n in range(3)]
+        assert q.send("p", {"n": 1}, singleton_key="k") is not None
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        first, second, third = q.fetch("q", 3)
+        assert q.complete_many("q", [first]).affected == [first.id]
+        assert q.fail("q", second, "boom").states == {second.id: "failed"}
+        q.cancel("q", [third.id])
+        q.schedule("q", "* * * * *")
+        q.subscribe("event", "q")
+        assert len(q.publish("event", {"e": 1})) == 1
+        assert q.get_queue_stats("q").total_count >= 3
+        assert {j.id for j in q.list_jobs("q")} >= set(ids)
+        q.supervise()
+        assert q.delete_queue("p")
+        assert q._ctx.version == 26  # all of it spoken as 26
