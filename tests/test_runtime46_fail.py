@@ -640,3 +640,25 @@ def test_node_1238s_backoff_falls_in_the_range_of_the_formula_we_use(
         shortest = (start_after - after).total_seconds()
         assert pgboss_backoff(attempt, 10, None, 0.0) <= longest, attempt
         assert shortest < pgboss_backoff(attempt, 10, None, 1.0), attempt
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_a_job_fetched_at_46_and_failed_by_its_job_runs_its_retries_then_is_dead_lettered(
+    env46: Any,
+) -> None:
+    env46.tx(lambda q: q.create_queue("dlq"))
+    env46.tx(lambda q: q.create_queue("q", retry_limit=2, dead_letter="dlq"))
+    job_id = env46.tx(lambda q: q.send("q", {"n": 1}, retry_delay=0))
+    attempts = []
+    while jobs := env46.tx(lambda q: q.fetch("q")):
+        [job] = jobs
+        attempts.append(job.retry_count)
+        result = env46.tx(lambda q, j=job: q.fail("q", j, f"attempt {j.retry_count}"))
+        assert result.affected == [job_id]
+    assert attempts == [0, 1, 2]
+    row = row_of(env46, job_id)
+    assert (row.state, row.output) == ("failed", {"value": "attempt 2"})
+    [copy] = rows_of(env46, "dlq")
+    assert (copy.source_id, copy.source_retry_count, copy.data) == (job_id, 2, {"n": 1})
