@@ -43,7 +43,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 
 from ...models.enums import JobState
 from .._common import advisory_key, state, state_text
@@ -155,7 +155,7 @@ def _heads(*, ignore_start_after: bool) -> Any:
         conditions.append(h.c.start_after <= job_now())
     return (
         select(h.c.id)
-        .distinct(h.c.singleton_key)
+        .ext(distinct_on(h.c.singleton_key))
         .where(*conditions)
         .order_by(h.c.singleton_key, h.c.state.desc(), h.c.created_on, h.c.id)
         .cte("strict_fifo_heads")
