@@ -150,12 +150,9 @@ def test_python_worker_finds_node_jobs_and_node_worker_finds_python_jobs(
     worker = Worker(engine, schema=schema, poll_interval=POLL, supervise=False, concurrency=4)
     worker.register("to-python", handle, batch_size=4)
     worker.start()
-    boss.call(
-        "work",
-        "to-node",
-        {"pollingIntervalSeconds": 0.5, "batchSize": 4},
-        {"output": {"by": "node"}},
-    )
+    # Batches of one: Node keeps a handler's result as the output only for a batch of one.
+    options = {"pollingIntervalSeconds": 0.5, "localConcurrency": 4}
+    boss.call("work", "to-node", options, {"output": {"by": "node"}})
     try:
         boss.call("insert", "to-python", [{"data": {"n": n}} for n in range(10)])
         ids = [boss.call("send", "to-python", {"n": n}) for n in range(10, 20)]
