@@ -196,9 +196,10 @@ def test_python_workers_on_26_switch_to_46_under_a_live_upgrade_and_lose_no_job(
         moved_at = time.time()
         assert version_of(engine, schema) == 46
 
-        assert wait_until(
+        every_engine = wait_until(
             lambda: len(switched(caplog, schema)) >= 3, timeout=names.SCHEMA_RECHECK_SECONDS + 5
         )
+        assert every_engine, [r.getMessage() for r in switched(caplog, schema)]
         noticed = max(r.created for r in switched(caplog, schema)) - moved_at
         assert noticed <= names.SCHEMA_RECHECK_SECONDS + 3, noticed
         if boss is not None:  # Node sends too, once the schema is its own
