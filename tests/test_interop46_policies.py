@@ -212,5 +212,5 @@ def test_partitions_made_by_either_side_have_the_same_indexes_for_every_policy(
         assert indexes(f"py-{policy}") == indexes(f"js-{policy}")
     queues = {q["name"]: q for q in boss.call("getQueues")}
     for policy in SCRIPTS:
-        ours = in_tx(engine, schema46_by, lambda q, p=policy: q.get_queue(f"js-{p}"))
+        ours = in_tx(engine, schema46_by, lambda q, p=policy: q.get_queue(f"js-{p}"))  # type: ignore[misc]
         assert str(ours.policy) == queues[f"py-{policy}"]["policy"] == policy

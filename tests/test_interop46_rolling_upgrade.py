@@ -114,7 +114,7 @@ class Flow:
                     ids = in_tx(
                         self.engine,
                         self.schema,
-                        lambda q, name=name, n=n: q.send_many(
+                        lambda q, name=name, n=n: q.send_many(  # type: ignore[misc]
                             name, [{"data": {"n": n, "i": i}} for i in range(3)]
                         ),
                     )
@@ -227,7 +227,7 @@ def test_python_workers_on_26_switch_to_46_under_a_live_upgrade_and_lose_no_job(
     # One log line per engine that ran statements (the sender's and the two workers').
     changes = switched(caplog, schema)
     assert len(changes) == 3, [r.getMessage() for r in changes]
-    assert {(getattr(r, "from"), r.to) for r in changes} == {(26, 46)}
+    assert {(r.__dict__["from"], r.__dict__["to"]) for r in changes} == {(26, 46)}
     # Claims after the switch are 46 claims: they stamp heartbeat_on.
     for name in QUEUES:
         [(beats,)] = sql(

@@ -205,7 +205,7 @@ def test_node_and_python_supervisors_share_every_duty_under_load(
     kept = [in_tx(engine, schema, lambda q: q.send("keep", {"by": "py"})) for _ in range(2)]
     kept += [boss.call("send", "keep", {"by": "node"}) for _ in range(2)]
     for job in in_tx(engine, schema, lambda q: q.fetch("keep", 4)):
-        in_tx(engine, schema, lambda q, j=job: q.complete("keep", j.id))
+        in_tx(engine, schema, lambda q, j=job: q.complete("keep", j.id))  # type: ignore[misc]
 
     supervisor.start()
     worker.start()

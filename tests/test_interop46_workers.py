@@ -49,7 +49,7 @@ def create_notify_queue(engine: Engine, schema: str, boss: Any, creator: str) ->
     if creator == "node":
         boss.call("createQueue", "mail", {"notify": True})
     else:
-        in_tx(engine, schema, lambda q: q.create_queue("mail", notify=True))
+        in_tx(engine, schema, lambda q: q.create_queue("mail", notify=True))  # type: ignore[call-arg]  # notify: a queue option at 46
     [(notify,)] = sql(engine, schema, "SELECT notify FROM {s}.queue WHERE name = 'mail'")
     assert notify is True
 
@@ -70,7 +70,7 @@ def test_python_send_wakes_an_idle_node_worker_on_a_notify_queue(
     delays = []
     for n in range(3):
         sent_at = time.monotonic()
-        job_id = in_tx(engine, schema, lambda q, n=n: q.send("mail", {"n": n}))
+        job_id = in_tx(engine, schema, lambda q, n=n: q.send("mail", {"n": n}))  # type: ignore[misc]
         assert boss.wait_for(
             lambda i=job_id: any(e["id"] == str(i) for e in boss.events_of("job")), 5
         )
