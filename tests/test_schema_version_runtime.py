@@ -235,14 +235,22 @@ def test_a_worker_stops_fetching_when_the_schema_moves_to_a_version_not_spoken(
     h = harness
     h.service_tx(lambda q: q.create_queue("q"))
     done: list[Any] = []
-    worker = h.start(h.worker(handlers={"q": h.handler(lambda job: done.append(job.id))}))
+    name = f"w-{h.schema}"  # other tests' leftovers may log too: this worker's records only
+    worker = h.start(
+        h.worker(name=name, handlers={"q": h.handler(lambda job: done.append(job.id))})
+    )
     first = send_jobs(database_url, h.schema, "q", 1)
     wait_for(lambda: len(done) == 1)
     # Queued before the move, due shortly after it: they must stay queued.
     waiting = send_jobs(database_url, h.schema, "q", 5, start_after=2)
 
     def refused() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.__dict__.get("action") == "schema_version_refused"]
+        return [
+            r
+            for r in caplog.records
+            if r.__dict__.get("action") == "schema_version_refused"
+            and r.__dict__.get("worker") == name
+        ]
 
     with caplog.at_level("INFO", logger="alkstore_sa"):
         migrate.upgrade(h.engine, h.schema, schema_version=46)
@@ -253,7 +261,11 @@ def test_a_worker_stops_fetching_when_the_schema_moves_to_a_version_not_spoken(
     assert len(refused()) == 1
     assert refused()[0].levelname == "ERROR"
     assert "version 46" in refused()[0].getMessage()
-    assert not [r for r in caplog.records if r.__dict__.get("action") == "fetch_error"]
+    assert not [
+        r
+        for r in caplog.records
+        if r.__dict__.get("action") == "fetch_error" and r.__dict__.get("worker") == name
+    ]
     assert took < 10
     ids = ", ".join(f"'{i}'" for i in waiting)
     assert h.sql(f"SELECT state::text, count(*) FROM {{s}}.job WHERE id IN ({ids}) GROUP BY 1") == [
