@@ -392,10 +392,6 @@ def test_deletion_seconds_zero_is_carried_by_the_fail_and_given_to_the_copy(env4
     assert copy.deletion_seconds == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="QueueService.supervise does not run the schema-46 pass yet (ops/supervision46.py)",
-)
 def test_a_failed_job_with_deletion_seconds_zero_survives_supervision(env46: Any) -> None:
     job_id = fail_keeping_forever(env46)
     env46.sql(

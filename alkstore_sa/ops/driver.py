@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Result
+from sqlalchemy import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
@@ -36,7 +36,7 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any]) -> T:
             if call.savepoint:
                 try:
                     with target.begin_nested():
-                        result: Result[Any] = _execute(target, call, options).freeze()()
+                        result: Result[Any] = _settled(_execute(target, call, options))
                 except DBAPIError as exc:
                     if not is_conflict(exc):
                         raise
@@ -58,7 +58,7 @@ async def arun(target: AsyncTarget, op: Op[T], options: Mapping[str, Any]) -> T:
                 try:
                     async with target.begin_nested():
                         executed = await _aexecute(target, call, options)
-                        result: Result[Any] = executed.freeze()()
+                        result: Result[Any] = _settled(executed)
                 except DBAPIError as exc:
                     if not is_conflict(exc):
                         raise
@@ -69,6 +69,15 @@ async def arun(target: AsyncTarget, op: Op[T], options: Mapping[str, Any]) -> T:
             call = op.send(result)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def _settled(result: Result[Any]) -> Result[Any]:
+    # Rows are read before the savepoint is released, so the operation can still read
+    # them after; a statement without rows (an UPDATE with no RETURNING) has none to
+    # keep, and freezing it would raise.
+    if isinstance(result, CursorResult) and not result.returns_rows:
+        return result
+    return result.freeze()()
 
 
 def _execute(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
