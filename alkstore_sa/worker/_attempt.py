@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ from .. import options as opt
 from ..errors import InvalidOptionsError
 from ..ops import Settlement
 from ..records import Job
-from .config import LEASE_FRACTION, HandlerSpec
+from .config import HEARTBEAT_FRACTION, LEASE_FRACTION, HandlerSpec
 
 Kind = Literal["complete", "fail"]
 
@@ -41,6 +42,9 @@ class Attempt:
     ``status`` moves once, from ``running`` to ``settling`` (the handler finished)
     or ``abandoned`` (timeout or shutdown); whoever moves it decides the job's
     outcome, so a job is never settled twice by the same worker.
+
+    ``lease_start`` is when the job was last fetched or touched (its lease
+    extended and, at schema 46, its ``heartbeat_on`` stamped).
     """
 
     job: Job
@@ -52,6 +56,7 @@ class Attempt:
     lost: bool = False
     handle: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    fetched_at: float = field(init=False, repr=False)
 
     def take(self, status: str) -> bool:
         """Move from ``running`` to ``status``; ``False`` if someone else moved it first."""
@@ -61,13 +66,33 @@ class Attempt:
             self.status = status
             return True
 
+    def __post_init__(self) -> None:
+        self.fetched_at = self.lease_start
+
     def lease_due(self, now: float) -> bool:
-        return (
-            self.spec.extend_lease
-            and self.status == RUNNING
-            and not self.lost
-            and now >= self.lease_start + self.lease_seconds * LEASE_FRACTION
-        )
+        """Whether the job must be touched now: half its lease gone (with
+        ``extend_lease``) or half its heartbeat (``heartbeat_seconds``, schema 46),
+        whichever comes first."""
+        if self.status != RUNNING or self.lost:
+            return False
+        every = []
+        if self.spec.extend_lease:
+            every.append(self.lease_seconds * LEASE_FRACTION)
+        if self.job.heartbeat_seconds:
+            every.append(self.job.heartbeat_seconds * HEARTBEAT_FRACTION)
+        return bool(every) and now >= self.lease_start + min(every)
+
+    def extend_by(self, now: float) -> int:
+        """Seconds from now the touch sets the lease to.
+
+        With ``extend_lease`` the job's own ``expire_seconds``. Without it the job
+        is touched only for its heartbeat, and the lease keeps (at most) its
+        original end: the seconds left of it, at least one (the handler's own
+        deadline, the same original lease, ends the attempt anyway).
+        """
+        if self.spec.extend_lease:
+            return self.job.expire_seconds
+        return max(1, self.job.expire_seconds - math.ceil(now - self.fetched_at))
 
     def settlement(self, output: Any = None) -> Settlement:
         # The fetched started_on is the fencing token: a later attempt of the

@@ -32,6 +32,7 @@ from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import FailResult, Job, Settled
+from ..sql.v46 import node_channel
 from ..steps import Call, Join, Run, Steps, Wait
 from ._attempt import (
     ABANDONED,
@@ -164,6 +165,7 @@ class WorkerBase(Registry, Generic[B]):
         # Only None means the default: an empty name is a mistake, not a wish for it.
         self.schema = validate_schema(DEFAULT_SCHEMA if schema is None else schema)
         self.channel = notify_channel(self.schema)
+        self.node_channel = node_channel(self.schema)
         self.shutdown_timeout = _seconds("shutdown_timeout", shutdown_timeout, allow_zero=True)
         self.flush_interval = _seconds("flush_interval", flush_interval, allow_zero=True)
         self.listen = check_bool("listen", listen)
@@ -182,6 +184,9 @@ class WorkerBase(Registry, Generic[B]):
         self._book = threading.Lock()
         self._listener: Listener | None = None
         self._subscription: Subscription | None = None
+        # Node pg-boss 12's channel, listened on once the schema is seen at 46.
+        self._node_subscription: Subscription | None = None
+        self._released = False
         self._queues: dict[str, QueueState] = {}
         self._refusals = Refusals(log, f"worker {self.name}", "stopped fetching", worker=self.name)
         self._refused_versions: set[int | None] = set()  # reported to on_error once each
@@ -293,7 +298,11 @@ class WorkerBase(Registry, Generic[B]):
         self._keeper_stop.set()
         yield Join([keeper], 5.0)
         if self._listener is not None and self._subscription is not None:
-            self._listener.release(self._subscription)
+            with self._book:
+                self._released = True
+                node_sub = self._node_subscription
+            subs = [self._subscription] + ([node_sub] if node_sub is not None else [])
+            self._listener.release(*subs)
         if self._supervisor is not None:
             try:
                 yield Call(self._supervisor.stop, (timeout,))
@@ -337,12 +346,45 @@ class WorkerBase(Registry, Generic[B]):
         due = version_due(self._ctx, self._engine_state)
         if due is not None:
             yield Run(due)  # a change is logged once per engine (schema_version_changed)
+        if self._ctx.version >= 46 and self._node_subscription is None:
+            yield from self._listening_to_node()
         try:
             return (yield Run(op, session))
         except Exception as exc:
             if may_be_schema_change(exc):
                 self._engine_state.expire(self.schema)
             raise
+
+    def _listening_to_node(self) -> Steps[None]:
+        """At schema 46, LISTEN on Node pg-boss's channel too (same connection).
+
+        Node 12 sends ``pg_notify(pgboss_<sha224(schema)[:24]>, queue)`` for queues
+        created with ``notify``, never on our channel; without this an idle worker
+        would see Node's jobs only when it polls. Done once, when the version is
+        first seen at 46 (at start, or live after an upgrade); then every queue is
+        looked at once, for a notification sent before the LISTEN took effect.
+        """
+        listener = self._listener
+        if listener is None:
+            return
+        with self._book:
+            if self._node_subscription is not None or self._released:
+                return
+            self._node_subscription = listener.subscribe(self.node_channel, self._notified)
+        log.info(
+            "worker %s listens on Node pg-boss's channel %s too (schema %r at version %d)",
+            self.name,
+            self.node_channel,
+            self.schema,
+            self._ctx.version,
+            extra={
+                "action": "listen_node_channel",
+                "worker": self.name,
+                "channel": self.node_channel,
+            },
+        )
+        yield Call(listener.wait_listening, (self.node_channel, 2.0), blocking=True)
+        self.wake()
 
     # ------------------------------------------------------------ fetching
 
@@ -496,17 +538,43 @@ class WorkerBase(Registry, Generic[B]):
     # ------------------------------------------------------------ leases
 
     def _keeping(self) -> Steps[None]:
-        """Renew leases of long jobs and abandon jobs past their timeout."""
+        """Renew leases of long jobs, keep heartbeats fresh, abandon jobs past their timeout.
+
+        One statement touches a job for both: ``extend_leases`` also stamps
+        ``heartbeat_on`` at schema 46 (pg-boss's ``touch``), so a job is touched
+        at half its lease or half its ``heartbeat_seconds``, whichever comes first.
+        """
         while not (yield Wait(self._keeper_stop, TICK)):
+            if self._listener is not None and self._node_subscription is None:
+                yield from self._watching_version()
             now = monotonic()
             due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
             for attempt in self._running():
                 if attempt.deadline is not None and now >= attempt.deadline:
                     self._abandon(attempt, "timeout")
                 elif attempt.lease_due(now):
-                    due[(attempt.job.name, attempt.job.expire_seconds)].append(attempt)
+                    due[(attempt.job.name, attempt.extend_by(now))].append(attempt)
             for (queue, extend_by), attempts in due.items():
                 yield from self._extending(queue, extend_by, attempts)
+
+    def _watching_version(self) -> Steps[None]:
+        """Read the schema version when the engine's reading is stale, so that an idle
+        worker (a long ``poll_interval``, nothing due) whose schema moves to 46 starts
+        listening on Node's channel within SCHEMA_RECHECK_SECONDS, not at its next poll."""
+        due = version_due(self._ctx, self._engine_state)
+        if due is not None:
+            try:
+                yield Run(due)
+            except Exception as exc:
+                # The fetch loops meet the same error on their next claim and report it.
+                log.debug(
+                    "version check failed: %s",
+                    exc,
+                    extra={"action": "version_check_error", "worker": self.name},
+                )
+                return
+        if self._ctx.version >= 46:
+            yield from self._listening_to_node()
 
     def _extending(self, queue: str, extend_by: int, attempts: list[Attempt]) -> Steps[None]:
         started = monotonic()

@@ -21,6 +21,11 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 LEASE_FRACTION = 0.5
 """A job's lease is renewed once this fraction of it has elapsed."""
 
+HEARTBEAT_FRACTION = 0.5
+"""A job with ``heartbeat_seconds`` (schema 46) is touched once this fraction of its
+heartbeat has elapsed since the last touch: pg-boss's monitor fails an active job
+whose ``heartbeat_on`` is older than its ``heartbeat_seconds``."""
+
 
 @dataclass(frozen=True, slots=True)
 class HandlerSpec:
