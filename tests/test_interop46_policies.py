@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from support.interop46 import schema46_by, sql
-from support.node import NodeBoss46, NodeError, in_tx, node46, node46_modules, node_url
+from support.interop46 import Shared46, on46, shared46_by, sql
+from support.node import NodeBoss46, NodeError, in_tx, node46_modules
 
 from alkstore_sa.errors import AlkstoreError
 from alkstore_sa.names import partition_table_name
 
-__all__ = ["node46", "node46_modules", "node_url", "schema46_by"]  # fixtures
+__all__ = ["node46_modules", "on46", "shared46_by"]  # fixtures
 
 pytestmark = pytest.mark.interop
 
@@ -130,22 +130,22 @@ class Side:
             assert self.boss.call("fail", name, job_id, {"e": 1})["affected"] == 1
 
 
-def play(x: Side, y: Side, policy: str, partition: bool) -> list[Any]:
-    """Play the policy's script; return every answer, with ids replaced by labels."""
-    x.create("q", policy, partition)
+def play(x: Side, y: Side, policy: str, partition: bool, queue: str) -> list[Any]:
+    """Play the policy's script on a new queue; return every answer, ids replaced by labels."""
+    x.create(queue, policy, partition)
     sides, labels, answers = {"X": x, "Y": y}, {}, []
     names: dict[str, str] = {}
     for step in SCRIPTS[policy]:
         verb, who = step[0], sides[step[1]]
         if verb == "send":
-            job_id = who.send("q", step[2])
+            job_id = who.send(queue, step[2])
             if job_id is not None and step[3] is not None:
                 labels[job_id], names[step[3]] = step[3], job_id
             answers.append(None if job_id is None else labels.get(job_id, job_id))
         elif verb == "fetch":
-            answers.append(sorted(labels.get(i, i) for i in who.fetch("q", step[2])))
+            answers.append(sorted(labels.get(i, i) for i in who.fetch(queue, step[2])))
         else:
-            getattr(who, verb)("q", names[step[2]])
+            getattr(who, verb)(queue, names[step[2]])
             answers.append(verb)
     return answers
 
@@ -161,40 +161,40 @@ def expected(policy: str) -> list[Any]:
 @PARTITION
 @pytest.mark.parametrize("policy", list(SCRIPTS))
 def test_each_policy_gives_the_same_outcome_table_whoever_takes_each_step(
-    engine: Engine, schema46_by: str, node46: Any, policy: str, partition: bool, x: str
+    engine: Engine, on46: Shared46, policy: str, partition: bool, x: str
 ) -> None:
-    boss = node46(schema46_by)
-    python = Side("python", engine, schema46_by, boss)
-    node = Side("node", engine, schema46_by, boss)
+    boss = on46.boss
+    python = Side("python", engine, on46.schema, boss)
+    node = Side("node", engine, on46.schema, boss)
     first, second = (python, node) if x == "python" else (node, python)
-    assert play(first, second, policy, partition) == expected(policy)
+    assert play(first, second, policy, partition, on46.queue()) == expected(policy)
     assert boss.errors() == []
 
 
 @PARTITION
 @pytest.mark.parametrize("creator", ["python", "node"])
 def test_key_strict_fifo_refuses_a_job_without_a_key_on_both_sides(
-    engine: Engine, schema46_by: str, node46: Any, partition: bool, creator: str
+    engine: Engine, on46: Shared46, partition: bool, creator: str
 ) -> None:
-    boss = node46(schema46_by)
-    Side(creator, engine, schema46_by, boss).create("q", "key_strict_fifo", partition)
+    boss, schema, name = on46.boss, on46.schema, on46.queue()
+    Side(creator, engine, schema, boss).create(name, "key_strict_fifo", partition)
     with pytest.raises(NodeError):
-        boss.call("send", "q", {"n": 1})
+        boss.call("send", name, {"n": 1})
     with pytest.raises(AlkstoreError):
-        in_tx(engine, schema46_by, lambda q: q.send("q", {"n": 1}))
-    assert sql(engine, schema46_by, "SELECT count(*) FROM {s}.job")[0][0] == 0
+        in_tx(engine, schema, lambda q: q.send(name, {"n": 1}))
+    assert sql(engine, schema, "SELECT count(*) FROM {s}.job WHERE name = :n", n=name) == [(0,)]
 
 
 @PARTITION
 def test_partitions_made_by_either_side_have_the_same_indexes_for_every_policy(
-    engine: Engine, schema46_by: str, node46: Any, partition: bool
+    engine: Engine, on46: Shared46, partition: bool
 ) -> None:
-    boss = node46(schema46_by)
+    boss, schema46_by, tag = on46.boss, on46.schema, on46.queue("")
     python = Side("python", engine, schema46_by, boss)
     node = Side("node", engine, schema46_by, boss)
     for policy in SCRIPTS:
-        python.create(f"py-{policy}", policy, partition)
-        node.create(f"js-{policy}", policy, partition)
+        python.create(f"py-{policy}{tag}", policy, partition)
+        node.create(f"js-{policy}{tag}", policy, partition)
 
     def indexes(queue: str) -> list[str]:
         table = partition_table_name(queue) if partition else "job_common"
@@ -209,8 +209,8 @@ def test_partitions_made_by_either_side_have_the_same_indexes_for_every_policy(
         return [r[0] for r in rows]
 
     for policy in SCRIPTS:
-        assert indexes(f"py-{policy}") == indexes(f"js-{policy}")
+        assert indexes(f"py-{policy}{tag}") == indexes(f"js-{policy}{tag}")
     queues = {q["name"]: q for q in boss.call("getQueues")}
     for policy in SCRIPTS:
-        ours = in_tx(engine, schema46_by, lambda q, p=policy: q.get_queue(f"js-{p}"))  # type: ignore[misc]
-        assert str(ours.policy) == queues[f"py-{policy}"]["policy"] == policy
+        ours = in_tx(engine, schema46_by, lambda q, p=policy: q.get_queue(f"js-{p}{tag}"))  # type: ignore[misc]
+        assert str(ours.policy) == queues[f"py-{policy}{tag}"]["policy"] == policy

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from sqlalchemy import Engine, text
 
 from alkstore_sa import migrate
 
-from .node import run_node46
+from .node import NodeBoss46, node_connection_string, run_node46
 from .schemas import drop_schema, random_schema, run_script
 
 MAKERS = ["alkstore", "node"]
@@ -60,6 +61,43 @@ def schema46_by(
     name = make_schema46(engine, database_url, request.param)
     yield name
     drop_schema(engine, name)
+
+
+class Shared46:
+    """One schema at 46 and one Node pg-boss 12.38.0 on it, shared by a module's tests.
+
+    Only for tests that start no Node worker and no supervisor, and that name their
+    queues with :meth:`queue` so that no two tests meet in the shared schema.
+    """
+
+    def __init__(self, schema: str, boss: NodeBoss46) -> None:
+        self.schema, self.boss = schema, boss
+
+    def queue(self, stem: str = "q") -> str:
+        """A queue name no other test of the module uses."""
+        return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module", params=MAKERS)
+def shared46_by(
+    request: pytest.FixtureRequest, engine: Engine, database_url: str, node46_modules: None
+) -> Iterator[Shared46]:
+    """A schema at 46 made by our migrations or by Node 12.38.0, and one Node on it, for
+    the whole module (a test still asks for ``spoken46``: see :func:`on46`)."""
+    name = make_schema46(engine, database_url, request.param)
+    boss = NodeBoss46(node_connection_string(database_url), name, supervise=False, schedule=False)
+    try:
+        yield Shared46(name, boss)
+    finally:
+        boss.close()
+        drop_schema(engine, name)
+
+
+@pytest.fixture
+def on46(shared46_by: Shared46, spoken46: None) -> Shared46:
+    """The module's shared schema and Node, with 46 spoken and Node's past events forgotten."""
+    shared46_by.boss.clear_events()
+    return shared46_by
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15, interval: float = 0.05) -> bool:

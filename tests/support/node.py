@@ -334,6 +334,11 @@ class NodeBoss:
         """``error`` events emitted so far."""
         return self.events_of("error")
 
+    def clear_events(self) -> None:
+        """Forget the events seen so far (a process shared by several tests)."""
+        with self._lock:
+            self.events.clear()
+
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self.events if e["event"] == kind]
