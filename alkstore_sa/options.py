@@ -43,6 +43,8 @@ class QueueOptions(TypedDict, total=False):
     retention_seconds: int
     deletion_seconds: int
     warning_queued: int
+    heartbeat_seconds: int | None
+    notify: bool
 
 
 class TimedSendOptions(TypedDict, total=False):
@@ -60,6 +62,7 @@ class TimedSendOptions(TypedDict, total=False):
     retry_backoff: bool
     retry_delay_max: int
     dead_letter: str
+    heartbeat_seconds: int
 
 
 class SendOptions(TimedSendOptions, total=False):
@@ -113,6 +116,10 @@ class OptionSpec:
     :param default: pg-boss's default: a queue created without the option gets it,
         and so does a job in inline mode.
     :param requires: ``(option, value)`` that must hold whenever this option is set.
+    :param since: the first pg-boss schema version that has the option; on an older
+        schema it is refused before any SQL (see :func:`check_version`).
+    :param minimum_26: the lowest value at schema 26 when it is above ``minimum``
+        (a value whose meaning is new at 46, like ``deletion_seconds=0``).
     :param metavar: the command line's placeholder for the value.
     :param help: the command line's help.
     """
@@ -133,6 +140,8 @@ class OptionSpec:
     fallback: bool = False
     default: Any = None
     requires: tuple[str, Any] | None = None
+    since: int = 26
+    minimum_26: int | None = None
     metavar: str | None = None
     help: str = ""
 
@@ -333,19 +342,52 @@ OPTIONS: tuple[OptionSpec, ...] = (
         metavar="SECONDS",
         help="how long a queued job may wait",
     ),
+    # 0 keeps finished jobs forever from schema 46 on (pg-boss 12's supervisor
+    # skips them); pg-boss 11 refused 0, and our supervisor at 26 would delete
+    # such jobs at once, so 26 still asks for at least a second.
     OptionSpec(
         "deletion_seconds",
         "int",
         queue=True,
         send=True,
-        minimum=1,
+        minimum=0,
+        minimum_26=1,
         pgboss="deleteAfterSeconds",
         job_column="deletion_seconds",
         queue_column="deletion_seconds",
         fallback=True,
         default=604_800,
         metavar="SECONDS",
-        help="how long a finished job is kept",
+        help="how long a finished job is kept (0 = keep, schema 46 only)",
+    ),
+    # pg-boss 12: a running job's heartbeat_on must move within this many seconds,
+    # or the supervisor fails it; pg-boss refuses less than 10. NULL: no heartbeat.
+    OptionSpec(
+        "heartbeat_seconds",
+        "int",
+        queue=True,
+        send=True,
+        nullable=True,
+        minimum=10,
+        pgboss="heartbeatSeconds",
+        job_column="heartbeat_seconds",
+        queue_column="heartbeat_seconds",
+        fallback=True,
+        since=46,
+        metavar="SECONDS",
+        help="heartbeat a running job must keep (schema 46 only)",
+    ),
+    # pg-boss 12: sends into the queue NOTIFY Node's channel, so listening
+    # workers wake at once instead of at their next poll.
+    OptionSpec(
+        "notify",
+        "bool",
+        queue=True,
+        pgboss="notify",
+        queue_column="notify",
+        default=False,
+        since=46,
+        help="wake listening workers on each send (schema 46 only)",
     ),
 )
 """Every queue and send option, once; see :class:`OptionSpec`."""
@@ -477,9 +519,39 @@ def check_options(given: Mapping[str, Any], allowed: frozenset[str], what: str) 
     return {key: _CHECKS[key](value) for key, value in given.items()}
 
 
-def queue_options(name: str, opts: Mapping[str, Any], *, update: bool = False) -> dict[str, Any]:
-    """Validate the options of ``create_queue`` (``update_queue`` with ``update``);
-    returns a normalised copy.
+def check_version(values: Mapping[str, Any], version: int | None, what: str) -> None:
+    """Refuse the options of ``values`` the schema at ``version`` does not have, and
+    values it gives no meaning to (``minimum_26``); ``what`` names the kind of
+    option (``queue``, ``send``). ``None``: no schema (inline mode), nothing refused.
+    """
+    if version is None:
+        return
+    for key, value in values.items():
+        spec = OPTION[key]
+        if spec.since > version:
+            raise InvalidOptionsError(
+                key,
+                f"needs pg-boss schema {spec.since} (a {what} option of pg-boss 12); "
+                f"this schema is at {version}",
+            )
+        if (
+            version < 46
+            and spec.minimum_26 is not None
+            and isinstance(value, int)
+            and value < spec.minimum_26
+        ):
+            raise InvalidOptionsError(
+                key,
+                f"must be at least {spec.minimum_26} at schema {version}, not {value} "
+                f"({value} is allowed from pg-boss schema 46 on)",
+            )
+
+
+def queue_options(
+    name: str, opts: Mapping[str, Any], *, update: bool = False, version: int | None = None
+) -> dict[str, Any]:
+    """Validate the options of ``create_queue`` (``update_queue`` with ``update``)
+    for a schema at ``version`` (see :func:`check_version`); returns a normalised copy.
 
     For an update, the rules between options also depend on the queue's current
     values: the caller checks them with :func:`check_requirements` once it has read it.
@@ -489,16 +561,19 @@ def queue_options(name: str, opts: Mapping[str, Any], *, update: bool = False) -
     else:
         out = check_options(opts, QUEUE_OPTION_NAMES, "queue")
         check_requirements(out)
+    check_version(out, version, "queue")
     if out.get("dead_letter") is not None and out["dead_letter"] == name:
         raise InvalidOptionsError("dead_letter", "a queue cannot be its own dead letter queue")
     return out
 
 
-def send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate the options of one job of ``send``; returns a normalised copy
-    (``start_after`` as :class:`StartAfter`, ``id`` as a UUID)."""
+def send_options(opts: Mapping[str, Any], *, version: int | None = None) -> dict[str, Any]:
+    """Validate the options of one job of ``send`` for a schema at ``version`` (see
+    :func:`check_version`); returns a normalised copy (``start_after`` as
+    :class:`StartAfter`, ``id`` as a UUID)."""
     out = check_options(opts, ACCEPTED_SEND_OPTIONS, "send")
     check_requirements(out)
+    check_version(out, version, "send")
     return out
 
 

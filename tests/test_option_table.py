@@ -9,6 +9,7 @@ import datetime as dt
 import types
 import typing
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,6 +38,7 @@ PGBOSS_DEFAULTS: dict[str, Any] = {
     "retention_seconds": 14 * 24 * 3600,
     "deletion_seconds": 7 * 24 * 3600,
     "warning_queued": 0,
+    "notify": False,
 }
 
 # One valid value per send option, in the form pg-boss stores it.
@@ -54,7 +56,12 @@ PGBOSS_SAMPLES: dict[str, Any] = {
     "expire_seconds": 70,
     "retention_seconds": 80,
     "deletion_seconds": 90,
+    "heartbeat_seconds": 30,
 }
+
+# The options every schema has (the others need pg-boss schema 46).
+AT_26 = {o.name for o in opt.OPTIONS if o.since <= 26}
+NEW_AT_46 = {o.name for o in opt.OPTIONS} - AT_26
 
 
 # ------------------------------------------------------------- typed options
@@ -166,6 +173,7 @@ def test_unknown_pgboss_keys_are_dropped_when_read_back() -> None:
 def test_queue_options_reach_create_queue_under_pgboss_keys() -> None:
     given = {o.name: o.default for o in opt.OPTIONS if o.queue and o.default is not None}
     given |= {"dead_letter": "dlq", "retry_delay_max": 5, "retry_backoff": True}
+    given |= {"heartbeat_seconds": 30}
     json = opt.pgboss_queue_json("q", given)
     assert set(json) == {opt.OPTION[n].pgboss for n in QUEUE}
     assert json["retryDelayMax"] == 5 and json["deadLetter"] == "dlq"
@@ -234,6 +242,110 @@ def test_every_requirement_names_an_option_of_the_table() -> None:
             assert (other.queue, other.send) == (spec.queue, spec.send)
 
 
+# ------------------------------------------------------------- schema versions
+
+
+def test_options_new_at_46_are_declared_with_their_version() -> None:
+    assert {o.name for o in opt.OPTIONS if o.since == 46} == {"heartbeat_seconds", "notify"}
+    assert {o.name for o in opt.OPTIONS if o.since not in (26, 46)} == set()
+
+
+@pytest.mark.parametrize(
+    ("check", "what"),
+    [
+        (lambda o, v: opt.queue_options("q", o, version=v), "queue"),
+        (lambda o, v: opt.queue_options("q", o, update=True, version=v), "queue"),
+        (lambda o, v: opt.send_options(o, version=v), "send"),
+    ],
+    ids=["create_queue", "update_queue", "send"],
+)
+def test_options_of_46_are_refused_at_26_naming_option_and_versions(check: Any, what: str) -> None:
+    names = ["heartbeat_seconds"] + (["notify"] if what == "queue" else [])
+    for name in names:
+        value = True if name == "notify" else 30
+        with pytest.raises(InvalidOptionsError) as caught:
+            check({name: value}, 26)
+        assert caught.value.option == name
+        assert f"needs pg-boss schema 46 (a {what} option of pg-boss 12)" in str(caught.value)
+        assert "this schema is at 26" in str(caught.value)
+        assert check({name: value}, 46) == {name: value}
+        # No schema (inline mode): nothing to refuse.
+        assert check({name: value}, None) == {name: value}
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda o, v: opt.queue_options("q", o, version=v),
+        lambda o, v: opt.queue_options("q", o, update=True, version=v),
+        lambda o, v: opt.send_options(o, version=v),
+    ],
+    ids=["create_queue", "update_queue", "send"],
+)
+def test_deletion_seconds_zero_keeps_at_46_and_is_refused_at_26(check: Any) -> None:
+    assert check({"deletion_seconds": 0}, 46) == {"deletion_seconds": 0}
+    with pytest.raises(InvalidOptionsError, match="at least 1 at schema 26, not 0") as caught:
+        check({"deletion_seconds": 0}, 26)
+    assert caught.value.option == "deletion_seconds"
+    assert check({"deletion_seconds": 1}, 26) == {"deletion_seconds": 1}
+    with pytest.raises(InvalidOptionsError, match="between 0 and"):
+        check({"deletion_seconds": -1}, 46)
+
+
+def test_heartbeat_seconds_below_pgboss_minimum_of_10_is_refused() -> None:
+    with pytest.raises(InvalidOptionsError, match="between 10 and"):
+        opt.send_options({"heartbeat_seconds": 9}, version=46)
+    assert opt.queue_options("q", {"heartbeat_seconds": None}, update=True, version=46) == {
+        "heartbeat_seconds": None
+    }
+
+
+def test_options_of_46_reach_create_queue_under_pgboss_keys() -> None:
+    json = opt.pgboss_queue_json("q", {"notify": True, "heartbeat_seconds": 30})
+    assert json == {"notify": True, "heartbeatSeconds": 30, "policy": "standard"}
+
+
+def test_a_schema_at_26_refuses_options_of_46_without_touching_the_transaction(
+    env: Any,
+) -> None:
+    def attempts(q: Any) -> list[tuple[str, str]]:
+        caught: list[tuple[str, str]] = []
+        calls: list[Callable[[], Any]] = [
+            lambda: q.create_queue("n", notify=True),
+            lambda: q.create_queue("n", heartbeat_seconds=30),
+            lambda: q.create_queue("n", deletion_seconds=0),
+            lambda: q.update_queue("q", notify=True),
+            lambda: q.update_queue("q", deletion_seconds=0),
+            lambda: q.send("q", None, heartbeat_seconds=30),
+            lambda: q.send("q", None, deletion_seconds=0),
+            lambda: q.schedule("q", "* * * * *", None, heartbeat_seconds=30),
+        ]
+        for call in calls:
+            try:
+                call()
+            except InvalidOptionsError as exc:
+                caught.append((exc.option, str(exc)))
+        # The transaction is still usable: nothing was sent to the database.
+        q.send("q", {"after": True})
+        return caught
+
+    env.tx(lambda q: q.create_queue("q"))
+    caught = env.tx(attempts)
+    assert [option for option, _ in caught] == [
+        "notify",
+        "heartbeat_seconds",
+        "deletion_seconds",
+        "notify",
+        "deletion_seconds",
+        "heartbeat_seconds",
+        "deletion_seconds",
+        "heartbeat_seconds",
+    ]
+    assert all("schema 26" in message or "is at 26" in message for _, message in caught)
+    assert [r.data for r in env.sql("SELECT data FROM {s}.job")] == [{"after": True}]
+    assert env.sql("SELECT name FROM {s}.queue WHERE name = 'n'") == []
+
+
 # ------------------------------------------------------------- send statement
 
 
@@ -280,6 +392,16 @@ def test_a_queue_created_without_options_gets_the_tables_defaults(env: Any) -> N
             assert getattr(value, "value", value) == spec.default, spec.name
 
 
+def test_a_queue_created_without_options_at_46_gets_the_tables_defaults(env46: Any) -> None:
+    info = env46.tx(lambda q: q.create_queue("q"))
+    [stored] = env46.sql("SELECT heartbeat_seconds, notify FROM {s}.queue WHERE name = 'q'")
+    assert (stored.heartbeat_seconds, stored.notify) == (None, False)
+    for spec in opt.OPTIONS:
+        if spec.queue and spec.queue_column:
+            value = getattr(info, spec.queue_column)
+            assert getattr(value, "value", value) == spec.default, spec.name
+
+
 def test_a_job_sent_without_options_matches_the_inline_job(env: Any) -> None:
     env.tx(lambda q: q.create_queue("q"))
     job_id = env.tx(lambda q: q.send("q", None))
@@ -288,16 +410,31 @@ def test_a_job_sent_without_options_matches_the_inline_job(env: Any) -> None:
     jobs.send("q", None)
     [inline] = jobs.performed
     for spec in opt.OPTIONS:
-        if spec.send and spec.public and spec.job_column and spec.name != "id":
+        if spec.send and spec.public and spec.job_column and spec.name not in ("id", *NEW_AT_46):
             assert getattr(row, spec.job_column) == getattr(inline, spec.job_column), spec.name
 
 
-def test_every_send_option_reaches_its_job_column(env: Any) -> None:
+def _send_every_option(env: Any, names: set[str]) -> tuple[dict[str, Any], Any]:
     env.tx(lambda q: q.create_queue("dlq"))
     env.tx(lambda q: q.create_queue("q"))
-    given: dict[str, Any] = {k: v for k, v in PGBOSS_SAMPLES.items() if k != "start_after"}
+    given = {k: v for k, v in PGBOSS_SAMPLES.items() if k != "start_after" and k in names}
     job_id = env.tx(lambda q: q.send("q", None, **given))
     [row] = env.sql("SELECT * FROM {s}.job WHERE id = :id", id=job_id)
+    return given, row
+
+
+def test_every_send_option_of_26_reaches_its_job_column(env: Any) -> None:
+    given, row = _send_every_option(env, AT_26)
+    for spec in opt.OPTIONS:
+        if spec.send and spec.public and spec.job_column and spec.name in AT_26:
+            value = getattr(row, spec.job_column)
+            assert (str(value) if spec.kind == "uuid" else value) == given[spec.name], spec.name
+    assert row.keep_until - row.start_after == dt.timedelta(seconds=given["retention_seconds"])
+
+
+def test_every_send_option_of_46_reaches_its_job_column(env46: Any) -> None:
+    given, row = _send_every_option(env46, PUBLIC_SEND)
+    assert "heartbeat_seconds" in given
     for spec in opt.OPTIONS:
         if spec.send and spec.public and spec.job_column:
             value = getattr(row, spec.job_column)

@@ -505,3 +505,64 @@ def test_a_poison_row_is_failed_by_fetch_and_read_as_unreadable_at_46(env46: Any
     fetched = env46.tx(lambda q: q.fetch(queue, 10))
     assert [j.id for j in fetched] == [good]
     assert row(env46, bad, "state").state == "failed"
+
+
+# ------------------------------------------------------------------ queue and send options of 46
+
+
+def test_create_queue_stores_notify_and_heartbeat_seconds_under_pgboss_keys(env46: Any) -> None:
+    info = env46.tx(lambda q: q.create_queue("beating", notify=True, heartbeat_seconds=30))
+    assert (info.notify, info.heartbeat_seconds) == (True, 30)
+    [stored] = env46.sql("SELECT notify, heartbeat_seconds FROM {s}.queue WHERE name = 'beating'")
+    assert (stored.notify, stored.heartbeat_seconds) == (True, 30)
+    [read] = env46.tx(lambda q: q.get_queues(["beating"]))
+    assert (read.notify, read.heartbeat_seconds) == (True, 30)
+
+
+def test_update_queue_changes_and_clears_the_settings_of_46(env46: Any) -> None:
+    before = env46.tx(lambda q: q.create_queue("beating", notify=True, heartbeat_seconds=30))
+    after = env46.tx(lambda q: q.update_queue("beating", notify=False, heartbeat_seconds=None))
+    assert (after.notify, after.heartbeat_seconds) == (False, None)
+    assert after.updated_on > before.updated_on
+    again = env46.tx(lambda q: q.update_queue("beating", heartbeat_seconds=45))
+    assert (again.notify, again.heartbeat_seconds) == (False, 45)
+
+
+def test_a_jobs_heartbeat_seconds_overrides_the_queues_and_falls_back_to_it(env46: Any) -> None:
+    queue = make_queue(env46, heartbeat_seconds=30)
+    own = env46.tx(lambda q: q.send(queue, None, heartbeat_seconds=20))
+    inherited = env46.tx(lambda q: q.send(queue, None))
+    batch = env46.tx(
+        lambda q: q.send_many(queue, [{"data": 1, "heartbeat_seconds": 60}, {"data": 2}])
+    )
+    assert row(env46, own, "heartbeat_seconds").heartbeat_seconds == 20
+    assert row(env46, inherited, "heartbeat_seconds").heartbeat_seconds == 30
+    assert [row(env46, i, "heartbeat_seconds").heartbeat_seconds for i in batch] == [60, 30]
+
+
+def test_deletion_seconds_zero_is_accepted_and_stored_at_46(env46: Any) -> None:
+    queue = make_queue(env46, deletion_seconds=0)
+    assert env46.tx(lambda q: q.get_queue(queue)).deletion_seconds == 0
+    inherited = env46.tx(lambda q: q.send(queue, None))
+    other = make_queue(env46, policy="short")
+    own = env46.tx(lambda q: q.send(other, None, deletion_seconds=0))
+    assert row(env46, inherited, "deletion_seconds").deletion_seconds == 0
+    assert row(env46, own, "deletion_seconds").deletion_seconds == 0
+    updated = env46.tx(lambda q: q.update_queue(other, deletion_seconds=0))
+    assert updated.deletion_seconds == 0
+
+
+def test_a_queue_created_with_notify_announces_sends_on_nodes_channel(
+    env46: Any, database_url: str
+) -> None:
+    queue = make_queue(env46, notify=True)
+    node = node_channel(env46.schema)
+    listener = _listen(database_url, node)
+    try:
+        env46.tx(lambda q: q.send(queue, None))
+        assert _notices(listener) == [(node, queue)]
+        env46.tx(lambda q: q.update_queue(queue, notify=False))
+        env46.tx(lambda q: q.send(queue, None))
+        assert _notices(listener) == []
+    finally:
+        listener.close()

@@ -80,7 +80,7 @@ def create_queue(
 ) -> Op[QueueInfo]:
     validate_queue(name)
     opt.check_bool("exist_ok", exist_ok)
-    checked = opt.queue_options(name, options)
+    checked = opt.queue_options(name, options, version=ctx.version)
     if ctx.version < 46 and checked.get("policy") == QueuePolicy.KEY_STRICT_FIFO:
         # Schema 26 has neither the index nor the check this policy relies on.
         raise InvalidOptionsError(
@@ -114,7 +114,7 @@ def create_queue(
 
 def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
     validate_queue(name)
-    checked = opt.queue_options(name, options, update=True)
+    checked = opt.queue_options(name, options, update=True, version=ctx.version)
     current = yield from require_queue(ctx, name)
     # An option not given keeps the queue's value, which the rules between options see.
     opt.check_requirements(
@@ -129,7 +129,9 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
         return current
     columns = tuple(sorted(checked))
     params = {"qname": name, **{f"v_{c}": checked[c] for c in columns}}
-    yield Call(queue_sql.update_queue(columns), params)
+    # At 46 through the table of 46, which has the columns pg-boss 12 added.
+    update = queue46_sql.update_queue if ctx.version >= 46 else queue_sql.update_queue
+    yield Call(update(columns), params)
     return (yield from require_queue(ctx, name))
 
 

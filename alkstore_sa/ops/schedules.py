@@ -35,7 +35,7 @@ def schedule(
     if missed not in (None, "skip", "once"):
         raise InvalidOptionsError("missed", f"must be 'skip' or 'once', not {missed!r}")
     # Validate the send options now, so that a schedule never fires bad jobs.
-    opt.send_options(options)
+    opt.send_options(options, version=ctx.version)
     encoded = opt.encode_json("data", data)
     yield from require_queue(ctx, name)
     stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}

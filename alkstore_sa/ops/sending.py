@@ -25,8 +25,11 @@ from .queues import queue_policy, require_queue
 _DATA_ONLY = frozenset({"data"})
 
 
-def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
-    """The statement's input arrays (``in_<column>``) and the jobs' ids, in input order.
+def _job_arrays(
+    specs: Sequence[Mapping[str, Any]], version: int
+) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
+    """The statement's input arrays (``in_<column>``) and the jobs' ids, in input order,
+    the options checked for a schema at ``version``.
 
     Only columns some job sets get an array; the others stay NULL in SQL.
     """
@@ -43,7 +46,9 @@ def _job_arrays(specs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Any]
             row: dict[str, Any] = {"data": _encode_data(spec.get("data"), index if n > 1 else None)}
         else:
             options = {k: v for k, v in spec.items() if k != "data"}
-            row = _send_row(options, spec.get("data"), index if n > 1 else None, fresh[index])
+            row = _send_row(
+                options, spec.get("data"), index if n > 1 else None, version, fresh[index]
+            )
             if row["id"] != fresh[index]:
                 if ids is fresh:
                     ids = list(fresh)
@@ -69,11 +74,15 @@ def _encode_data(data: Any, index: int | None) -> str | None:
 
 
 def _send_row(
-    options: Mapping[str, Any], data: Any, index: int | None, fresh_id: uuid.UUID | None = None
+    options: Mapping[str, Any],
+    data: Any,
+    index: int | None,
+    version: int,
+    fresh_id: uuid.UUID | None = None,
 ) -> dict[str, Any]:
     """One job's input row, every value checked; errors of ``send_many`` name the job."""
     try:
-        return _checked_row(options, data, fresh_id)
+        return _checked_row(options, data, version, fresh_id)
     except InvalidOptionsError as exc:
         if index is None:
             raise
@@ -81,9 +90,9 @@ def _send_row(
 
 
 def _checked_row(
-    options: Mapping[str, Any], data: Any, fresh_id: uuid.UUID | None
+    options: Mapping[str, Any], data: Any, version: int, fresh_id: uuid.UUID | None
 ) -> dict[str, Any]:
-    checked = opt.send_options(options)
+    checked = opt.send_options(options, version=version)
     when: opt.StartAfter = checked.pop("start_after", opt.StartAfter(None, None))
     row = {name: checked.get(name) for name in send_sql.OPTION_INPUTS}
     row["id"] = checked.get("id") or fresh_id or uuid.uuid4()
@@ -126,7 +135,7 @@ def send_many(
             raise InvalidOptionsError(f"jobs[{index}]", "each job must be a mapping")
     if not specs:
         return []
-    arrays, ids = _job_arrays(specs)
+    arrays, ids = _job_arrays(specs, ctx.version)
     yield from _check_dead_letters(name, specs)
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.

@@ -119,7 +119,10 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
         ),
     )
     values: dict[str, ColumnElement[Any]] = {
-        str(o.job_column): _job_value(src, q, o) for o in OPTIONS if o.send and o.job_column
+        # Options new since 26 (heartbeat_seconds) have no column here; ops refuse them.
+        str(o.job_column): _job_value(src, q, o)
+        for o in OPTIONS
+        if o.send and o.job_column and o.since <= 26
     }
     values.update(
         name=q.c.name,

@@ -5,8 +5,8 @@ arrays that ``unnest`` turns into rows), written for the columns of 46:
 
 * ``created_on`` and every other instant come from ``job_now()``, the clock
   pg-boss 12.38 reads everywhere;
-* ``heartbeat_seconds`` falls back to the queue's, as ``dead_letter`` and the
-  retry options do (a queue default new since 26);
+* ``heartbeat_seconds`` (a send option at 46) falls back to the queue's, as
+  ``dead_letter`` and the retry options do (a queue default new since 26);
 * ``policy`` is the queue's; ``blocked``, ``blocking`` and
   ``pending_dependencies`` are written explicitly as a plain send's (no flow);
   ``upsert_by_key``, ``group_*``, ``source_*`` and ``trace_context`` stay NULL;
@@ -122,8 +122,6 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
         # Retention counts from start_after, so deferred jobs are not cut short.
         keep_until=start_after + seconds(_job_value(src, q, OPTION["retention_seconds"])),
         policy=q.c.policy,
-        # No per-job heartbeat option yet: the queue's, as pg-boss falls back to it.
-        heartbeat_seconds=q.c.heartbeat_seconds,
         blocked=false(),
         blocking=false(),
         pending_dependencies=literal(0),
