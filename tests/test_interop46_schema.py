@@ -165,3 +165,13 @@ def test_node_1238_create_queue_on_our_46_equals_its_own_and_a_job_goes_through(
     catalog.assert_same(theirs_snap, ours_snap, ("pg-boss create_queue", "our create_queue"))
     partitions = [r for r in ours_snap["relations"] if r.endswith(" parent=job")]
     assert len(partitions) == 1 + len(POLICIES_46)  # job_common and one per policy
+
+
+def test_construction_scripts_renamed_equal_made(node46_modules: None) -> None:
+    # The interop tests build their schemas from one script per maker, renamed
+    # (support.interop46.construction_script): renaming must give what each maker writes.
+    from support.interop46 import construction_script, node_plan
+
+    name = random_schema("i46_")
+    assert construction_script("alkstore", name) == migrate.offline_sql(name, schema_version=46)
+    assert construction_script("node", name) == node_plan(name)

@@ -33,19 +33,37 @@ def node_plan(schema: str) -> str:
     return run_node46("boss.mjs", "plan", schema)
 
 
+TEMPLATE_SCHEMA = "i46_template_0f3a9c"
+"""The schema name the construction scripts are written for once, then renamed."""
+
+_scripts: dict[str, str] = {}
+
+
+def construction_script(maker: str, name: str) -> str:
+    """The script that builds schema ``name`` at 46 the way ``maker`` does.
+
+    Each maker's script is made once per session for :data:`TEMPLATE_SCHEMA` and renamed:
+    both scripts name their schema only as an identifier, so the renamed script is the one
+    they would write for ``name`` (``test_construction_scripts_renamed_equal_made`` checks it).
+    """
+    if maker not in _scripts:
+        if maker == "alkstore":
+            # The script migrate.upgrade(..., schema_version=46) runs (the same revisions,
+            # one round trip): five times faster than upgrading online, which matters at
+            # one fresh schema per test. The online path is covered by
+            # test_interop46_schema.py and the rolling upgrade.
+            _scripts[maker] = migrate.offline_sql(TEMPLATE_SCHEMA, schema_version=46)
+        elif maker == "node":
+            _scripts[maker] = node_plan(TEMPLATE_SCHEMA)
+        else:  # pragma: no cover - a typo in a parametrization
+            raise ValueError(maker)
+    return _scripts[maker].replace(TEMPLATE_SCHEMA, name)
+
+
 def make_schema46(engine: Engine, database_url: str, maker: str, prefix: str = "i46_") -> str:
     """A fresh schema at 46, built by ``maker`` (``"alkstore"`` or ``"node"``)."""
     name = random_schema(prefix)
-    if maker == "alkstore":
-        # The script migrate.upgrade(..., schema_version=46) runs (the same revisions, one
-        # round trip): five times faster than upgrading online, which matters at one fresh
-        # schema per test. The online path is covered by test_interop46_schema.py and the
-        # rolling upgrade.
-        run_script(database_url, migrate.offline_sql(name, schema_version=46))
-    elif maker == "node":
-        run_script(database_url, node_plan(name))
-    else:  # pragma: no cover - a typo in a parametrization
-        raise ValueError(maker)
+    run_script(database_url, construction_script(maker, name))
     return name
 
 
