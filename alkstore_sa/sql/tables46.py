@@ -16,6 +16,8 @@ constraints are declared only as far as statements need them (primary keys, for
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     Boolean,
     Column,
@@ -118,97 +120,64 @@ SUBSCRIPTION = Table(
     Column("updated_on", TZ, nullable=False, server_default=text("now()")),
 )
 
-JOB = Table(
-    "job",
-    metadata,
-    Column(
-        "id", Uuid(), primary_key=True, nullable=False, server_default=text("gen_random_uuid()")
-    ),
-    Column("name", Text(), primary_key=True, nullable=False),
-    Column("priority", Integer(), nullable=False, server_default=text("0")),
-    Column("data", JSONB(), nullable=True),
-    Column("state", job_state_type, nullable=False, server_default=text("'created'::job_state")),
-    Column("retry_limit", Integer(), nullable=False, server_default=text("2")),
-    Column("retry_count", Integer(), nullable=False, server_default=text("0")),
-    Column("retry_delay", Integer(), nullable=False, server_default=text("0")),
-    Column("retry_backoff", Boolean(), nullable=False, server_default=text("false")),
-    Column("retry_delay_max", Integer(), nullable=True),
-    Column("expire_seconds", Integer(), nullable=False, server_default=text("900")),
-    Column("deletion_seconds", Integer(), nullable=False, server_default=text("604800")),
-    Column("singleton_key", Text(), nullable=True),
-    Column("singleton_on", DateTime(timezone=False), nullable=True),
-    Column("start_after", TZ, nullable=False, server_default=text("now()")),
-    Column("created_on", TZ, nullable=False, server_default=text("now()")),
-    Column("started_on", TZ, nullable=True),
-    Column("completed_on", TZ, nullable=True),
-    Column(
-        "keep_until", TZ, nullable=False, server_default=text("(now() + '336:00:00'::interval)")
-    ),
-    Column("output", JSONB(), nullable=True),
-    Column("dead_letter", Text(), nullable=True),
-    Column("policy", Text(), nullable=True),
-    Column("group_id", Text(), nullable=True),
-    Column("group_tier", Text(), nullable=True),
-    Column("heartbeat_on", TZ, nullable=True),
-    Column("heartbeat_seconds", Integer(), nullable=True),
-    Column("blocked", Boolean(), nullable=False, server_default=text("false")),
-    Column("blocking", Boolean(), nullable=False, server_default=text("false")),
-    Column("pending_dependencies", Integer(), nullable=False, server_default=text("0")),
-    Column("source_name", Text(), nullable=True),
-    Column("source_id", Uuid(), nullable=True),
-    Column("source_created_on", TZ, nullable=True),
-    Column("source_retry_count", Integer(), nullable=True),
-    Column("source_output", JSONB(), nullable=True),
-    Column("source_root_id", Uuid(), nullable=True),
-    Column("trace_context", JSONB(), nullable=True),
-    Column("upsert_by_key", Boolean(), nullable=True),
-)
 
-JOB_COMMON = Table(
-    "job_common",
-    metadata,
-    Column(
-        "id", Uuid(), primary_key=True, nullable=False, server_default=text("gen_random_uuid()")
-    ),
-    Column("name", Text(), primary_key=True, nullable=False),
-    Column("priority", Integer(), nullable=False, server_default=text("0")),
-    Column("data", JSONB(), nullable=True),
-    Column("state", job_state_type, nullable=False, server_default=text("'created'::job_state")),
-    Column("retry_limit", Integer(), nullable=False, server_default=text("2")),
-    Column("retry_count", Integer(), nullable=False, server_default=text("0")),
-    Column("retry_delay", Integer(), nullable=False, server_default=text("0")),
-    Column("retry_backoff", Boolean(), nullable=False, server_default=text("false")),
-    Column("retry_delay_max", Integer(), nullable=True),
-    Column("expire_seconds", Integer(), nullable=False, server_default=text("900")),
-    Column("deletion_seconds", Integer(), nullable=False, server_default=text("604800")),
-    Column("singleton_key", Text(), nullable=True),
-    Column("singleton_on", DateTime(timezone=False), nullable=True),
-    Column("start_after", TZ, nullable=False, server_default=text("now()")),
-    Column("created_on", TZ, nullable=False, server_default=text("now()")),
-    Column("started_on", TZ, nullable=True),
-    Column("completed_on", TZ, nullable=True),
-    Column(
-        "keep_until", TZ, nullable=False, server_default=text("(now() + '336:00:00'::interval)")
-    ),
-    Column("output", JSONB(), nullable=True),
-    Column("dead_letter", Text(), nullable=True),
-    Column("policy", Text(), nullable=True),
-    Column("group_id", Text(), nullable=True),
-    Column("group_tier", Text(), nullable=True),
-    Column("heartbeat_on", TZ, nullable=True),
-    Column("heartbeat_seconds", Integer(), nullable=True),
-    Column("blocked", Boolean(), nullable=False, server_default=text("false")),
-    Column("blocking", Boolean(), nullable=False, server_default=text("false")),
-    Column("pending_dependencies", Integer(), nullable=False, server_default=text("0")),
-    Column("source_name", Text(), nullable=True),
-    Column("source_id", Uuid(), nullable=True),
-    Column("source_created_on", TZ, nullable=True),
-    Column("source_retry_count", Integer(), nullable=True),
-    Column("source_output", JSONB(), nullable=True),
-    Column("source_root_id", Uuid(), nullable=True),
-    Column("trace_context", JSONB(), nullable=True),
-    Column("upsert_by_key", Boolean(), nullable=True),
-)
+def _job_columns() -> list[Column[Any]]:
+    """The columns of a job table at 46, fresh for each table (a Column belongs to one).
+
+    ``job`` (the parent of the per-queue partitions) and ``job_common`` (where
+    queues without their own partition live) are declared alike by pg-boss's
+    migration, so they are declared here once.
+    """
+    return [
+        Column(
+            "id", Uuid(), primary_key=True, nullable=False, server_default=text("gen_random_uuid()")
+        ),
+        Column("name", Text(), primary_key=True, nullable=False),
+        Column("priority", Integer(), nullable=False, server_default=text("0")),
+        Column("data", JSONB(), nullable=True),
+        Column(
+            "state", job_state_type, nullable=False, server_default=text("'created'::job_state")
+        ),
+        Column("retry_limit", Integer(), nullable=False, server_default=text("2")),
+        Column("retry_count", Integer(), nullable=False, server_default=text("0")),
+        Column("retry_delay", Integer(), nullable=False, server_default=text("0")),
+        Column("retry_backoff", Boolean(), nullable=False, server_default=text("false")),
+        Column("retry_delay_max", Integer(), nullable=True),
+        Column("expire_seconds", Integer(), nullable=False, server_default=text("900")),
+        Column("deletion_seconds", Integer(), nullable=False, server_default=text("604800")),
+        Column("singleton_key", Text(), nullable=True),
+        Column("singleton_on", DateTime(timezone=False), nullable=True),
+        Column("start_after", TZ, nullable=False, server_default=text("now()")),
+        Column("created_on", TZ, nullable=False, server_default=text("now()")),
+        Column("started_on", TZ, nullable=True),
+        Column("completed_on", TZ, nullable=True),
+        Column(
+            "keep_until", TZ, nullable=False, server_default=text("(now() + '336:00:00'::interval)")
+        ),
+        Column("output", JSONB(), nullable=True),
+        Column("dead_letter", Text(), nullable=True),
+        Column("policy", Text(), nullable=True),
+        Column("group_id", Text(), nullable=True),
+        Column("group_tier", Text(), nullable=True),
+        Column("heartbeat_on", TZ, nullable=True),
+        Column("heartbeat_seconds", Integer(), nullable=True),
+        Column("blocked", Boolean(), nullable=False, server_default=text("false")),
+        Column("blocking", Boolean(), nullable=False, server_default=text("false")),
+        Column("pending_dependencies", Integer(), nullable=False, server_default=text("0")),
+        Column("source_name", Text(), nullable=True),
+        Column("source_id", Uuid(), nullable=True),
+        Column("source_created_on", TZ, nullable=True),
+        Column("source_retry_count", Integer(), nullable=True),
+        Column("source_output", JSONB(), nullable=True),
+        Column("source_root_id", Uuid(), nullable=True),
+        Column("trace_context", JSONB(), nullable=True),
+        Column("upsert_by_key", Boolean(), nullable=True),
+    ]
+
+
+JOB = Table("job", metadata, *_job_columns())
+
+JOB_COMMON = Table("job_common", metadata, *_job_columns())
 
 JOB_DEPENDENCY = Table(
     "job_dependency",
