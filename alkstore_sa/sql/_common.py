@@ -98,11 +98,23 @@ def _compile_schema_function(element: _SchemaFunction, compiler: Any, **kw: Any)
     return f"{preparer.quote_schema(schema)}.{element.fn_name}({arguments})"
 
 
-def now_param() -> ColumnElement[Any]:
-    """``COALESCE(:now, now())``: a bound time if given, else the database clock."""
+def now_param(fallback: ColumnElement[Any] | None = None) -> ColumnElement[Any]:
+    """``COALESCE(:now, <fallback>)``: a bound time if given, else the clock
+    ``fallback`` (the database's ``now()`` unless a version reads another)."""
     return func.coalesce(
-        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), func.now()
+        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False),
+        func.now() if fallback is None else fallback,
     )
+
+
+def qname() -> Any:
+    """``:qname``, the queue a statement works on."""
+    return bindparam("qname", type_=Text)
+
+
+def ids() -> Any:
+    """``ANY(:ids)``, the jobs a statement works on."""
+    return func.any(bindparam("ids", type_=ARRAY(Uuid())))
 
 
 def settle_input() -> Any:

@@ -21,74 +21,29 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Integer,
-    Select,
-    Text,
-    and_,
-    bindparam,
-    case,
-    func,
-    literal_column,
-    not_,
-    or_,
-    select,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Select, func, select
 
-from ..models.enums import JobState
-from ._common import JOB, QUEUE, advisory_key, state, state_text
+from . import _claim
+from ._claim import in_keys
+from ._common import JOB, QUEUE
 from .reading import readable_columns
 
 RACY_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers the ``active`` state: activating a job can conflict."""
 
 
-def _key(column: ColumnElement[Any]) -> ColumnElement[Any]:
-    # Keys compare through COALESCE like the unique indexes do, so "no key" and
-    # "" are the same key.
-    return func.coalesce(column, "")
-
-
-def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[ColumnElement[Any]]:
+def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[Any]:
     """Conditions on ``job`` rows a fetch may take."""
     j = JOB
-    # An uncorrelated EXISTS is evaluated once per statement (a one-time filter),
-    # so guarding the cached policy costs one primary-key probe.
-    policy_holds = (
-        select(QUEUE.c.name)
-        .where(
-            QUEUE.c.name == bindparam("qname", type_=Text),
-            QUEUE.c.policy == bindparam("cached_policy", type_=Text),
-        )
-        .exists()
+    conditions = _claim.queued(
+        j, QUEUE, due=None if ignore_start_after else j.c.start_after < func.now()
     )
-    conditions: list[ColumnElement[Any]] = [
-        j.c.name == bindparam("qname", type_=Text),
-        j.c.state < state_text(JobState.ACTIVE),
-        policy_holds,
-    ]
-    if not ignore_start_after:
-        conditions.append(j.c.start_after < func.now())
     if singleton_aware:
-        busy = JOB.alias("busy")
-        conditions.append(
-            not_(
-                select(busy.c.id)
-                .where(
-                    busy.c.name == j.c.name,
-                    busy.c.state == state_text(JobState.ACTIVE),
-                    _key(busy.c.singleton_key) == _key(j.c.singleton_key),
-                )
-                .exists()
-            )
-        )
+        # Any active job of the key blocks it, whatever its policy: at 26 the
+        # unique indexes i2/i3 are the only judges.
+        conditions.append(_claim.key_not_active(JOB, j))
     else:
-        # Literals, not an expanding IN parameter: the statement text is final at
-        # compile time (no per-execution rendering) and the planner sees constants.
-        racy = [literal_column(f"'{policy}'", Text) for policy in RACY_POLICIES]
-        conditions.append(or_(j.c.policy.is_(None), j.c.policy.not_in(racy)))
+        conditions.append(_claim.not_of_policies(j, RACY_POLICIES))
     return conditions
 
 
@@ -107,27 +62,8 @@ def lock_keys(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
     Never waits: a key another transaction holds is left out. The locks last
     until the transaction ends. ``:lock_schema`` keeps schemas apart.
     """
-    j = JOB
-    next_rows = (
-        select(_key(j.c.singleton_key).label("key"))
-        .where(and_(*_queued(ignore_start_after=ignore_start_after, singleton_aware=True)))
-        .order_by(*_order(j.c, priority))
-        .limit(bindparam("limit", type_=Integer))
-        .subquery("next")
-    )
-    # DISTINCT keeps the planner from pushing the (volatile) lock call below
-    # it, so each key is tried once.
-    keys = select(next_rows.c.key).distinct().subquery("keys")
-    taken = func.pg_try_advisory_xact_lock(
-        advisory_key(
-            bindparam("lock_schema", type_=Text)
-            + "alkstore.fetch."
-            + bindparam("qname", type_=Text)
-            + "."
-            + keys.c.key
-        )
-    )
-    return select(keys.c.key).where(taken)
+    conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=True)
+    return _claim.lock_keys(JOB, conditions, _order(JOB.c, priority))
 
 
 @functools.cache
@@ -151,42 +87,16 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=singleton_aware)
     if singleton_aware:
-        conditions.append(_key(j.c.singleton_key) == func.any(bindparam("keys", type_=ARRAY(Text))))
-    candidates = (
-        select(j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on)
-        .where(and_(*conditions))
-        .order_by(*_order(j.c, priority))
-        .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-        .cte("next")
-    )
+        conditions.append(in_keys(j))
+    candidates = _claim.locked_rows(
+        [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on],
+        conditions,
+        _order(j.c, priority),
+    ).cte("next")
     chosen = candidates
     if singleton_aware:
-        # One job per key per call; the other locked rows stay queued.
-        c = candidates.c
-        ranked = select(
-            c.id,
-            func.row_number()
-            .over(partition_by=_key(c.singleton_key), order_by=_order(c, priority))
-            .label("rn"),
-        ).cte("ranked")
-        chosen = select(ranked.c.id).where(ranked.c.rn == 1).cte("chosen")
-
-    claimed = (
-        j.update()
-        .where(j.c.name == bindparam("qname", type_=Text), j.c.id == chosen.c.id)
-        .values(
-            state=state(JobState.ACTIVE),
-            started_on=func.now(),
-            # retry_count rises on every fetch after the first (pg-boss counts
-            # retries on the way back in, not on failure).
-            retry_count=case(
-                (j.c.started_on.is_not(None), j.c.retry_count + 1), else_=j.c.retry_count
-            ),
-        )
-        .returning(*j.c)
-        .cte("claimed")
-    )
+        chosen = _claim.one_per_key(candidates, _order(candidates.c, priority))
+    claimed = _claim.activate(j, chosen, func.now())
     # Returned through readable_columns: a row another client wrote with values
     # Python cannot hold must not make reading the whole batch fail (the caller
     # fails that job instead, see ops/working.py).
@@ -204,11 +114,5 @@ def keyed_jobs(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
     """
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=True)
-    conditions.append(_key(j.c.singleton_key) == func.any(bindparam("keys", type_=ARRAY(Text))))
-    return (
-        select(j.c.id, j.c.singleton_key)
-        .where(and_(*conditions))
-        .order_by(*_order(j.c, priority))
-        .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-    )
+    conditions.append(in_keys(j))
+    return _claim.locked_rows([j.c.id, j.c.singleton_key], conditions, _order(j.c, priority))

@@ -29,24 +29,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Integer,
-    Select,
-    Text,
-    and_,
-    bindparam,
-    case,
-    func,
-    literal_column,
-    not_,
-    or_,
-    select,
-)
+from sqlalchemy import ColumnElement, Integer, Select, bindparam, func, not_, select
 from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 
 from ...models.enums import JobState
-from .._common import advisory_key, state, state_text
+from .. import _claim
+from .._claim import in_keys, policy_literal
+from .._common import qname, state_text
 from ..reading import readable, readable_columns
 from ..tables46 import JOB, QUEUE
 from . import job_now
@@ -60,52 +49,20 @@ RACY_POLICIES = (*SINGLETON_POLICIES, KEY_STRICT_FIFO)
 """Policies whose activation can hit a unique index (i2, i3, i8)."""
 
 
-def _key(column: ColumnElement[Any]) -> ColumnElement[Any]:
-    # As the unique indexes i2/i3 compare keys: "no key" and "" are one key.
-    return func.coalesce(column, "")
-
-
-def _literal(text: str) -> ColumnElement[Any]:
-    # Literals, not binds, so the planner can match partial indexes on policy.
-    return literal_column(f"'{text}'", Text)
-
-
 def _queued(j: Any, *, policy: str, ignore_start_after: bool) -> list[ColumnElement[Any]]:
     """The rows of ``j`` a fetch of a ``policy`` queue may take."""
-    # An uncorrelated EXISTS is a one-time filter: the cached policy is checked
-    # once per statement, and a stale one claims nothing (the caller re-reads it).
-    policy_holds = (
-        select(QUEUE.c.name)
-        .where(
-            QUEUE.c.name == bindparam("qname", type_=Text),
-            QUEUE.c.policy == bindparam("cached_policy", type_=Text),
-        )
-        .exists()
-    )
     # Exactly job_i11's predicate (plus the due time, its last key column): any
     # other shape of it and the planner no longer reads the queue in index order.
-    conditions: list[ColumnElement[Any]] = [
-        j.c.name == bindparam("qname", type_=Text),
-        j.c.state < state_text(JobState.ACTIVE),
+    conditions = _claim.queued(
+        j,
+        QUEUE,
         not_(j.c.blocked),
-        policy_holds,
-    ]
-    if not ignore_start_after:
-        conditions.append(j.c.start_after <= job_now())
+        due=None if ignore_start_after else j.c.start_after <= job_now(),
+    )
     if policy in SINGLETON_POLICIES:
-        busy = JOB.alias("busy")
-        conditions.append(
-            not_(
-                select(busy.c.id)
-                .where(
-                    busy.c.name == j.c.name,
-                    busy.c.state == state_text(JobState.ACTIVE),
-                    busy.c.policy == _literal(policy),
-                    _key(busy.c.singleton_key) == _key(j.c.singleton_key),
-                )
-                .exists()
-            )
-        )
+        # Only an active job of the queue's policy holds its key, as pg-boss
+        # 12.38 asks: a hand-written row of another policy does not.
+        conditions.append(_claim.key_not_active(JOB, j, policy=policy))
     elif policy == KEY_STRICT_FIFO:
         held = JOB.alias("held")
         conditions.append(
@@ -121,18 +78,14 @@ def _queued(j: Any, *, policy: str, ignore_start_after: bool) -> list[ColumnElem
                             state_text(JobState.FAILED),
                         ]
                     ),
-                    held.c.policy == _literal(KEY_STRICT_FIFO),
+                    held.c.policy == policy_literal(KEY_STRICT_FIFO),
                     held.c.id != j.c.id,
                 )
                 .exists()
             )
         )
     else:
-        # Rows of another policy than the queue's (written by hand) are left
-        # alone, so this statement can never hit their unique indexes.
-        conditions.append(
-            or_(j.c.policy.is_(None), j.c.policy.not_in([_literal(p) for p in RACY_POLICIES]))
-        )
+        conditions.append(_claim.not_of_policies(j, RACY_POLICIES))
     return conditions
 
 
@@ -146,10 +99,10 @@ def _heads(*, ignore_start_after: bool) -> Any:
     has one (``state DESC``), else its oldest (``job_i10`` serves this order)."""
     h = JOB.alias("h")
     conditions = [
-        h.c.name == bindparam("qname", type_=Text),
+        h.c.name == qname(),
         h.c.state < state_text(JobState.ACTIVE),
         not_(h.c.blocked),
-        h.c.policy == _literal(KEY_STRICT_FIFO),
+        h.c.policy == policy_literal(KEY_STRICT_FIFO),
     ]
     if not ignore_start_after:
         conditions.append(h.c.start_after <= job_now())
@@ -169,26 +122,8 @@ def lock_keys(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     ``:qname`` (a singleton or stately queue); return the keys (COALESCEd) this
     transaction now holds. Never waits. Same locks as at 26, so fetchers on either
     side of a live upgrade still exclude each other."""
-    j = JOB
-    next_rows = (
-        select(_key(j.c.singleton_key).label("key"))
-        .where(and_(*_queued(j, policy=policy, ignore_start_after=ignore_start_after)))
-        .order_by(*_order(j.c))
-        .limit(bindparam("limit", type_=Integer))
-        .subquery("next")
-    )
-    # DISTINCT keeps the (volatile) lock call above it: each key is tried once.
-    keys = select(next_rows.c.key).distinct().subquery("keys")
-    taken = func.pg_try_advisory_xact_lock(
-        advisory_key(
-            bindparam("lock_schema", type_=Text)
-            + "alkstore.fetch."
-            + bindparam("qname", type_=Text)
-            + "."
-            + keys.c.key
-        )
-    )
-    return select(keys.c.key).where(taken)
+    conditions = _queued(JOB, policy=policy, ignore_start_after=ignore_start_after)
+    return _claim.lock_keys(JOB, conditions, _order(JOB.c))
 
 
 @functools.cache
@@ -204,45 +139,23 @@ def fetch_jobs(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
     if policy in SINGLETON_POLICIES:
-        conditions.append(_key(j.c.singleton_key) == func.any(bindparam("keys", type_=ARRAY(Text))))
+        conditions.append(in_keys(j))
     if policy == KEY_STRICT_FIFO:
         heads = _heads(ignore_start_after=ignore_start_after)
         conditions.append(j.c.id.in_(select(heads.c.id)))
     candidates = (
-        select(j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on)
-        .where(and_(*conditions))
-        .order_by(*_order(j.c))
-        .limit(bindparam("limit", type_=Integer))
+        _claim.locked_rows(
+            [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on], conditions, _order(j.c)
+        )
         .with_for_update(skip_locked=True, of=j)
         .cte("next")
     )
     chosen = candidates
     if policy in SINGLETON_POLICIES:
-        # One job per key per call; the other locked rows stay queued.
-        c = candidates.c
-        ranked = select(
-            c.id,
-            func.row_number()
-            .over(partition_by=_key(c.singleton_key), order_by=_order(c))
-            .label("rn"),
-        ).cte("ranked")
-        chosen = select(ranked.c.id).where(ranked.c.rn == 1).cte("chosen")
-    claimed = (
-        j.update()
-        .where(j.c.name == bindparam("qname", type_=Text), j.c.id == chosen.c.id)
-        .values(
-            state=state(JobState.ACTIVE),
-            started_on=job_now(),
-            heartbeat_on=job_now(),
-            # Every fetch after the first counts a retry (pg-boss counts them on
-            # the way back in, and its settle fence relies on it).
-            retry_count=case(
-                (j.c.started_on.is_not(None), j.c.retry_count + 1), else_=j.c.retry_count
-            ),
-        )
-        .returning(*j.c)
-        .cte("claimed")
-    )
+        chosen = _claim.one_per_key(candidates, _order(candidates.c))
+    # Activation also stamps heartbeat_on: Node's monitor measures a job's
+    # heartbeat from it.
+    claimed = _claim.activate(j, chosen, job_now(), heartbeat_on=job_now())
     return select(*readable_columns(claimed.c, JOB)).order_by(*_order(claimed.c), claimed.c.id)
 
 
@@ -253,21 +166,15 @@ def keyed_jobs(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     the unique index that activating them enters; see ops/poison.py)."""
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
-    conditions.append(_key(j.c.singleton_key) == func.any(bindparam("keys", type_=ARRAY(Text))))
-    return (
-        select(j.c.id, j.c.singleton_key)
-        .where(and_(*conditions))
-        .order_by(*_order(j.c))
-        .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
-    )
+    conditions.append(in_keys(j))
+    return _claim.locked_rows([j.c.id, j.c.singleton_key], conditions, _order(j.c))
 
 
 @functools.cache
 def get_jobs() -> Select[Any]:
     """Jobs of queue ``:qname`` by ``:ids``, every schema-46 column, readable."""
     stmt = select(*JOB.c).where(
-        JOB.c.name == bindparam("qname", type_=Text),
+        JOB.c.name == qname(),
         JOB.c.id == func.any(bindparam("ids", type_=ARRAY(JOB.c.id.type))),
     )
     return readable(stmt, JOB)
@@ -277,7 +184,7 @@ def get_jobs() -> Select[Any]:
 def list_jobs(state_filter: JobState | None = None) -> Select[Any]:
     """Jobs of queue ``:qname``, newest first, at most ``:limit``; only
     ``state_filter`` if given (a literal, so partial indexes apply)."""
-    stmt = select(*readable_columns(JOB.c, JOB)).where(JOB.c.name == bindparam("qname", type_=Text))
+    stmt = select(*readable_columns(JOB.c, JOB)).where(JOB.c.name == qname())
     if state_filter is not None:
         stmt = stmt.where(JOB.c.state == state_text(state_filter))
     return stmt.order_by(JOB.c.created_on.desc(), JOB.c.id).limit(bindparam("limit", type_=Integer))
