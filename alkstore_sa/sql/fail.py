@@ -16,36 +16,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import (
-    CTE,
-    Integer,
-    Select,
-    Text,
-    Uuid,
-    and_,
-    bindparam,
-    case,
-    cast,
-    column,
-    delete,
-    func,
-    or_,
-    select,
-    union_all,
-)
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy import CTE, Integer, Select, Text, bindparam, cast, delete, func, select
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from ..models.enums import JobState
-from ._common import (
-    JOB,
-    JOB_COLUMNS,
-    QUEUE,
-    now_param,
-    seconds,
-    settle_input,
-    state,
-    state_text,
-)
+from . import _failing
+from ._common import JOB, JOB_COLUMNS, QUEUE, now_param, seconds, state_text
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
@@ -54,109 +30,36 @@ TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 def _fail_from(deleted: CTE) -> Select[Any]:
     """Re-insert the rows of ``deleted`` (all job columns + ``new_output``).
 
-    Returns ``(id, name, state, dead_letter)`` of every job failed or set to retry.
+    Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
+    or set to retry.
     """
     d = deleted.c
-    retrying = d.retry_count < d.retry_limit
     # Additive backoff: retry_delay + 2^n/2 * (1 + random()), capped by
     # retry_delay_max (LEAST ignores NULL, so no cap when it is unset).
     exponent = func.power(2, func.least(16, d.retry_count + 1))
     backoff = func.least(
         d.retry_delay_max, d.retry_delay + exponent / 2 + exponent / 2 * func.random()
     )
-    start_after = case(
-        (d.retry_count == d.retry_limit, d.start_after),
-        (
-            d.retry_backoff.is_(False),
-            func.now() + seconds(d.retry_delay),
-        ),
-        else_=func.now() + seconds(backoff),
+    as_retry, as_failed = _failing.outcomes(deleted, func.now(), backoff)
+    retried, failed = _failing.reinsert(JOB, deleted, JOB_COLUMNS, as_retry, as_failed)
+    results = _failing.results(
+        retried, failed, ["id", "name", "state", "dead_letter", "data", "output"]
     )
-    overrides: dict[str, Any] = {
-        "state": case((retrying, state(JobState.RETRY)), else_=state(JobState.FAILED)),
-        "start_after": start_after,
-        "completed_on": case((retrying, None), else_=func.now()),
-        "output": d.new_output,
-    }
-    retried = (
-        insert(JOB)
-        .from_select(JOB_COLUMNS, select(*[overrides.get(c, d[c]) for c in JOB_COLUMNS]))
-        .on_conflict_do_nothing()
-        .returning(*JOB.c)
-        .cte("retried")
-    )
-    # A retry that met a unique index (a stately queue with its retry slot taken)
-    # fails for good instead. No ON CONFLICT here: the row just deleted held
-    # every slot this one needs, and an error is better than a lost job.
-    terminal = {"state": state(JobState.FAILED), "completed_on": func.now(), "output": d.new_output}
-    failed = (
-        insert(JOB)
-        .from_select(
-            JOB_COLUMNS,
-            select(*[terminal.get(c, d[c]) for c in JOB_COLUMNS]).where(
-                d.id.not_in(select(retried.c.id))
-            ),
-        )
-        .returning(*JOB.c)
-        .cte("failed")
-    )
-    results = union_all(
-        select(
-            retried.c.id,
-            retried.c.name,
-            retried.c.state,
-            retried.c.dead_letter,
-            retried.c.data,
-            retried.c.output,
-        ),
-        select(
-            failed.c.id,
-            failed.c.name,
-            failed.c.state,
-            failed.c.dead_letter,
-            failed.c.data,
-            failed.c.output,
-        ),
-    ).cte("results")
+    r = results.c
     # One dead-letter job per failed job, on the DLQ's settings; the rest take
     # the column defaults (policy NULL, so the DLQ's unique indexes never reject it).
     q = QUEUE.alias("dlq")
-    dead = (
-        insert(JOB)
-        .from_select(
-            [
-                "name",
-                "data",
-                "output",
-                "retry_limit",
-                "retry_backoff",
-                "retry_delay",
-                "keep_until",
-                "deletion_seconds",
-            ],
-            select(
-                q.c.name,
-                results.c.data,
-                results.c.output,
-                q.c.retry_limit,
-                q.c.retry_backoff,
-                q.c.retry_delay,
-                func.now() + seconds(q.c.retention_seconds),
-                q.c.deletion_seconds,
-            )
-            .select_from(results.join(q, q.c.name == results.c.dead_letter))
-            .where(results.c.state == state_text(JobState.FAILED)),
-        )
-        .returning(JOB.c.id)
-        .cte("dead")
-    )
-    return select(
-        results.c.id,
-        results.c.name,
-        results.c.state,
-        results.c.dead_letter,
-        select(func.count()).select_from(dead).scalar_subquery().label("dead_lettered"),
-    )
+    dead_letter_copy: dict[str, Any] = {
+        "name": q.c.name,
+        "data": r.data,
+        "output": r.output,
+        "retry_limit": q.c.retry_limit,
+        "retry_backoff": q.c.retry_backoff,
+        "retry_delay": q.c.retry_delay,
+        "keep_until": func.now() + seconds(q.c.retention_seconds),
+        "deletion_seconds": q.c.deletion_seconds,
+    }
+    return _failing.dead_letter(JOB, results, q, dead_letter_copy)
 
 
 @functools.cache
@@ -165,28 +68,9 @@ def fail_jobs() -> Select[Any]:
 
     Guard without a fence: the job is not finished (``state < 'completed'``), as
     pg-boss's fail by id. With a fence: the job is ``active`` in the attempt that
-    started at that time. ``active`` matters: a job that expiry moved to
-    ``retry`` keeps its ``started_on``, so the fence alone would let a late
-    worker overwrite the timeout output and restart the retry delay.
+    started at that time (see :func:`alkstore_sa.sql._failing.fenced_delete`).
     """
-    src = settle_input()
-    deleted = (
-        delete(JOB)
-        .where(
-            JOB.c.name == bindparam("qname", type_=Text),
-            JOB.c.id == src.c.id,
-            or_(
-                and_(src.c.fence.is_(None), JOB.c.state < state_text(JobState.COMPLETED)),
-                and_(
-                    JOB.c.state == state_text(JobState.ACTIVE),
-                    JOB.c.started_on == src.c.fence,
-                ),
-            ),
-        )
-        .returning(*JOB.c, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
-    return _fail_from(deleted)
+    return _fail_from(_failing.fenced_delete(JOB))
 
 
 @functools.cache
@@ -226,30 +110,7 @@ def fail_poison() -> Select[Any]:
 
     For jobs that can never run (a row no worker can read or activate): the
     normal fail statement, so the job is dead-lettered like any failed job, but
-    with no retry left, because retrying a row that cannot be read or activated
-    would only fail again. ``retry_limit`` is lowered to ``retry_count`` for that,
-    which also leaves the record saying how many attempts there were.
+    with no retry left (see :func:`alkstore_sa.sql._failing.poison_delete`).
     Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("outputs", type_=ARRAY(Text())),
-        )
-        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
-        .render_derived()
-    )
-    returned = [
-        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
-    ]
-    deleted = (
-        delete(JOB)
-        .where(
-            JOB.c.name == bindparam("qname", type_=Text),
-            JOB.c.id == src.c.id,
-            JOB.c.state < state_text(JobState.COMPLETED),
-        )
-        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
-    return _fail_from(deleted)
+    return _fail_from(_failing.poison_delete(JOB))

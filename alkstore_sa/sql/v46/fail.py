@@ -50,22 +50,18 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Uuid,
     and_,
     bindparam,
-    case,
     cast,
-    column,
     delete,
     func,
-    or_,
     select,
-    union_all,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from ...models.enums import JobState
-from .._common import seconds, settle_input, state, state_text
+from .. import _failing
+from .._common import now_param, seconds, state_text
 from ..tables46 import JOB, QUEUE
 from . import job_now
 
@@ -107,42 +103,14 @@ def _fail_from(deleted: CTE) -> Select[Any]:
     """
     d = deleted.c
     now = job_now()
-    retrying = d.retry_count < d.retry_limit
-    start_after = case(
-        # The last attempt failed: the job is done, start_after stays as it was.
-        (d.retry_count == d.retry_limit, d.start_after),
-        (d.retry_backoff.is_(False), now + seconds(d.retry_delay)),
-        else_=now + seconds(backoff_seconds(d.retry_count, d.retry_delay, d.retry_delay_max)),
+    # heartbeat_on is cleared: the attempt it measured is over.
+    as_retry, as_failed = _failing.outcomes(
+        deleted,
+        now,
+        backoff_seconds(d.retry_count, d.retry_delay, d.retry_delay_max),
+        heartbeat_on=None,
     )
-    common: dict[str, Any] = {"output": d.new_output, "heartbeat_on": None}
-    as_retry = {
-        **common,
-        "state": case((retrying, state(JobState.RETRY)), else_=state(JobState.FAILED)),
-        "start_after": start_after,
-        "completed_on": case((retrying, None), else_=now),
-    }
-    retried = (
-        insert(JOB)
-        .from_select(CARRIED_COLUMNS, select(*[as_retry.get(c, d[c]) for c in CARRIED_COLUMNS]))
-        .on_conflict_do_nothing()
-        .returning(*JOB.c)
-        .cte("retried")
-    )
-    # A retry that met a unique index (a stately queue with its retry slot taken)
-    # fails for good instead. No ON CONFLICT here: the row just deleted held
-    # every slot this one needs, and an error is better than a lost job.
-    as_failed = {**common, "state": state(JobState.FAILED), "completed_on": now}
-    failed = (
-        insert(JOB)
-        .from_select(
-            CARRIED_COLUMNS,
-            select(*[as_failed.get(c, d[c]) for c in CARRIED_COLUMNS]).where(
-                d.id.not_in(select(retried.c.id))
-            ),
-        )
-        .returning(*JOB.c)
-        .cte("failed")
-    )
+    retried, failed = _failing.reinsert(JOB, deleted, CARRIED_COLUMNS, as_retry, as_failed)
     kept = [
         "id",
         "name",
@@ -159,9 +127,7 @@ def _fail_from(deleted: CTE) -> Select[Any]:
         "source_root_id",
         "trace_context",
     ]
-    results = union_all(
-        select(*[retried.c[c] for c in kept]), select(*[failed.c[c] for c in kept])
-    ).cte("results")
+    results = _failing.results(retried, failed, kept)
     r = results.c
     # One copy per failed job, in the dead letter queue, as a new job on that
     # queue's settings. Its own output starts empty (it has not run); the failed
@@ -193,24 +159,7 @@ def _fail_from(deleted: CTE) -> Select[Any]:
         "source_root_id": func.coalesce(r.source_root_id, r.id),
         "trace_context": r.trace_context,
     }
-    dead = (
-        insert(JOB)
-        .from_select(
-            list(dead_letter_copy),
-            select(*dead_letter_copy.values())
-            .select_from(results.join(q, q.c.name == r.dead_letter))
-            .where(r.state == state_text(JobState.FAILED)),
-        )
-        .returning(JOB.c.id)
-        .cte("dead")
-    )
-    return select(
-        r.id,
-        r.name,
-        r.state,
-        r.dead_letter,
-        select(func.count()).select_from(dead).scalar_subquery().label("dead_lettered"),
-    )
+    return _failing.dead_letter(JOB, results, q, dead_letter_copy)
 
 
 @functools.cache
@@ -224,31 +173,12 @@ def fail_jobs() -> Select[Any]:
     for the same reason; ``started_on`` tells attempts apart as well, and is what
     every settle of ours fences on).
     """
-    src = settle_input()
-    deleted = (
-        delete(JOB)
-        .where(
-            JOB.c.name == bindparam("qname", type_=Text),
-            JOB.c.id == src.c.id,
-            or_(
-                and_(src.c.fence.is_(None), JOB.c.state < state_text(JobState.COMPLETED)),
-                and_(
-                    JOB.c.state == state_text(JobState.ACTIVE),
-                    JOB.c.started_on == src.c.fence,
-                ),
-            ),
-        )
-        .returning(*JOB.c, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
-    return _fail_from(deleted)
+    return _fail_from(_failing.fenced_delete(JOB))
 
 
 def _clock() -> ColumnElement[Any]:
     """``COALESCE(:now, job_now())``: the supervisor's fake clock in tests, else the schema's."""
-    return func.coalesce(
-        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), job_now()
-    )
+    return now_param(job_now())
 
 
 Lapsed = Callable[[Any], ColumnElement[bool]]
@@ -325,25 +255,4 @@ def fail_poison() -> Select[Any]:
     again. ``retry_limit`` is lowered to ``retry_count`` for that, which also
     leaves the record saying how many attempts there were.
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("outputs", type_=ARRAY(Text())),
-        )
-        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
-        .render_derived()
-    )
-    returned = [
-        JOB.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in JOB.c
-    ]
-    deleted = (
-        delete(JOB)
-        .where(
-            JOB.c.name == bindparam("qname", type_=Text),
-            JOB.c.id == src.c.id,
-            JOB.c.state < state_text(JobState.COMPLETED),
-        )
-        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
-    return _fail_from(deleted)
+    return _fail_from(_failing.poison_delete(JOB))

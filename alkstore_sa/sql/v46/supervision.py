@@ -57,7 +57,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 from sqlalchemy.sql.elements import Grouping
 
 from ...models.enums import JobState
-from .._common import advisory_key, seconds, state_text
+from .._common import advisory_key, now_param, seconds, state_text
 from ..tables46 import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
 from . import job_now
 
@@ -83,9 +83,7 @@ _RETAINED = ("completed", "cancelled")
 
 def now() -> ColumnElement[Any]:
     """``COALESCE(:now, <schema>.job_now())``."""
-    return func.coalesce(
-        bindparam("now", None, type_=TIMESTAMP(timezone=True), required=False), job_now()
-    )
+    return now_param(job_now())
 
 
 def _names() -> Any:

@@ -1,0 +1,191 @@
+"""The shape of fail that schema 26 and schema 46 share.
+
+Both versions (:mod:`alkstore_sa.sql.fail`, :mod:`alkstore_sa.sql.v46.fail`) fail
+jobs as pg-boss does: delete the rows, insert them again as ``retry`` or
+``failed`` in the same statement, and copy each failed job into its dead letter
+queue. The steps here take the job table and the column values each version
+writes, so what differs (which columns are carried, the backoff, the clock, what
+a dead-letter copy keeps) stays in the version's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Select,
+    Table,
+    Text,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    func,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+
+from ..models.enums import JobState
+from ._common import seconds, settle_input, state, state_text
+
+
+def fenced_delete(job: Table) -> CTE:
+    """Delete jobs ``:ids`` of ``:qname`` per :func:`~._common.settle_input`, as the
+    CTE ``deleted`` (every column + ``new_output``).
+
+    Without a fence the job must not be finished (``state < 'completed'``), as
+    pg-boss's fail by id. With one it must be ``active`` in the attempt that
+    started at that time. ``active`` matters: a job that expiry moved to
+    ``retry`` keeps its ``started_on``, so the fence alone would let a late
+    worker overwrite the timeout output and restart the retry delay.
+    """
+    src = settle_input()
+    return (
+        delete(job)
+        .where(
+            job.c.name == bindparam("qname", type_=Text),
+            job.c.id == src.c.id,
+            or_(
+                and_(src.c.fence.is_(None), job.c.state < state_text(JobState.COMPLETED)),
+                and_(
+                    job.c.state == state_text(JobState.ACTIVE),
+                    job.c.started_on == src.c.fence,
+                ),
+            ),
+        )
+        .returning(*job.c, cast(src.c.output, JSONB).label("new_output"))
+        .cte("deleted")
+    )
+
+
+def poison_delete(job: Table) -> CTE:
+    """Delete unfinished jobs ``:ids`` of ``:qname`` with per-job ``:outputs``, as the
+    CTE ``deleted``, returning ``retry_limit`` lowered to ``retry_count``: a row
+    that cannot be read or activated would only fail again, so it gets no retry,
+    and the record still says how many attempts there were."""
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("outputs", type_=ARRAY(Text())),
+        )
+        .table_valued(column("id", Uuid()), column("output", Text()), name="src")
+        .render_derived()
+    )
+    returned = [
+        job.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in job.c
+    ]
+    return (
+        delete(job)
+        .where(
+            job.c.name == bindparam("qname", type_=Text),
+            job.c.id == src.c.id,
+            job.c.state < state_text(JobState.COMPLETED),
+        )
+        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
+        .cte("deleted")
+    )
+
+
+def outcomes(
+    deleted: CTE, now: ColumnElement[Any], backoff: ColumnElement[Any], **also: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a row of ``deleted`` is inserted again with, as ``retry`` (or
+    ``failed`` when no retry is left) and as ``failed`` (see :func:`reinsert`).
+
+    A retry starts after ``retry_delay`` seconds, or ``backoff`` seconds (the
+    version's formula) when ``retry_backoff`` is set; a job failed for good keeps
+    its ``start_after``. ``also``: more values both set.
+    """
+    d = deleted.c
+    retrying = d.retry_count < d.retry_limit
+    start_after = case(
+        # The last attempt failed: the job is done, start_after stays as it was.
+        (d.retry_count == d.retry_limit, d.start_after),
+        (d.retry_backoff.is_(False), now + seconds(d.retry_delay)),
+        else_=now + seconds(backoff),
+    )
+    common = {"output": d.new_output, **also}
+    as_retry = {
+        **common,
+        "state": case((retrying, state(JobState.RETRY)), else_=state(JobState.FAILED)),
+        "start_after": start_after,
+        "completed_on": case((retrying, None), else_=now),
+    }
+    as_failed = {**common, "state": state(JobState.FAILED), "completed_on": now}
+    return as_retry, as_failed
+
+
+def reinsert(
+    job: Table,
+    deleted: CTE,
+    columns: Sequence[str],
+    as_retry: Mapping[str, Any],
+    as_failed: Mapping[str, Any],
+) -> tuple[CTE, CTE]:
+    """Insert the rows of ``deleted`` again into ``job``: ``columns`` from the row,
+    but those ``as_retry`` sets; the rows that insert skipped again, with
+    ``as_failed`` instead. Returns the CTEs ``(retried, failed)``.
+    """
+    d = deleted.c
+    retried = (
+        insert(job)
+        .from_select(columns, select(*[as_retry.get(c, d[c]) for c in columns]))
+        .on_conflict_do_nothing()
+        .returning(*job.c)
+        .cte("retried")
+    )
+    # A retry that met a unique index (a stately queue with its retry slot taken)
+    # fails for good instead. No ON CONFLICT here: the row just deleted held
+    # every slot this one needs, and an error is better than a lost job.
+    failed = (
+        insert(job)
+        .from_select(
+            columns,
+            select(*[as_failed.get(c, d[c]) for c in columns]).where(
+                d.id.not_in(select(retried.c.id))
+            ),
+        )
+        .returning(*job.c)
+        .cte("failed")
+    )
+    return retried, failed
+
+
+def results(retried: CTE, failed: CTE, kept: Sequence[str]) -> CTE:
+    """The ``kept`` columns of every row retried or failed, as the CTE ``results``."""
+    return union_all(
+        select(*[retried.c[c] for c in kept]), select(*[failed.c[c] for c in kept])
+    ).cte("results")
+
+
+def dead_letter(job: Table, rows: CTE, dlq: Any, copy: Mapping[str, Any]) -> Select[Any]:
+    """Copy each failed row of ``rows`` into its dead letter queue ``dlq`` (an alias
+    of the queue table) with the values ``copy`` names, and return
+    ``(id, name, state, dead_letter, dead_lettered)`` per row."""
+    r = rows.c
+    dead = (
+        insert(job)
+        .from_select(
+            list(copy),
+            select(*copy.values())
+            .select_from(rows.join(dlq, dlq.c.name == r.dead_letter))
+            .where(r.state == state_text(JobState.FAILED)),
+        )
+        .returning(job.c.id)
+        .cte("dead")
+    )
+    return select(
+        r.id,
+        r.name,
+        r.state,
+        r.dead_letter,
+        select(func.count()).select_from(dead).scalar_subquery().label("dead_lettered"),
+    )
