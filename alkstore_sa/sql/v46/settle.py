@@ -24,32 +24,20 @@ from sqlalchemy import (
     CTE,
     Integer,
     Select,
-    Text,
     Update,
-    Uuid,
     and_,
     bindparam,
     case,
-    column,
     delete,
     func,
-    or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 
 from ...models.enums import JobState
-from .._common import settle_input, state, state_text
+from .. import _settling
+from .._common import ids, qname, state, state_text
 from ..tables46 import JOB, QUEUE
 from . import job_now
-
-
-def _ids() -> Any:
-    return func.any(bindparam("ids", type_=ARRAY(Uuid())))
-
-
-def _qname() -> Any:
-    return bindparam("qname", type_=Text)
 
 
 @functools.cache
@@ -59,41 +47,17 @@ def complete_jobs() -> Update:
     Inputs as :func:`alkstore_sa.sql._common.settle_input`: a fenced item applies
     only to the attempt that started at its fence (``started_on``).
     """
-    src = settle_input()
-    return (
-        JOB.update()
-        .where(
-            JOB.c.name == _qname(),
-            JOB.c.id == src.c.id,
-            JOB.c.state == state_text(JobState.ACTIVE),
-            or_(src.c.fence.is_(None), JOB.c.started_on == src.c.fence),
-        )
-        .values(
-            completed_on=job_now(),
-            state=state(JobState.COMPLETED),
-            output=func.cast(src.c.output, JSONB),
-        )
-        .returning(JOB.c.id)
-    )
+    return _settling.complete(JOB, job_now())
 
 
 @functools.cache
 def cancel_jobs() -> Update:
     """Not finished -> ``cancelled``; returns the ids changed."""
-    return (
-        JOB.update()
-        .where(
-            JOB.c.name == _qname(),
-            JOB.c.id == _ids(),
-            JOB.c.state < state_text(JobState.COMPLETED),
-        )
-        .values(completed_on=job_now(), state=state(JobState.CANCELLED))
-        .returning(JOB.c.id)
-    )
+    return _settling.cancel(JOB, job_now())
 
 
 def _retained_on() -> Any:
-    return select(QUEUE.c.retained_on).where(QUEUE.c.name == _qname()).scalar_subquery()
+    return select(QUEUE.c.retained_on).where(QUEUE.c.name == qname()).scalar_subquery()
 
 
 def _was_retained(state_col: Any, completed_on: Any) -> Any:
@@ -125,8 +89,8 @@ def resume_jobs() -> Select[Any]:
     before = (
         select(JOB.c.id, JOB.c.completed_on)
         .where(
-            JOB.c.name == _qname(),
-            JOB.c.id == _ids(),
+            JOB.c.name == qname(),
+            JOB.c.id == ids(),
             JOB.c.state == state_text(JobState.CANCELLED),
         )
         .cte("resumable")
@@ -134,7 +98,7 @@ def resume_jobs() -> Select[Any]:
     changed = (
         JOB.update()
         .where(
-            JOB.c.name == _qname(),
+            JOB.c.name == qname(),
             JOB.c.id == before.c.id,
             # Re-checked on the locked row: another session may have moved it.
             JOB.c.state == state_text(JobState.CANCELLED),
@@ -160,21 +124,8 @@ def retry_jobs() -> Update:
     """``failed`` -> ``retry`` with one more attempt allowed, ``completed_on``
     cleared (so retention cannot delete it while it waits) and ``start_after`` up
     to now if it has passed; returns the ids changed."""
-    return (
-        JOB.update()
-        .where(
-            JOB.c.name == _qname(),
-            JOB.c.id == _ids(),
-            JOB.c.state == state_text(JobState.FAILED),
-        )
-        .values(
-            state=state(JobState.RETRY),
-            retry_limit=JOB.c.retry_limit + 1,
-            completed_on=None,
-            start_after=func.greatest(JOB.c.start_after, job_now()),
-        )
-        .returning(JOB.c.id)
-    )
+    # start_after moves up to now, so wait-time statistics count from the retry.
+    return _settling.retry(JOB, start_after=func.greatest(JOB.c.start_after, job_now()))
 
 
 @functools.cache
@@ -182,7 +133,7 @@ def delete_jobs() -> Select[Any]:
     """Delete jobs by id, whatever their state; one row ``(id, retained)`` per job."""
     changed = (
         delete(JOB)
-        .where(JOB.c.name == _qname(), JOB.c.id == _ids())
+        .where(JOB.c.name == qname(), JOB.c.id == ids())
         .returning(
             JOB.c.id,
             JOB.c.state.label("old_state"),
@@ -197,16 +148,9 @@ def delete_jobs() -> Select[Any]:
 def delete_by_state(which: str) -> Select[Any]:
     """Delete a queue's ``queued`` (created/retry), ``stored`` (finished) or ``all``
     jobs; one row ``(deleted, retained)``."""
-    cond = [JOB.c.name == _qname()]
-    if which == "queued":
-        cond.append(JOB.c.state < state_text(JobState.ACTIVE))
-    elif which == "stored":
-        cond.append(JOB.c.state > state_text(JobState.ACTIVE))
-    elif which != "all":
-        raise ValueError(which)
     changed = (
         delete(JOB)
-        .where(*cond)
+        .where(*_settling.of_state(JOB, which))
         .returning(JOB.c.state.label("old_state"), JOB.c.completed_on.label("old_completed_on"))
         .cte("changed")
     )
@@ -232,7 +176,7 @@ def reduce_retained() -> Update:
     total = bindparam("total", type_=Integer)
     return (
         QUEUE.update()
-        .where(QUEUE.c.name == _qname())
+        .where(QUEUE.c.name == qname())
         .values(
             retained_count=case(
                 (QUEUE.c.retained_count.is_(None), None),
@@ -252,26 +196,4 @@ def extend_lease() -> Update:
     than its ``heartbeat_seconds``: a worker extending its lease is alive, so
     this is its heartbeat too (pg-boss's touch).
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
-        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
-        .render_derived()
-    )
-    elapsed = func.ceil(func.extract("epoch", job_now() - JOB.c.started_on))
-    return (
-        JOB.update()
-        .where(
-            JOB.c.name == _qname(),
-            JOB.c.id == src.c.id,
-            JOB.c.state == state_text(JobState.ACTIVE),
-            JOB.c.started_on == src.c.fence,
-        )
-        .values(
-            expire_seconds=func.cast(elapsed, Integer) + bindparam("extend_by", type_=Integer),
-            heartbeat_on=job_now(),
-        )
-        .returning(JOB.c.id)
-    )
+    return _settling.extend_lease(JOB, job_now(), heartbeat_on=job_now())
