@@ -358,6 +358,22 @@ class _Tally:
             )
             return None
 
+    def report(self, plan: PassPlan) -> SupervisionReport:
+        """What the pass did, as its caller reports it."""
+        return SupervisionReport(
+            monitored=tuple(self.monitored),
+            warnings=tuple(self.warnings),
+            expired=dict(self.expired),
+            maintained=tuple(self.maintained),
+            deleted=dict(self.deleted),
+            cron_checked=self.cron_checked,
+            fired=tuple(self.fired),
+            sent=self.sent,
+            skew_seconds=plan.skew_seconds,
+            busy=tuple(self.busy),
+            errors=tuple(self.errors),
+        )
+
 
 def _drain(
     unit: Callable[[], Op[dict[str, int]]], step: str, tally: _Tally, batch: int
@@ -401,6 +417,43 @@ def _table_steps(
         )
 
 
+def _chunks(
+    ctx: Context, plan: PassPlan, tally: _Tally
+) -> Generator[Op[Any], Any, list[tuple[str, list[str]]]]:
+    # The queues to supervise grouped by job table, in chunks of CHUNK: the
+    # monitor and maintenance of one chunk are one statement each.
+    rows = yield from tally.attempt(queue_tables(ctx, plan.settings.queues), "queues")
+    tables: dict[str, list[str]] = {}
+    for name, table in rows or []:
+        tables.setdefault(table, []).append(name)
+    return [
+        (table, names[start : start + CHUNK])
+        for table, names in tables.items()
+        for start in range(0, len(names), CHUNK)
+    ]
+
+
+def _cron_step(unit: Op[CronOutcome], tally: _Tally) -> Generator[Op[Any], Any, None]:
+    outcome = yield from tally.attempt(unit, "cron")
+    if outcome is not None:
+        tally.cron_checked = outcome.won
+        tally.fired += outcome.fired
+        tally.errors += outcome.problems
+
+
+def _send_it_rounds(
+    work: Callable[[int], Op[tuple[int, int]]], tally: _Tally
+) -> Generator[Op[Any], Any, None]:
+    # Rounds of SEND_IT_BATCH until one comes back short, at most SEND_IT_ROUNDS.
+    for _ in range(SEND_IT_ROUNDS):
+        counts = yield from tally.attempt(work(SEND_IT_BATCH), "send-it")
+        if counts is None:
+            return
+        tally.sent += counts[1]
+        if counts[0] < SEND_IT_BATCH:
+            return
+
+
 def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
     """One pass: per table and chunk of 100 queues monitor then maintain; cron; send-it.
 
@@ -411,42 +464,14 @@ def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
 
         return (yield from supervise_pass46(ctx, plan))
     tally = _Tally()
-    s = plan.settings
     if plan.monitor:
-        rows = yield from tally.attempt(queue_tables(ctx, s.queues), "queues")
-        tables: dict[str, list[str]] = {}
-        for name, table in rows or []:
-            tables.setdefault(table, []).append(name)
-        for table, names in tables.items():
-            for start in range(0, len(names), CHUNK):
-                yield from _table_steps(ctx, plan, table, names[start : start + CHUNK], tally)
+        for table, chunk in (yield from _chunks(ctx, plan, tally)):
+            yield from _table_steps(ctx, plan, table, chunk, tally)
     if plan.cron:
-        outcome = yield from tally.attempt(cron(ctx, plan), "cron")
-        if outcome is not None:
-            tally.cron_checked = outcome.won
-            tally.fired += outcome.fired
-            tally.errors += outcome.problems
+        yield from _cron_step(cron(ctx, plan), tally)
     if plan.send_it:
-        for _ in range(SEND_IT_ROUNDS):
-            counts = yield from tally.attempt(work_send_it(ctx, SEND_IT_BATCH), "send-it")
-            if counts is None:
-                break
-            tally.sent += counts[1]
-            if counts[0] < SEND_IT_BATCH:
-                break
-    return SupervisionReport(
-        monitored=tuple(tally.monitored),
-        warnings=tuple(tally.warnings),
-        expired=dict(tally.expired),
-        maintained=tuple(tally.maintained),
-        deleted=dict(tally.deleted),
-        cron_checked=tally.cron_checked,
-        fired=tuple(tally.fired),
-        sent=tally.sent,
-        skew_seconds=plan.skew_seconds,
-        busy=tuple(tally.busy),
-        errors=tuple(tally.errors),
-    )
+        yield from _send_it_rounds(lambda batch: work_send_it(ctx, batch), tally)
+    return tally.report(plan)
 
 
 # ------------------------------------------------------------------ inline

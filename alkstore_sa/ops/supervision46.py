@@ -53,10 +53,10 @@ BAM (``version.bam_on``) and flows (``version.flow_on``)
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import re
-from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
@@ -71,18 +71,18 @@ from ..sql.v46 import supervision as sql
 from ._core import Call, Context, Op
 from .sending import send
 from .supervision import (
-    CHUNK,
-    SEND_IT_BATCH,
-    SEND_IT_ROUNDS,
     SLOT_SECONDS,
     CronOutcome,
     PassPlan,
+    _chunks,
+    _cron_step,
+    _drain,
     _interval,
     _lock,
+    _send_it_rounds,
     _Tally,
     _unpack,
     ensure_send_it,
-    queue_tables,
 )
 from .working import (
     Settlement,
@@ -391,19 +391,6 @@ def _maintain_queue(
     return done and children and parents
 
 
-def _drain(
-    tally: _Tally, step: str, unit: Any, batch: int
-) -> Generator[Op[Any], Any, Counter[str]]:
-    total: Counter[str] = Counter()
-    while True:
-        done = yield from tally.attempt(unit(), step)
-        if done is None:
-            return total
-        total.update(done)
-        if sum(done.values()) < batch:
-            return total
-
-
 def _chunk46(
     ctx: Context, plan: PassPlan, table: str, chunk: list[str], tally: _Tally, pin: list[float]
 ) -> Generator[Op[Any], Any, None]:
@@ -423,9 +410,9 @@ def _chunk46(
         for heartbeat in (False, True):
             step = "heartbeat" if heartbeat else "expire"
             tally.expired += yield from _drain(
-                tally,
+                functools.partial(expire, ctx, table, watched, plan, heartbeat=heartbeat),
                 step,
-                lambda hb=heartbeat: expire(ctx, table, watched, plan, heartbeat=hb),
+                tally,
                 s.expire_batch_size,
             )
     won = yield from tally.attempt(claim_maintain(ctx, chunk, plan), "maintain")
@@ -474,54 +461,21 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
     return len(jobs), len(done)
 
 
-def _send_it46(ctx: Context, tally: _Tally) -> Generator[Op[Any], Any, None]:
-    for _ in range(SEND_IT_ROUNDS):
-        counts = yield from tally.attempt(work_send_it46(ctx, SEND_IT_BATCH), "send-it")
-        if counts is None:
-            return
-        tally.sent += counts[1]
-        if counts[0] < SEND_IT_BATCH:
-            return
-
-
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
     """One pass at 46: per table and chunk of 100 queues, monitor then maintain;
     then the monitor backoff and the upkeep; cron; send-it (see the module table)."""
     tally = _Tally()
-    s = plan.settings
     pin: list[float] = []
     if plan.monitor:
-        rows = yield from tally.attempt(queue_tables(ctx, s.queues), "queues")
-        tables: dict[str, list[str]] = {}
-        for name, table in rows or []:
-            tables.setdefault(table, []).append(name)
-        for table, names in tables.items():
-            for start in range(0, len(names), CHUNK):
-                chunk = names[start : start + CHUNK]
-                yield from _chunk46(ctx, plan, table, chunk, tally, pin)
+        for table, chunk in (yield from _chunks(ctx, plan, tally)):
+            yield from _chunk46(ctx, plan, table, chunk, tally, pin)
         if sum(pin) > 0:
             message = yield from tally.attempt(monitor_backoff(ctx, sum(pin), plan), "backoff")
             if message:
                 logger.warning(message, extra={"action": "monitor_backoff"})
         yield from tally.attempt(upkeep(ctx, plan), "upkeep")
     if plan.cron:
-        outcome = yield from tally.attempt(cron46(ctx, plan), "cron")
-        if outcome is not None:
-            tally.cron_checked = outcome.won
-            tally.fired += outcome.fired
-            tally.errors += outcome.problems
+        yield from _cron_step(cron46(ctx, plan), tally)
     if plan.send_it:
-        yield from _send_it46(ctx, tally)
-    return SupervisionReport(
-        monitored=tuple(tally.monitored),
-        warnings=tuple(tally.warnings),
-        expired=dict(tally.expired),
-        maintained=tuple(tally.maintained),
-        deleted=dict(tally.deleted),
-        cron_checked=tally.cron_checked,
-        fired=tuple(tally.fired),
-        sent=tally.sent,
-        skew_seconds=plan.skew_seconds,
-        busy=tuple(tally.busy),
-        errors=tuple(tally.errors),
-    )
+        yield from _send_it_rounds(lambda batch: work_send_it46(ctx, batch), tally)
+    return tally.report(plan)
