@@ -290,13 +290,19 @@ def _unpack(data: Any) -> tuple[str, Any, dict[str, Any]]:
     return data["name"], data.get("data"), opt.from_pgboss_send_options(options)
 
 
-def work_send_it(ctx: Context, batch: int) -> Op[tuple[int, int]]:
+SentHook = Callable[[str, Any, Any], None]
+"""Told of each send-it job sent: ``(target queue, the send-it job, the new job's id)``."""
+
+
+def work_send_it(ctx: Context, batch: int, on_sent: SentHook | None = None) -> Op[tuple[int, int]]:
     """Turn a batch of send-it jobs into jobs of their queues; ``(taken, sent)``.
 
     Sending and completing happen in one transaction: a crash in between leaves
     the send-it job to be worked again, never a lost or doubled schedule run.
     A job whose target cannot take it (queue gone, bad stored options) is failed
-    with the reason, so it shows up instead of vanishing.
+    with the reason, so it shows up instead of vanishing. ``on_sent`` hears of
+    each job sent, before the send-it jobs are settled (the version at 46
+    records ``schedule.last_job_id`` from it in the same transaction).
     """
     try:
         jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, True, False)
@@ -306,7 +312,7 @@ def work_send_it(ctx: Context, batch: int) -> Op[tuple[int, int]]:
     for job in jobs:
         try:
             target, data, options = _unpack(job.data)
-            yield from send(ctx, target, data, options)
+            job_id = yield from send(ctx, target, data, options)
         except AlkstoreError as exc:
             wanted = job.data.get("name") if isinstance(job.data, Mapping) else None
             logger.warning(
@@ -318,6 +324,8 @@ def work_send_it(ctx: Context, batch: int) -> Op[tuple[int, int]]:
             failed.append(Settlement(job.id, exc, job.started_on))
         else:
             done.append(Settlement(job.id, None, job.started_on))
+            if on_sent is not None:
+                on_sent(target, job, job_id)
     if done:
         yield from complete_many(ctx, SEND_IT_QUEUE, done)
     if failed:

@@ -62,14 +62,13 @@ from typing import Any
 
 from .. import options as opt
 from ..cron import previous_fire
-from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
+from ..errors import InvalidOptionsError
 from ..names import SEND_IT_QUEUE
 from ..records import QueueWarning, SupervisionReport
 from ..sql import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
 from ._core import Call, Context, Op
-from .sending import send
 from .supervision import (
     SLOT_SECONDS,
     CronOutcome,
@@ -81,17 +80,10 @@ from .supervision import (
     _lock,
     _send_it_rounds,
     _Tally,
-    _unpack,
     ensure_send_it,
+    work_send_it,
 )
-from .working import (
-    Settlement,
-    complete_many,
-    expire_heartbeats46,
-    expire_jobs46,
-    fail_many,
-    fetch,
-)
+from .working import expire_heartbeats46, expire_jobs46
 
 logger = logging.getLogger(__name__)
 
@@ -431,21 +423,9 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
     """Send-it at 46: as at 26 (:func:`~alkstore_sa.ops.supervision.work_send_it`:
     the requests sent and the send-it jobs settled in one transaction), then
     ``schedule.last_job_id`` for the latest slot of each schedule sent."""
-    try:
-        jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, True, False)
-    except QueueNotFoundError:
-        return 0, 0
-    done, failed = [], []
     fired: dict[tuple[str, str], tuple[str, Any]] = {}
-    for job in jobs:
-        try:
-            target, data, options = _unpack(job.data)
-            job_id = yield from send(ctx, target, data, options)
-        except AlkstoreError as exc:
-            logger.warning("scheduled job not sent: %s", exc, extra={"action": "send_it_failed"})
-            failed.append(Settlement(job.id, exc, job.started_on))
-            continue
-        done.append(Settlement(job.id, None, job.started_on))
+
+    def record(target: str, job: Any, job_id: Any) -> None:
         key, slot = job.data.get("key"), job.data.get("slot")
         # A payload from an older timekeeper names no key: nothing to record.
         if job_id is not None and isinstance(key, str):
@@ -453,12 +433,10 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
             filed = str(slot) if slot is not None else "~"  # no slot: the newest
             if mark not in fired or fired[mark][0] <= filed:
                 fired[mark] = (filed, job_id)
-    if done:
-        yield from complete_many(ctx, SEND_IT_QUEUE, done)
-    if failed:
-        yield from fail_many(ctx, SEND_IT_QUEUE, failed)
+
+    counts = yield from work_send_it(ctx, batch, record)
     yield from set_last_jobs(ctx, fired)
-    return len(jobs), len(done)
+    return counts
 
 
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
