@@ -112,6 +112,11 @@ def qname() -> Any:
     return bindparam("qname", type_=Text)
 
 
+def any_name() -> Any:
+    """``ANY(:names)``, the queues a statement works on."""
+    return func.any(bindparam("names", type_=ARRAY(Text)))
+
+
 def ids() -> Any:
     """``ANY(:ids)``, the jobs a statement works on."""
     return func.any(bindparam("ids", type_=ARRAY(Uuid())))

@@ -17,11 +17,11 @@ import functools
 from typing import Any
 
 from sqlalchemy import CTE, Integer, Select, Text, bindparam, cast, delete, func, select
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import JSONB
 
 from ..models.enums import JobState
 from . import _failing
-from ._common import JOB, JOB_COLUMNS, QUEUE, now_param, seconds, state_text
+from ._common import JOB, JOB_COLUMNS, QUEUE, any_name, now_param, seconds, state_text
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
@@ -86,7 +86,7 @@ def expire_jobs() -> Select[Any]:
     victims = (
         select(j.c.name, j.c.id)
         .where(
-            j.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
+            j.c.name == any_name(),
             j.c.state == state_text(JobState.ACTIVE),
             # COALESCE(:now, now()): the supervisor's fake clock in tests.
             j.c.started_on + seconds(j.c.expire_seconds) < now_param(),

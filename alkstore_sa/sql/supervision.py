@@ -17,7 +17,6 @@ from sqlalchemy import (
     Float,
     Integer,
     Select,
-    Text,
     Update,
     bindparam,
     delete,
@@ -26,18 +25,13 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models.enums import JobState
-from ._common import JOB, QUEUE, SCHEDULE, VERSION, now_param, seconds, state_text
+from ._common import JOB, QUEUE, SCHEDULE, VERSION, any_name, now_param, seconds, state_text
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
 transaction, as pg-boss sets them around its locked commands."""
-
-
-def _names() -> Any:
-    return func.any(bindparam("names", type_=ARRAY(Text)))
 
 
 def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -69,7 +63,7 @@ def queue_tables(*, by_name: bool) -> Select[Any]:
     """``(name, table_name)`` of every queue (or of ``:names``), grouped by table."""
     stmt = select(QUEUE.c.name, QUEUE.c.table_name).order_by(QUEUE.c.table_name, QUEUE.c.name)
     if by_name:
-        stmt = stmt.where(QUEUE.c.name == _names())
+        stmt = stmt.where(QUEUE.c.name == any_name())
     return stmt
 
 
@@ -88,7 +82,7 @@ def claim_queues(column: str) -> Update:
     col = QUEUE.c[column]
     return (
         QUEUE.update()
-        .where(QUEUE.c.name == _names(), _elapsed_over(col))
+        .where(QUEUE.c.name == any_name(), _elapsed_over(col))
         .values({column: now_param()})
         .returning(QUEUE.c.name)
     )
@@ -129,7 +123,7 @@ def cache_stats() -> Update:
             .label("singletons"),
         )
         .select_from(q.outerjoin(j, j.c.name == q.c.name))
-        .where(q.c.name == _names())
+        .where(q.c.name == any_name())
         .group_by(q.c.name)
         .cte("stats")
     )
@@ -164,7 +158,7 @@ def delete_expired() -> Select[Any]:
     victims = (
         select(j.c.name, j.c.id)
         .where(
-            j.c.name == _names(),
+            j.c.name == any_name(),
             (finished & (j.c.completed_on + seconds(j.c.deletion_seconds) < now))
             | ((j.c.state < state_text(JobState.ACTIVE)) & (j.c.keep_until < now)),
         )

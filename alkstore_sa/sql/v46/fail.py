@@ -57,11 +57,11 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import JSONB
 
 from ...models.enums import JobState
 from .. import _failing
-from .._common import now_param, seconds, state_text
+from .._common import any_name, now_param, seconds, state_text
 from ..tables46 import JOB, QUEUE
 from . import job_now
 
@@ -198,7 +198,7 @@ def _expire(lapsed: Lapsed) -> Select[Any]:
     picked = (
         select(j.c.name, j.c.id)
         .where(
-            j.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
+            j.c.name == any_name(),
             j.c.state == state_text(JobState.ACTIVE),
             lapsed(j.c),
         )

@@ -57,7 +57,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 from sqlalchemy.sql.elements import Grouping
 
 from ...models.enums import JobState
-from .._common import advisory_key, now_param, seconds, state_text
+from .._common import advisory_key, any_name, now_param, seconds, state_text
 from ..tables46 import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
 from . import job_now
 
@@ -86,10 +86,6 @@ def now() -> ColumnElement[Any]:
     return now_param(job_now())
 
 
-def _names() -> Any:
-    return func.any(bindparam("names", type_=ARRAY(Text)))
-
-
 def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
     # pg-boss's throttle: never stamped counts as stamped a week ago, and an
     # elapsed time equal to the interval is due (12.38 compares with >=).
@@ -108,7 +104,7 @@ def _locked_names(extra: ColumnElement[bool] | None = None, *, skip_locked: bool
     # Queue rows in name order, FOR NO KEY UPDATE: the lock a plain update of
     # these columns takes, without blocking the key-share lock a job insert
     # takes on its queue row. Name order keeps two multi-row writers deadlock-free.
-    stmt = select(QUEUE.c.name).where(QUEUE.c.name == _names())
+    stmt = select(QUEUE.c.name).where(QUEUE.c.name == any_name())
     if extra is not None:
         stmt = stmt.where(extra)
     return stmt.order_by(QUEUE.c.name).with_for_update(key_share=True, skip_locked=skip_locked)
@@ -210,7 +206,7 @@ def cache_stats() -> Update:
             func.count().filter(j.c.state == state_text(JobState.FAILED)).label("failed"),
             func.count().label("live"),
         )
-        .where(j.c.name == _names(), _state_in(j.c.state, _LIVE))
+        .where(j.c.name == any_name(), _state_in(j.c.state, _LIVE))
         .group_by(j.c.name)
         .subquery("live")
     )
@@ -247,7 +243,7 @@ def cache_stats() -> Update:
     singletons = (
         select(s.c.name, func.array_agg(s.c.singleton_key).label("keys"))
         .where(
-            s.c.name == _names(),
+            s.c.name == any_name(),
             s.c.state == state_text(JobState.ACTIVE),
             s.c.policy.in_(("singleton", "stately")),
         )
