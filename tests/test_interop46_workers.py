@@ -49,7 +49,7 @@ def create_notify_queue(engine: Engine, schema: str, boss: Any, creator: str) ->
     if creator == "node":
         boss.call("createQueue", "mail", {"notify": True})
     else:
-        in_tx(engine, schema, lambda q: q.create_queue("mail", notify=True))  # type: ignore[call-arg]  # notify: a queue option at 46
+        in_tx(engine, schema, lambda q: q.create_queue("mail", notify=True))
     [(notify,)] = sql(engine, schema, "SELECT notify FROM {s}.queue WHERE name = 'mail'")
     assert notify is True
 

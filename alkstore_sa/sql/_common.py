@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, TIMESTAMP
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.types import NullType
+from sqlalchemy.types import NullType, TypeEngine
 
 from ..models import JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow, job_state_type
 from ..models.enums import JobState
@@ -77,7 +77,7 @@ class _SchemaFunction(FunctionElement[Any]):
 
     fn_name = ""
     inherit_cache = True
-    type = NullType()
+    type: TypeEngine[Any] = NullType()
 
 
 class create_queue_fn(_SchemaFunction):
