@@ -47,6 +47,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
+from . import names
 from .errors import InvalidOptionsError, SchemaNotInstalledError, SchemaVersionError
 from .migrations import (
     SCHEMA_OPTION,
@@ -392,11 +393,13 @@ def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | N
 
 
 def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
-    """Raise unless ``schema`` holds pg-boss schema version 26; return the version."""
+    """Raise unless ``schema`` holds a pg-boss schema version the runtime speaks (26 or
+    46, :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`); return the version."""
     with _connection(bind) as conn:
         version = installed_version(conn, schema)
     if version is None:
         raise SchemaNotInstalledError(schema)
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(schema, None if version < 0 else version, SCHEMA_VERSION)
+    if version not in names.SPOKEN_SCHEMA_VERSIONS:
+        found = None if version < 0 else version
+        raise SchemaVersionError(schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS)
     return version

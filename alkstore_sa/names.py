@@ -22,13 +22,14 @@ NEWEST_KNOWN_SCHEMA_VERSION = 46
 """The newest pg-boss schema version this release knows (pg-boss 12.38.0's); a schema
 beyond it was migrated by a newer pg-boss and is refused with advice to upgrade alkstore_sa."""
 
-SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26})
+SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26, 46})
 """The pg-boss schema versions the services, workers and supervisors accept.
 
-Read at every schema check (not bound at import), so a test may widen it with
-``monkeypatch``. 46 joins it once the runtime at 46 passes its interop tests
-against Node pg-boss 12.38.0 (docs/concepts/compatibility.md); versions 27 to 45
-are never spoken: they are refused with advice to move on to 46."""
+26 (Node pg-boss 11.1.x, 12.0-12.5.x) and 46 (12.38.0), each with its own statements;
+the runtime at 46 passes the interop suite against Node pg-boss 12.38.0
+(docs/concepts/compatibility.md). Versions 27 to 45 are never spoken: they are
+refused with advice to move on to 46. Read at every schema check (not bound at
+import), so a test may narrow it with ``monkeypatch``."""
 
 SCHEMA_RECHECK_SECONDS = 10.0
 """How long a verified schema version is trusted before it is read again.

@@ -108,10 +108,18 @@ def schema(engine: Engine) -> Iterator[str]:
 
 @pytest.fixture
 def spoken46(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runtime accepts schema 46 for this test (``SPOKEN_SCHEMA_VERSIONS`` widened)."""
+    """The runtime accepts schema 46 for this test (it does by default; said explicitly)."""
     from alkstore_sa import names
 
     monkeypatch.setattr(names, "SPOKEN_SCHEMA_VERSIONS", names.SPOKEN_SCHEMA_VERSIONS | {46})
+
+
+@pytest.fixture
+def unspoken46(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime that speaks 26 only: how an unspoken version is refused stays tested."""
+    from alkstore_sa import names
+
+    monkeypatch.setattr(names, "SPOKEN_SCHEMA_VERSIONS", frozenset({26}))
 
 
 @pytest.fixture

@@ -398,11 +398,22 @@ def test_check_names_a_missing_schema(engine: Engine, fresh: str) -> None:
         migrate.check(engine, fresh)
 
 
-def test_check_refuses_a_newer_version(engine: Engine, fresh: str) -> None:
+def test_check_refuses_a_version_between_the_spoken_ones_with_advice(
+    engine: Engine, fresh: str
+) -> None:
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:
         conn.execute(text(f"UPDATE {fresh}.version SET version = 27"))
-    with pytest.raises(SchemaVersionError, match="newer than the version 26"):
+    with pytest.raises(SchemaVersionError, match="--schema-version 46") as refused:
+        migrate.check(engine, fresh)
+    assert refused.value.found == 27
+
+
+def test_check_refuses_a_version_newer_than_46(engine: Engine, fresh: str) -> None:
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {fresh}.version SET version = 47"))
+    with pytest.raises(SchemaVersionError, match="upgrade alkstore_sa"):
         migrate.check(engine, fresh)
 
 

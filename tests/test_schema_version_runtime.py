@@ -80,8 +80,14 @@ def test_a_service_on_46_speaks_46_when_46_is_spoken(env46: Env) -> None:
     env46.commit()
 
 
-def test_46_is_refused_while_it_is_not_spoken(engine: Engine, schema_at: object) -> None:
-    assert 46 not in names.SPOKEN_SCHEMA_VERSIONS  # the shipped default until decided
+def test_46_is_spoken_by_default() -> None:
+    assert {26, 46} == names.SPOKEN_SCHEMA_VERSIONS
+
+
+def test_46_is_refused_while_it_is_not_spoken(
+    engine: Engine, schema_at: object, unspoken46: None
+) -> None:
+    assert 46 not in names.SPOKEN_SCHEMA_VERSIONS
     schema = schema_at(46)  # type: ignore[operator]
     with pytest.raises(SchemaVersionError) as refused:
         queues_of(engine, schema)
@@ -230,6 +236,7 @@ def test_a_worker_stops_fetching_when_the_schema_moves_to_a_version_not_spoken(
     database_url: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    unspoken46: None,
 ) -> None:
     monkeypatch.setattr(names, "SCHEMA_RECHECK_SECONDS", 0.5)
     h = harness
