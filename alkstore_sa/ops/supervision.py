@@ -68,6 +68,12 @@ class Settings:
     :ivar queues: only these queues (monitor and deletion); ``None`` = all.
     :ivar persist_warnings: at schema 46, also write warnings into the ``warning``
         table and apply its retention (pg-boss's ``persistWarnings``, off by default).
+    :ivar persist_queue_stats: schema 46 only: write queue-stats history on every
+        monitor turn won and prune it (pg-boss's ``persistQueueStats``, off by
+        default). Without it history is still written in a turn won while another
+        instance persists it (docs/how-to/supervision.md, "Queue-stats history").
+    :ivar queue_stats_retention_days: days of history kept with
+        ``persist_queue_stats`` (pg-boss's ``queueStatRetentionDays``, 7, at most 365).
     """
 
     supervise: bool = True
@@ -83,6 +89,8 @@ class Settings:
     expire_batch_size: int = 1_000
     queues: tuple[str, ...] | None = None
     persist_warnings: bool = False
+    persist_queue_stats: bool = False
+    queue_stats_retention_days: int = 7
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Settings:
@@ -91,8 +99,10 @@ class Settings:
         opt.check_unknown(options, allowed, "supervision")
         values: dict[str, Any] = {}
         for key, value in options.items():
-            if key in ("supervise", "schedule", "persist_warnings"):
+            if key in ("supervise", "schedule", "persist_warnings", "persist_queue_stats"):
                 values[key] = opt.check_bool(key, value)
+            elif key == "queue_stats_retention_days":
+                values[key] = opt.check_int(key, value, minimum=1, maximum=365)
             elif key in _INTERVALS:
                 top = _INTERVALS[key][1]
                 ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -104,6 +114,23 @@ class Settings:
             else:
                 values[key] = opt.check_int(key, value, minimum=1)
         return cls(**values)
+
+    def check_version(self, version: int) -> None:
+        """Refuse the settings the schema at ``version`` does not have (set to other
+        than their default), as :func:`alkstore_sa.options.check_version` refuses
+        queue and send options: :class:`InvalidOptionsError` before any statement."""
+        for key, since in SETTINGS_SINCE.items():
+            field = next(f for f in dataclasses.fields(self) if f.name == key)
+            if since > version and getattr(self, key) != field.default:
+                raise InvalidOptionsError(
+                    key,
+                    f"needs pg-boss schema {since} (a supervision option of pg-boss 12); "
+                    f"this schema is at {version}",
+                )
+
+
+SETTINGS_SINCE = {"persist_queue_stats": 46, "queue_stats_retention_days": 46}
+"""The first pg-boss schema version of each supervision setting newer than 26."""
 
 
 def _queue_names(value: object) -> tuple[str, ...] | None:
@@ -467,6 +494,7 @@ def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
 
     At schema 46 the pass is :func:`~alkstore_sa.ops.supervision46.supervise_pass46`.
     """
+    plan.settings.check_version(ctx.version)
     if ctx.version == 46:
         from .supervision46 import supervise_pass46
 

@@ -68,7 +68,9 @@ from ..records import QueueWarning, SupervisionReport
 from ..sql import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
+from . import stats46
 from ._core import Call, Context, Op
+from .stats46 import NO_HISTORY, History
 from .supervision import (
     SLOT_SECONDS,
     CronOutcome,
@@ -144,12 +146,15 @@ def claim_monitor(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[tupl
 
 
 def cache_stats(
-    ctx: Context, names: Sequence[str], plan: PassPlan
-) -> Op[tuple[list[QueueWarning], float, bool]]:
-    """Count ``names``; ``(warnings, pin seconds, written)`` - not written when
-    another instance held the ``queue-stats`` lock (its claims are handed back)."""
-    params = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
-    rows = (yield Call(sql.cache_stats(), params)).all()
+    ctx: Context, names: Sequence[str], plan: PassPlan, history: History = NO_HISTORY
+) -> Op[tuple[list[QueueWarning], float, list[str], list[str]]]:
+    """Count ``names`` (with throughput when ``history`` is written);
+    ``(warnings, pin seconds, written, true_up)``: none written when another
+    instance held the ``queue-stats`` lock (its claims are handed back)."""
+    params: dict[str, Any] = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
+    if history.write:
+        params["reset_seconds"] = stats46.reset_seconds(plan)
+    rows = (yield Call(sql.cache_stats(throughput=history.write), params)).all()
     warnings = []
     for row in rows:
         threshold = row.warning_queued or plan.settings.warning_queue_size
@@ -164,7 +169,7 @@ def cache_stats(
             }
             yield from _warn(ctx, plan, "queue_backlog", message, data)
     pinned = max((float(r.pin_seconds or 0) for r in rows), default=0.0)
-    return warnings, pinned, bool(rows)
+    return warnings, pinned, [r.name for r in rows], [r.name for r in rows if r.true_up]
 
 
 def expire(
@@ -256,11 +261,15 @@ def monitor_backoff(ctx: Context, elapsed: float, plan: PassPlan) -> Op[str | No
     return message
 
 
-def upkeep(ctx: Context, plan: PassPlan) -> Op[None]:
-    """The tail of Node's pass that claims nothing: warning retention (with
-    persisted warnings) and the instance registry's upkeep."""
+def warning_retention(ctx: Context, plan: PassPlan) -> Op[None]:
+    """Warnings older than pg-boss's retention (only with persisted warnings)."""
     if plan.settings.persist_warnings:
         yield Call(sql.delete_old_warnings(), {"days": WARNING_RETENTION_DAYS, "now": plan.now})
+
+
+def upkeep(ctx: Context, plan: PassPlan) -> Op[None]:
+    """The instance registry's upkeep: rows quiet for 7 days deleted, the newest
+    1,000 dead rows kept."""
     yield Call(sql.delete_old_instances(), {"now": plan.now})
     yield Call(sql.trim_dead_instances(), {"now": plan.now})
 
@@ -340,9 +349,12 @@ def set_last_jobs(ctx: Context, fired: Mapping[tuple[str, str], tuple[str, Any]]
 # ------------------------------------------------------------------ the pass
 
 
-def _walk(tally: _Tally, step: str, batch: Any) -> Generator[Op[Any], Any, tuple[bool, list[Any]]]:
-    # Carry each batch's cursor into the next until one comes back without
-    # one (done) or fails (not done); every batch's row is kept.
+def _walk(
+    tally: _Tally, step: str, batch: Any, cursor: Any = None
+) -> Generator[Op[Any], Any, tuple[bool, list[Any]]]:
+    # Carry each batch's cursor (row.walk_cursor, or cursor(row)) into the next
+    # until one comes back without one (done) or fails (not done); every
+    # batch's row is kept.
     after: Any = None
     rows: list[Any] = []
     while True:
@@ -350,9 +362,9 @@ def _walk(tally: _Tally, step: str, batch: Any) -> Generator[Op[Any], Any, tuple
         if row is None:
             return False, rows
         rows.append(row)
-        if row.walk_cursor is None:
+        after = row.walk_cursor if cursor is None else cursor(row)
+        if after is None:
             return True, rows
-        after = row.walk_cursor
 
 
 def _maintain_queue(
@@ -383,8 +395,32 @@ def _maintain_queue(
     return done and children and parents
 
 
+def _history46(
+    ctx: Context,
+    plan: PassPlan,
+    tally: _Tally,
+    history: History,
+    written: list[str],
+    late: list[str],
+) -> Generator[Op[Any], Any, float]:
+    # The history rows of the queues just counted, then the true-up of those
+    # whose recent windows fell short; the true-up's pin seconds.
+    if not (history.write and written):
+        return 0.0
+    yield from tally.attempt(stats46.write_history(ctx, written, plan, history), "history")
+    if not late:
+        return 0.0
+    return (yield from tally.attempt(stats46.true_up(ctx, late, plan), "true-up")) or 0.0
+
+
 def _chunk46(
-    ctx: Context, plan: PassPlan, table: str, chunk: list[str], tally: _Tally, pin: list[float]
+    ctx: Context,
+    plan: PassPlan,
+    table: str,
+    chunk: list[str],
+    tally: _Tally,
+    pin: list[float],
+    history: History = NO_HISTORY,
 ) -> Generator[Op[Any], Any, None]:
     s = plan.settings
     claimed = yield from tally.attempt(claim_monitor(ctx, chunk, plan), "monitor")
@@ -392,13 +428,14 @@ def _chunk46(
     if watched:
         tally.monitored += watched
         if refresh:
-            stats = yield from tally.attempt(cache_stats(ctx, watched, plan), "stats")
+            stats = yield from tally.attempt(cache_stats(ctx, watched, plan, history), "stats")
             if stats is not None:
-                warnings, pinned, written = stats
+                warnings, pinned, written, late = stats
                 tally.warnings += warnings
                 pin.append(pinned)
                 if not written:
                     tally.busy.append(f"stats: {locks.QUEUE_STATS}")
+                pin.append((yield from _history46(ctx, plan, tally, history, written, late)))
         for heartbeat in (False, True):
             step = "heartbeat" if heartbeat else "expire"
             tally.expired += yield from _drain(
@@ -439,19 +476,50 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
     return counts
 
 
+def _history_start(ctx: Context, plan: PassPlan, tally: _Tally) -> Generator[Op[Any], Any, History]:
+    # Whether this pass writes history (stats46's rule); if so, the partitions
+    # its rows go to, before any is written.
+    history = yield from tally.attempt(stats46.history_mode(ctx, plan), "history")
+    if history is None or not history.write:
+        return NO_HISTORY
+    yield from tally.attempt(stats46.ensure_partitions(ctx, plan), "history")
+    return history
+
+
+def _tail46(
+    ctx: Context, plan: PassPlan, tally: _Tally, history: History
+) -> Generator[Op[Any], Any, None]:
+    # After the queues, in Node's order: warning retention, queue-stats
+    # retention (only when we persist by our own setting), instance upkeep.
+    yield from tally.attempt(warning_retention(ctx, plan), "upkeep")
+    if history.own:
+        dropped = yield from tally.attempt(stats46.drop_old_partitions(ctx, plan), "history")
+        if dropped is not None and not dropped[0]:
+            yield from _walk(
+                tally,
+                "history",
+                lambda after: stats46.delete_old_batch(ctx, after, plan),
+                cursor=lambda row: (
+                    None if row.walk_cursor_on is None else (row.walk_cursor_on, row.walk_cursor_id)
+                ),
+            )
+    yield from tally.attempt(upkeep(ctx, plan), "upkeep")
+
+
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
     """One pass at 46: per table and chunk of 100 queues, monitor then maintain;
     then the monitor backoff and the upkeep; cron; send-it (see the module table)."""
     tally = _Tally()
     pin: list[float] = []
     if plan.monitor:
+        history = yield from _history_start(ctx, plan, tally)
         for table, chunk in (yield from _chunks(ctx, plan, tally)):
-            yield from _chunk46(ctx, plan, table, chunk, tally, pin)
+            yield from _chunk46(ctx, plan, table, chunk, tally, pin, history)
         if sum(pin) > 0:
             message = yield from tally.attempt(monitor_backoff(ctx, sum(pin), plan), "backoff")
             if message:
                 logger.warning(message, extra={"action": "monitor_backoff"})
-        yield from tally.attempt(upkeep(ctx, plan), "upkeep")
+        yield from _tail46(ctx, plan, tally, history)
     if plan.cron:
         yield from _cron_step(cron46(ctx, plan), tally)
     if plan.send_it:

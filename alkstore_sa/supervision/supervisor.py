@@ -259,8 +259,10 @@ class Supervisor(_Core):
         ``clock_monitor_interval`` (seconds; pg-boss defaults 60, 60, 86400, 30, 5,
         600), ``warning_queue_size`` (10000; a queue's own ``warning_queued`` wins),
         ``delete_batch_size`` (10000 rows per statement), ``expire_batch_size``
-        (1000), ``queues`` (only these queues).
-    :raises InvalidOptionsError: for a bad setting.
+        (1000), ``queues`` (only these queues); at schema 46 ``persist_warnings``,
+        ``persist_queue_stats`` and ``queue_stats_retention_days`` (7).
+    :raises InvalidOptionsError: for a bad setting (from :meth:`start` or
+        :meth:`run_once`, a setting the installed schema does not have).
     """
 
     def __init__(
@@ -308,6 +310,7 @@ class Supervisor(_Core):
             return
         with self._lock:
             self._answer(Run(ensure_version(self._ctx, self._state)))
+        self.settings.check_version(self._ctx.version)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, name=f"alkstore-supervisor-{self.schema}", daemon=True
@@ -378,6 +381,7 @@ class AsyncSupervisor(_Core):
             return
         async with self._lock:
             await self._answer(Run(ensure_version(self._ctx, self._state)))
+        self.settings.check_version(self._ctx.version)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(
             adrive(self._looping(self._stop), self._answer), name="alkstore-supervisor"

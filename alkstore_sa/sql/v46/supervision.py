@@ -43,6 +43,7 @@ from sqlalchemy import (
     cast,
     delete,
     exists,
+    false,
     func,
     insert,
     literal,
@@ -60,6 +61,7 @@ from ...models.enums import JobState
 from .._common import advisory_key, any_name, now_param, seconds, state_text
 from ..tables46 import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
 from . import job_now
+from . import stats as stats_sql
 
 DELTA_LAG_SECONDS = 10
 """How far behind ``now`` the retained watermark moves: a completion stamped just
@@ -164,7 +166,7 @@ def _lock_cte(key: str) -> CTE:
 
 
 @functools.cache
-def cache_stats() -> Update:
+def cache_stats(*, throughput: bool = False) -> Update:
     """Count the queues ``:names`` and write the counters, as pg-boss's monitor.
 
     One statement. It first tries the ``queue-stats`` advisory lock (the key
@@ -174,12 +176,17 @@ def cache_stats() -> Update:
     ``ready_count`` (queued jobs split three ways, so they add up to
     ``queued_count``), ``active_count``, ``failed_count``, ``singletons_active``,
     the retained watermark and ``total_count``, ``ready_history`` and
-    ``monitor_on``. Throughput (deltas, histograms) is counted only by instances
-    that persist queue stats, which pg-boss does not by default and we do not.
+    ``monitor_on``. With ``throughput`` (a pass that persists queue-stats
+    history, see :mod:`alkstore_sa.sql.v46.stats`) it also counts the window
+    since ``delta_on``: the deltas, ``delta_seconds``/``delta_on``, the wait and
+    run histograms and ``ready_oldest_seconds`` (``:reset_seconds`` is the
+    longest window counted; an older ``delta_on`` starts afresh).
 
-    Returns ``(name, queued_count, warning_queued, pin_seconds)`` for the queues
-    written, none when the lock was lost. ``pin_seconds`` is how long the
-    transaction has held its snapshot, the monitor backoff's measure.
+    Returns ``(name, queued_count, warning_queued, pin_seconds, true_up)`` for
+    the queues written, none when the lock was lost. ``pin_seconds`` is how long
+    the transaction has held its snapshot, the monitor backoff's measure;
+    ``true_up`` (always false without ``throughput``) says the recorded windows
+    of the last hour hold fewer jobs than a recount finds.
     """
     lock = _lock_cte("queue-stats")
     got = select(lock.c.got).scalar_subquery()
@@ -250,6 +257,16 @@ def cache_stats() -> Update:
         .group_by(s.c.name)
         .subquery("singletons")
     )
+    joined = (
+        n.outerjoin(live, live.c.name == n.c.name)
+        .outerjoin(since, true())
+        .outerjoin(singletons, singletons.c.name == n.c.name)
+    )
+    counted_cols: list[Any] = []
+    if throughput:
+        tp = stats_sql.throughput(n.c.name, end)
+        joined = joined.outerjoin(tp, true())
+        counted_cols = [tp.c[k] for k in stats_sql.THROUGHPUT_COLUMNS]
     stats = (
         select(
             n.c.name,
@@ -264,12 +281,9 @@ def cache_stats() -> Update:
             since.c.retained_since,
             since.c.retained_recent,
             singletons.c["keys"],
+            *counted_cols,
         )
-        .select_from(
-            n.outerjoin(live, live.c.name == n.c.name)
-            .outerjoin(since, true())
-            .outerjoin(singletons, singletons.c.name == n.c.name)
-        )
+        .select_from(joined)
         .where(got)
         .cte("stats")
     )
@@ -293,6 +307,7 @@ def cache_stats() -> Update:
             func.coalesce(stats.c.retained_since, 0).label("retained_since"),
             func.coalesce(stats.c.retained_recent, 0).label("retained_recent"),
             stats.c["keys"],
+            *[stats.c[k] for k in (stats_sql.THROUGHPUT_COLUMNS if throughput else ())],
         )
         .select_from(rows.outerjoin(stats, stats.c.name == rows.c.name))
         .subquery("src")
@@ -314,6 +329,8 @@ def cache_stats() -> Update:
         func.coalesce(QUEUE.c.ready_history, literal_column("'{}'::integer[]")),
     )
     history = type_coerce(Grouping(prepended), ARRAY(Integer))[1:READY_HISTORY_SIZE]
+    extra = stats_sql.throughput_values(src, end) if throughput else {}
+    true_up = func.coalesce(src.c.true_up, false()) if throughput else false()
     stmt = (
         QUEUE.update()
         .where(QUEUE.c.name == src.c.name)
@@ -343,9 +360,14 @@ def cache_stats() -> Update:
             singletons_active=src.c["keys"],
             monitor_on=t,
             ready_history=history,
+            **extra,
         )
         .returning(
-            QUEUE.c.name, QUEUE.c.queued_count, QUEUE.c.warning_queued, pin.label("pin_seconds")
+            QUEUE.c.name,
+            QUEUE.c.queued_count,
+            QUEUE.c.warning_queued,
+            pin.label("pin_seconds"),
+            true_up.label("true_up"),
         )
     )
     return stmt.add_cte(lock, released)
