@@ -18,11 +18,15 @@ monitor, per table and 100 queues (``queue.monitor_claim_on``)
     the schema-46 fail statements; a warning is logged and reported, and written
     to ``warning`` with ``persist_warnings`` (Node's ``persistWarnings``).
 stats history (part of the monitor turn)
-    Node: only with ``persistQueueStats``, off by default: deltas, histograms,
-    ``queue_stats`` rows and their day partitions. We: never (Node's default).
-    The delta window (``queue.delta_on``) is shared and our aggregate leaves it
-    alone, so a Node instance that persists still counts every job in its next
-    window; only the resolution of its history drops.
+    Node: only with ``persistQueueStats``, off by default: the aggregate also
+    counts the throughput window (deltas, wait/run histograms,
+    ``ready_oldest_seconds``), one ``queue_stats`` row per queue it wrote (under
+    ``queue-stats-insert``), the true-up of the last hour; today's and
+    tomorrow's day partitions first. We: the same with ``persist_queue_stats``,
+    **and** without it whenever another instance persists history (a live
+    registered instance with ``persist_queue_stats``, or a recent row of one):
+    a turn we win never drops a row Node would have written
+    (:mod:`alkstore_sa.ops.stats46`).
 maintenance, per table and 100 queues (``queue.maintain_on``)
     Node: per queue the retention walk, then ``setRetainedCount`` (only the
     deleted taken off when a walk is cut short), the dependency cleanup by child
@@ -32,7 +36,9 @@ after the queues (no claim)
     Node: monitor backoff from the pass's pin time; vacuum diagnosis; warning
     retention (with ``persistWarnings``); ``queue_stats`` retention (with
     ``persistQueueStats``); instance upkeep. We: the backoff, the warning
-    retention with ``persist_warnings``, the instance upkeep. **Left out:** the
+    retention with ``persist_warnings``, the ``queue_stats`` retention with
+    ``persist_queue_stats`` (days dropped, or batched deletes on a plain table),
+    the instance upkeep. **Left out:** the
     vacuum diagnosis (``xmin_horizon``, ``autovacuum_disabled``), which claims
     nothing and only warns; every Node instance still runs its own.
 reindex (``version.reindex_on``)
@@ -507,8 +513,9 @@ def _tail46(
 
 
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
-    """One pass at 46: per table and chunk of 100 queues, monitor then maintain;
-    then the monitor backoff and the upkeep; cron; send-it (see the module table)."""
+    """One pass at 46: whether it writes stats history; per table and chunk of 100
+    queues, monitor then maintain; then the monitor backoff, the retentions and the
+    upkeep; cron; send-it (see the module table)."""
     tally = _Tally()
     pin: list[float] = []
     if plan.monitor:

@@ -430,14 +430,14 @@ def persisted_elsewhere() -> Select[Any]:
     """Does another instance persist queue-stats history? One row, ``persisted``.
 
     Yes when a live instance in ``instance`` (not stopped, heartbeat within three
-    of its beats) supervises with ``persist_queue_stats``, or when some queue has a
+    of its beats) has ``persist_queue_stats`` (whether its supervisor runs on a
+    timer or is called by hand, its passes write history), or when some queue has a
     ``queue_stats`` row captured in the last ``:window_seconds`` that was not
     written only because of this rule (its id is not version 8).
     """
     i = INSTANCE
     live = exists().where(
         i.c.persist_queue_stats,
-        i.c.supervise,
         i.c.stopped_on.is_(None),
         i.c.heartbeat_on >= now() - seconds(i.c.heartbeat_seconds * 3),
     )
