@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from alkstore_sa.cli import main
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.supervision import Supervisor
@@ -317,3 +318,21 @@ def test_persist_queue_stats_needs_schema_46(engine: Engine, schema: str) -> Non
     with pytest.raises(InvalidOptionsError, match="needs pg-boss schema 46"):
         boss.start()
     assert Supervisor(engine, schema=schema).run_once().errors == ()
+
+
+def test_the_command_line_persists_history_and_refuses_it_at_26(
+    engine: Engine,
+    schema46: str,
+    schema: str,
+    database_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    make_queue(engine, schema46, "q")
+    base = ["maintain", "--force", "--no-cron", "--database-url", database_url]
+    flags = ["--persist-queue-stats", "--queue-stats-retention-days", "3"]
+    assert main([*base, "--schema", schema46, *flags]) == 0
+    assert len(history(engine, schema46, "q")) == 1
+    capsys.readouterr()
+    assert main([*base, "--schema", schema, "--persist-queue-stats"]) != 0
+    err = capsys.readouterr().err
+    assert "persist_queue_stats" in err and "needs pg-boss schema 46" in err

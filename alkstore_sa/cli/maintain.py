@@ -26,6 +26,7 @@ _TUNING = (
     ("warning_queue_size", int),
     ("delete_batch_size", int),
     ("expire_batch_size", int),
+    ("queue_stats_retention_days", int),
 )
 
 
@@ -53,8 +54,13 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--no-supervise", action="store_true", help="only cron: no counters, expiry or deletion"
     )
+    parser.add_argument(
+        "--persist-queue-stats",
+        action="store_true",
+        help="write queue-stats history and prune it (schema 46; pg-boss's persistQueueStats)",
+    )
     for name, kind in _TUNING:
-        unit = "seconds" if kind is float else "count"
+        unit = "days" if name.endswith("_days") else "seconds" if kind is float else "count"
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=unit.upper())
     parser.set_defaults(handler=_maintain)
 
@@ -65,6 +71,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "schedule": not args.no_cron,
         "queues": args.queues,
     }
+    if args.persist_queue_stats:
+        settings["persist_queue_stats"] = True
     for name, _ in _TUNING:
         value = getattr(args, name)
         if value is not None:
