@@ -336,3 +336,91 @@ def test_the_command_line_persists_history_and_refuses_it_at_26(
     assert main([*base, "--schema", schema, "--persist-queue-stats"]) != 0
     err = capsys.readouterr().err
     assert "persist_queue_stats" in err and "needs pg-boss schema 46" in err
+
+
+# ------------------------------------------- the rest of the pass's tail at 46
+
+
+def test_warning_retention_runs_with_persisted_warnings_only(engine: Engine, schema46: str) -> None:
+    sql(
+        engine,
+        schema46,
+        """INSERT INTO {s}.warning (type, message, created_on) VALUES
+        ('queue_backlog', 'old', now() - interval '366 days'),
+        ('queue_backlog', 'recent', now() - interval '364 days')""",
+    )
+    clock = FakeClock(db_now(engine))
+    supervisor(engine, schema46, clock).run_once(force=True)
+    assert len(sql(engine, schema46, "SELECT * FROM {s}.warning")) == 2
+    supervisor(engine, schema46, clock, persist_warnings=True).run_once(force=True)
+    left = sql(engine, schema46, "SELECT message FROM {s}.warning")
+    assert [r.message for r in left] == ["recent"]
+
+
+def test_the_backlog_warning_names_the_queue_and_its_threshold(
+    engine: Engine, schema46: str
+) -> None:
+    make_queue(engine, schema46, "q")
+    sql(engine, schema46, "INSERT INTO {s}.job (name) SELECT 'q' FROM generate_series(1, 3)")
+    boss = supervisor(
+        engine, schema46, FakeClock(db_now(engine)), persist_warnings=True, warning_queue_size=2
+    )
+    report = boss.run_once(force=True)
+    assert [(w.queue, w.queued, w.threshold) for w in report.warnings] == [("q", 3, 2)]
+    (row,) = sql(engine, schema46, "SELECT message, data FROM {s}.warning")
+    assert 'queue "q" has 3 jobs' in row.message
+    assert "over its warning threshold of 2" in row.message
+    assert row.data["name"] == "q" and row.data["queuedCount"] == 3
+
+
+def test_instance_upkeep_keeps_the_newest_thousand_dead_rows_and_every_live_one(
+    engine: Engine, schema46: str
+) -> None:
+    sql(
+        engine,
+        schema46,
+        """INSERT INTO {s}.instance (id, host, pid, version, node_version, heartbeat_seconds,
+            supervise, schedule, migrate, persist_queue_stats, persist_warnings, started_on,
+            heartbeat_on, stopped_on)
+        SELECT gen_random_uuid(), 'h', g, '12.38.0', 'v22', 10, true, true, false, false, false,
+            now() - g * interval '1 minute',
+            CASE WHEN g % 2 = 0 THEN now() ELSE now() - interval '1 hour' END,
+            CASE WHEN g % 2 = 0 THEN now() END
+        FROM generate_series(1, 1003) g
+        UNION ALL
+        SELECT gen_random_uuid(), 'live', 0, '12.38.0', 'v22', 60, true, true, false, false,
+            false, now() - interval '1 year', now(), NULL""",
+    )
+    # 1,003 dead (stopped, or quiet for more than three 10 s beats), 1 live (started first)
+    supervisor(engine, schema46, FakeClock(db_now(engine))).run_once(force=True)
+    pids = {r.pid for r in sql(engine, schema46, "SELECT pid FROM {s}.instance")}
+    assert pids == set(range(0, 1001))  # the three oldest dead rows are gone
+
+
+def test_the_monitor_backoff_engages_past_a_tenth_of_the_naptime(
+    engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa._engine_cache import execution_options
+    from alkstore_sa.sql.v46.supervision import set_monitor_backoff
+
+    with engine.begin() as conn:
+        naptime = conn.execute(
+            text("SELECT EXTRACT(EPOCH FROM current_setting('autovacuum_naptime')::interval)")
+        ).scalar_one()
+        options = execution_options(schema46)
+        now = db_now(engine)
+        quiet = conn.execute(
+            set_monitor_backoff(),
+            {"elapsed": 0.1 * float(naptime), "now": now},
+            execution_options=options,
+        ).first()
+        row = conn.execute(
+            set_monitor_backoff(),
+            {"elapsed": 0.2 * float(naptime), "now": now},
+            execution_options=options,
+        ).one()
+    assert quiet is None  # not more than a tenth: nothing deferred
+    # deferred for twice the naptime (the pin was shorter), from the pass's time
+    assert row.backoff_until == now + dt.timedelta(seconds=min(2 * float(naptime), 3600))
+    (stored,) = sql(engine, schema46, "SELECT monitor_backoff_on FROM {s}.version")
+    assert stored.monitor_backoff_on == row.backoff_until

@@ -173,6 +173,8 @@ def cache_stats(
                 "warningQueueSize": row.warning_queued,
                 "pinSeconds": row.pin_seconds,
             }
+            if history.write:
+                data["trueUp"] = bool(row.true_up)
             yield from _warn(ctx, plan, "queue_backlog", message, data)
     pinned = max((float(r.pin_seconds or 0) for r in rows), default=0.0)
     return warnings, pinned, [r.name for r in rows], [r.name for r in rows if r.true_up]
