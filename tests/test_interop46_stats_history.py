@@ -107,3 +107,66 @@ def test_alternating_turns_leave_a_history_row_each_and_node_reads_ours(
     assert sum(s["waitBins"][7] for s in python_rows) == sum(
         (r.wait_bins[7] or 0) for r, w in zip(rows, writers, strict=True) if w == "python"
     )
+
+
+def test_both_supervisors_on_timers_leave_a_history_row_for_every_counted_turn(
+    engine: Engine, py_engine: Engine, schema46_by: str, node46: Any
+) -> None:
+    schema = schema46_by
+    in_tx(engine, schema, lambda q: q.create_queue("busy"))
+    # Who counted each turn: every write of monitor_on, with the writer's application_name.
+    sql(engine, schema, "CREATE TABLE {s}.test_counted (app text, at timestamptz)")
+    sql(
+        engine,
+        schema,
+        """CREATE FUNCTION {s}.test_counted_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.monitor_on IS DISTINCT FROM OLD.monitor_on AND NEW.name = 'busy' THEN
+            INSERT INTO {s}.test_counted VALUES (current_setting('application_name'), now());
+          END IF;
+          RETURN NEW;
+        END $$""",
+    )
+    sql(
+        engine,
+        schema,
+        "CREATE TRIGGER test_counted AFTER UPDATE ON {s}.queue "
+        "FOR EACH ROW EXECUTE FUNCTION {s}.test_counted_fn()",
+    )
+    boss = node46(
+        schema,
+        supervise=True,
+        persistQueueStats=True,
+        superviseIntervalSeconds=1,
+        monitorIntervalSeconds=1,
+    )
+    supervisor = Supervisor(
+        py_engine, schema=schema, schedule=False, supervise_interval=0.7, monitor_interval=1
+    )
+    supervisor.start()
+    try:
+        for _ in range(20):
+            boss.call("send", "busy", {"by": "node"})
+            in_tx(engine, schema, lambda q: q.send("busy", {"by": "python"}))
+            time.sleep(0.5)
+    finally:
+        supervisor.stop(10)
+        boss.close()
+
+    counted = sql(engine, schema, "SELECT app FROM {s}.test_counted")
+    apps = {"node" if r.app.startswith("pgboss") else "python" for r in counted}
+    assert apps == {"node", "python"}  # both sides won turns
+    rows = sql(
+        engine, schema, "SELECT * FROM {s}.queue_stats WHERE name = 'busy' ORDER BY delta_on"
+    )
+    assert len(rows) == len(counted)  # one row per counted turn, whoever counted it
+    for before, after in itertools.pairwise(rows):
+        assert after.delta_seconds == round((after.delta_on - before.delta_on).total_seconds())
+    [(created,)] = sql(
+        engine,
+        schema,
+        "SELECT count(*) FROM {s}.job WHERE name = 'busy' AND created_on >= :a AND created_on < :b",
+        a=rows[0].delta_on,
+        b=rows[-1].delta_on,
+    )
+    assert sum(r.created_delta for r in rows[1:]) == created > 0
