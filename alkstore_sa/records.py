@@ -325,6 +325,8 @@ class SupervisionReport:
     :ivar skew_seconds: database clock minus local clock, as last measured.
     :ivar busy: steps skipped because another session held their advisory lock.
     :ivar errors: steps that failed (each also logged).
+    :ivar recorded: queues whose queue-stats history row this pass wrote (schema 46;
+        see docs/how-to/supervision.md, "Queue-stats history").
     """
 
     monitored: tuple[str, ...] = ()
@@ -338,6 +340,7 @@ class SupervisionReport:
     skew_seconds: float | None = None
     busy: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    recorded: tuple[str, ...] = ()
 
     @property
     def idle(self) -> bool:

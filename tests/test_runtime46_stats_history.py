@@ -113,6 +113,7 @@ def test_a_pass_records_the_window_its_deltas_and_histograms(engine: Engine, sch
 
     report = supervisor(engine, schema46, clock, persist_queue_stats=True).run_once(force=True)
     assert "q" in report.monitored and not report.errors
+    assert report.recorded == ("q",)
 
     (row,) = history(engine, schema46, "q")
     assert row.created_delta == 1 + 3 + 1 + 1 + 1  # the jobs created in [start, end)
@@ -243,8 +244,8 @@ def test_without_the_setting_and_nobody_persisting_no_history_is_written(
 ) -> None:
     make_queue(engine, schema46, "q")
     job(engine, schema46, "created", db_now(engine))
-    supervisor(engine, schema46, FakeClock(db_now(engine))).run_once(force=True)
-    assert history(engine, schema46, "q") == []
+    report = supervisor(engine, schema46, FakeClock(db_now(engine))).run_once(force=True)
+    assert history(engine, schema46, "q") == [] and report.recorded == ()
     queue = sql(engine, schema46, "SELECT * FROM {s}.queue WHERE name = 'q'")[0]
     assert queue.queued_count == 1 and queue.delta_on is None  # the window is left alone
 
@@ -275,7 +276,7 @@ def test_a_live_node_instance_that_persists_makes_our_turns_write_history(
 
     register(engine, schema46, persist=True)
     clock.advance(1)
-    boss.run_once(force=True)
+    assert boss.run_once(force=True).recorded == ("q",)
     (row,) = history(engine, schema46, "q")
     assert uuid.UUID(str(row.id)).version == 8  # written for another instance: marked
     assert row.delta_on is not None

@@ -75,12 +75,15 @@ def ensure_partitions(ctx: Context, plan: PassPlan) -> Op[None]:
             yield Call(sql.create_partition(ctx.schema, day))
 
 
-def write_history(ctx: Context, names: Sequence[str], plan: PassPlan, history: History) -> Op[None]:
+def write_history(
+    ctx: Context, names: Sequence[str], plan: PassPlan, history: History
+) -> Op[list[str]]:
     """A ``queue_stats`` row for each queue of ``names`` (those the aggregate
-    wrote), under Node's ``queue-stats-insert`` lock."""
+    wrote), under Node's ``queue-stats-insert`` lock; the queues written."""
     yield from _lock(ctx, INSERT_LOCK, plan)
     params = {"names": list(names), "marked": not history.own, "now": plan.now}
-    yield Call(sql.insert_history(), params)
+    result = yield Call(sql.insert_history(), params)
+    return sorted(r.name for r in result)
 
 
 def true_up(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[float]:

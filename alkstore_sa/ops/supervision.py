@@ -377,6 +377,7 @@ class _Tally:
         self.sent = 0
         self.busy: list[str] = []
         self.errors: list[str] = []
+        self.recorded: list[str] = []
 
     def attempt(self, unit: Op[T], step: str) -> Generator[Op[Any], Any, T | None]:
         """Hand ``unit`` to the driver; a failure thrown back is recorded, not raised."""
@@ -407,6 +408,7 @@ class _Tally:
             skew_seconds=plan.skew_seconds,
             busy=tuple(self.busy),
             errors=tuple(self.errors),
+            recorded=tuple(self.recorded),
         )
 
 

@@ -415,7 +415,10 @@ def _history46(
     # whose recent windows fell short; the true-up's pin seconds.
     if not (history.write and written):
         return 0.0
-    yield from tally.attempt(stats46.write_history(ctx, written, plan, history), "history")
+    recorded = yield from tally.attempt(
+        stats46.write_history(ctx, written, plan, history), "history"
+    )
+    tally.recorded += recorded or []
     if not late:
         return 0.0
     return (yield from tally.attempt(stats46.true_up(ctx, late, plan), "true-up")) or 0.0

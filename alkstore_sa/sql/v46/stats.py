@@ -296,7 +296,11 @@ def insert_history() -> Any:
     rows = select(new_id, QUEUE.c.name, *[QUEUE.c[c] for c in copied], now()).where(
         QUEUE.c.name == func.any(bindparam("names", type_=postgresql.ARRAY(Text)))
     )
-    return insert(QUEUE_STATS).from_select(["id", "name", *copied, "captured_on"], rows)
+    return (
+        insert(QUEUE_STATS)
+        .from_select(["id", "name", *copied, "captured_on"], rows)
+        .returning(QUEUE_STATS.c.name)
+    )
 
 
 @functools.cache
