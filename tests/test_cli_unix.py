@@ -289,11 +289,11 @@ def test_db_upgrade_at_the_current_schema_says_already_and_exits_0(
         first = call(capsys, "db", "upgrade", *where)
         assert first.code == 0, first.err
         assert "status    upgraded" in first.out
-        assert "upgraded to schema 26" in first.out
+        assert "upgraded to schema 46" in first.out
         again = call(capsys, "db", "upgrade", *where)
         assert again.code == 0, again.err
         assert "status    unchanged" in again.out
-        assert "already at schema 26" in again.out
+        assert "already at schema 46" in again.out
         as_json = call(capsys, "db", "upgrade", "--json", *where)
         assert as_json.code == 0
         assert '"status": "unchanged"' in as_json.out
