@@ -363,8 +363,8 @@ def offline_sql(
 ) -> str:
     """The SQL script that :func:`upgrade` runs, for review or for a DBA.
 
-    Revisions that build indexes ``CONCURRENTLY`` print those statements outside the
-    migration's transaction, as they run.
+    The script is one transaction: the indexes that :func:`upgrade` builds
+    ``CONCURRENTLY`` after a revision commits are built inside it.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, url="postgresql+psycopg://", target=target)
