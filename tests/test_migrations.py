@@ -255,6 +255,24 @@ def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_sche
     assert user_project.recorded(engine) == {"app_0001"}
 
 
+def test_user_environment_records_what_another_program_migrated_with_stamp(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    # docs/concepts/compatibility.md: after Node 12.38 moved our 26 to 46, "heads" refuses
+    # (nothing changed) until the environment records it with a stamp.
+    command.upgrade(user_project.config(fresh), "alkstore@alkstore_0001")
+    migrate.upgrade(engine, fresh, schema_version=46)  # the other program, its own history
+    before = catalog.snapshot(engine, fresh)
+    with pytest.raises(SchemaVersionError, match="another program"):
+        command.upgrade(user_project.config(fresh), "alkstore@head")
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("before", "after refusal"))
+    assert user_project.recorded(engine) == {"alkstore_0001"}
+    command.stamp(user_project.config(fresh), "alkstore@alkstore_0046")
+    assert user_project.recorded(engine) == {"alkstore_0046"}
+    command.upgrade(user_project.config(fresh), "heads")
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
+
+
 @pytest.mark.parametrize("literal_binds", [True, False])
 def test_user_environment_offline_sql_of_heads_builds_schema_46(
     user_project: UserProject,
@@ -348,6 +366,26 @@ def test_console_script_upgrades_in_a_subprocess(
     assert done.returncode == 0, done.stderr
     assert '"status": "upgraded"' in done.stdout
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "subprocess"))
+
+
+def test_cli_db_upgrade_refuses_a_schema_moved_past_our_revision_until_the_row_says_so(
+    engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/concepts/compatibility.md: the standalone history is corrected by its row.
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:  # as if Node 12.38 had migrated our 26
+        conn.execute(
+            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0001'")
+        )
+    where = ["--database-url", database_url, "--schema", fresh]
+    assert main(["db", "upgrade", *where]) == 1
+    assert "another program" in capsys.readouterr().err
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0046'")
+        )
+    assert main(["db", "upgrade", *where]) == 0
+    assert "already at schema 46; nothing to do" in capsys.readouterr().out
 
 
 def test_upgrade_twice_changes_nothing(engine: Engine, fresh: str) -> None:
