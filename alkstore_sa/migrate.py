@@ -2,13 +2,13 @@
 
 >>> from alkstore_sa import migrate
 >>> migrate.upgrade(engine, schema="pgboss")                     # doctest: +SKIP
->>> migrate.upgrade(engine, schema="pgboss", schema_version=46)  # doctest: +SKIP
+>>> migrate.upgrade(engine, schema="pgboss", schema_version=26)  # doctest: +SKIP
 
 Each pg-boss schema version is one revision of ours (:data:`SCHEMA_VERSIONS`):
 version 26 is ``alkstore_0001`` and version N after it is ``alkstore_00NN``. Without
 ``schema_version`` (or ``revision``), :func:`upgrade` goes to
-:data:`DEFAULT_SCHEMA_VERSION`, the version the runtime speaks today
-(docs/concepts/compatibility.md).
+:data:`DEFAULT_SCHEMA_VERSION` (46, the newest version the runtime speaks;
+docs/concepts/compatibility.md).
 
 Every function takes an :class:`~sqlalchemy.engine.Engine`, a
 :class:`~sqlalchemy.engine.Connection` or a database URL.
@@ -127,9 +127,10 @@ SCHEMA_VERSIONS: Mapping[int, SchemaVersionInfo] = {
 OLDEST_SCHEMA_VERSION = min(SCHEMA_VERSIONS)
 NEWEST_SCHEMA_VERSION = max(SCHEMA_VERSIONS)
 
-DEFAULT_SCHEMA_VERSION = SCHEMA_VERSION
-"""What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 26, the only
-version the services and workers speak so far (docs/concepts/compatibility.md)."""
+DEFAULT_SCHEMA_VERSION = 46
+"""What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 46, the newest
+version the services and workers speak; ``schema_version=26`` keeps a schema next to Node
+pg-boss 11.1.x to 12.5.x (docs/concepts/compatibility.md)."""
 
 _BY_REVISION = {info.revision: info for info in SCHEMA_VERSIONS.values()}
 
@@ -166,10 +167,9 @@ def version_of(revision: str | None) -> int | None:
 
 Bind = Engine | Connection | str
 
-VERSION_LOCATION = "alkstore_sa:migrations/versions alkstore_sa:migrations/versions_next"
-"""Where the standalone environment finds the revisions (package resources, separated by
-spaces): schema 26, and the revisions to 27-46 that only an explicit
-``schema_version`` reaches (see :data:`~alkstore_sa.migrations.NEXT_VERSIONS_DIR`)."""
+VERSION_LOCATION = "alkstore_sa:migrations/versions"
+"""Where the standalone environment finds the revisions (a package resource): every
+schema version from 26 to 46, the same folder an application's Alembic environment lists."""
 
 
 def alembic_config(schema: str = DEFAULT_SCHEMA, url: str | None = None) -> Config:
@@ -363,8 +363,8 @@ def offline_sql(
 ) -> str:
     """The SQL script that :func:`upgrade` runs, for review or for a DBA.
 
-    Revisions that build indexes ``CONCURRENTLY`` print those statements outside the
-    migration's transaction, as they run.
+    The script is one transaction: the indexes that :func:`upgrade` builds
+    ``CONCURRENTLY`` after a revision commits are built inside it.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, url="postgresql+psycopg://", target=target)

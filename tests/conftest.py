@@ -101,7 +101,7 @@ def drop_schema(engine: Engine, schema: str) -> None:
 def schema(engine: Engine) -> Iterator[str]:
     """A fresh schema with the schema-26 objects, installed by our migration."""
     name = new_schema_name()
-    migrate.upgrade(engine, name)
+    migrate.upgrade(engine, name, schema_version=26)
     yield name
     drop_schema(engine, name)
 

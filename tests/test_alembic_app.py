@@ -208,7 +208,7 @@ def test_the_pages_walkthrough_keeps_the_apps_revisions_in_the_apps_folder(app: 
         elif args[:2] == ["upgrade", "heads"]:
             assert {"job", "job_common", "queue", "version"} <= app.tables("pgboss")
             # The version table holds the heads: ours, and the app's latest.
-            assert app.recorded() == {"alkstore_0001"} | {
+            assert app.recorded() == {"alkstore_0046"} | {
                 _declared(p, "revision") for p in made[-1:]
             }
             assert app.tables("public") == {"alembic_version", *["orders", "refunds"][: len(made)]}
@@ -251,7 +251,7 @@ def test_a_revision_that_would_land_in_the_package_is_refused_and_nothing_is_wri
         assert "FAILED: the new revision" in said, said
         assert "--head base --branch-label myapp --version-path migrations/versions" in said
         assert "Traceback" not in said
-    assert "build on alkstore_sa's revision 'alkstore_0001'" in _flat(app.log[-2])
+    assert "build on alkstore_sa's revision 'alkstore_0046'" in _flat(app.log[-2])
     assert "be written into alkstore_sa's versions folder" in _flat(app.log[-1])
     assert _package_files() == package_before
     assert app.app_revisions() == []
@@ -265,7 +265,7 @@ def test_the_upgrade_from_python_block_installs_the_schema_it_names(app: App) ->
     )
     assert done.returncode == 0, done.stderr
     assert "job_common" in app.tables("jobs")
-    assert app.recorded() == {"alkstore_0001"}
+    assert app.recorded() == {"alkstore_0046"}
 
 
 def test_the_own_filters_block_combines_the_users_filter_with_ours() -> None:

@@ -505,7 +505,7 @@ def test_schema_that_is_not_installed_raises_schema_not_installed(env: Any, engi
 
 def test_schema_at_another_version_raises_schema_version_error(engine: Engine) -> None:
     schema = "t_old_" + uuid.uuid4().hex[:8]
-    migrate.upgrade(engine, schema)
+    migrate.upgrade(engine, schema, schema_version=26)
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(f'UPDATE "{schema}".version SET version = 25')

@@ -82,7 +82,7 @@ def _one_line_error(ran: Ran, *fragments: str) -> None:
 # --------------------------------------------------------------------- db
 
 
-def test_db_upgrade_installs_and_current_reports_the_revision(
+def test_db_upgrade_installs_46_and_current_reports_the_revision(
     capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
 ) -> None:
     name = random_schema()
@@ -93,12 +93,15 @@ def test_db_upgrade_installs_and_current_reports_the_revision(
             main(["db", "current", "--json", "--database-url", database_url, "--schema", name]) == 0
         )
         found = json.loads(capsys.readouterr().out)
-        assert (found["schema"], found["revision"], found["version"]) == (name, "alkstore_0001", 26)
+        assert (found["schema"], found["revision"], found["version"]) == (name, "alkstore_0046", 46)
 
 
 def test_db_upgrade_fails_when_the_recorded_schema_was_moved_to_another_version(cli: Cli) -> None:
     cli.sql("UPDATE {s}.version SET version = 25")
-    _one_line_error(cli("db", "upgrade"), "version 25", "start Node pg-boss 11.1.x once")
+    args = ("db", "upgrade", "--schema-version", "26")
+    _one_line_error(cli(*args), "version 25", "start Node pg-boss 11.1.x once")
+    # On the way to the default (46), the first revision after 26 refuses it as well.
+    _one_line_error(cli("db", "upgrade"), "version 25", "Nothing was changed")
 
 
 def test_db_check_reports_version_26(cli: Cli) -> None:
@@ -150,7 +153,7 @@ def test_db_upgrade_reads_url_and_schema_from_the_environment(
     monkeypatch.setenv("ALKSTORE_SCHEMA", name)
     with throwaway(engine, name):
         assert main(["db", "upgrade"]) == 0
-        assert migrate.check(engine, name) == 26
+        assert migrate.check(engine, name) == 46
 
 
 # --------------------------------------------------------------------- errors

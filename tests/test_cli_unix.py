@@ -289,11 +289,11 @@ def test_db_upgrade_at_the_current_schema_says_already_and_exits_0(
         first = call(capsys, "db", "upgrade", *where)
         assert first.code == 0, first.err
         assert "status    upgraded" in first.out
-        assert "upgraded to schema 26" in first.out
+        assert "upgraded to schema 46" in first.out
         again = call(capsys, "db", "upgrade", *where)
         assert again.code == 0, again.err
         assert "status    unchanged" in again.out
-        assert "already at schema 26" in again.out
+        assert "already at schema 46" in again.out
         as_json = call(capsys, "db", "upgrade", "--json", *where)
         assert as_json.code == 0
         assert '"status": "unchanged"' in as_json.out
@@ -334,6 +334,26 @@ def test_db_upgrade_of_a_schema_node_pg_boss_created_says_adopted(
         ran = call(capsys, "db", "upgrade", "--database-url", database_url, "--schema", name)
         assert ran.code == 0, ran.err
         assert "status    adopted" in ran.out
+        # The default target is 46: the adopted 26 is migrated on, and the message says so.
+        assert "adopted the schema 26 Node pg-boss created, then upgraded it to schema 46" in (
+            ran.out
+        )
+
+
+def test_db_upgrade_to_26_of_a_schema_node_pg_boss_created_only_adopts_it(
+    capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
+) -> None:
+    name = random_schema()
+    with throwaway(engine, name):
+        install_with_node_plan(database_url, name)
+        ran = call(capsys, "db", "upgrade", "--schema-version", "26",
+                   "--database-url", database_url, "--schema", name)  # fmt: skip
+        assert ran.code == 0, ran.err
+        assert "status    adopted" in ran.out
+        assert "message   adopted the schema 26 Node pg-boss created\n" in ran.out
+        with engine.connect() as conn:
+            found = conn.execute(text(f'SELECT version FROM "{name}".version')).scalar_one()
+        assert found == 26
 
 
 # --------------------------------------------------------------------- Ctrl-C

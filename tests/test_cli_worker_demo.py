@@ -232,6 +232,7 @@ def test_demo_on_a_given_database_reports_and_drops_its_schema(
     assert report["rolled_back_transaction"] == {"orders": 0, "jobs": 0}
     assert set(report["pickup_latency_ms"]) == {"p50", "p90", "p99", "max"}
     assert report["jobs_per_second"] > 0
+    assert report["schema_version"] == 46  # the default install
     assert "40/40 settled" in captured.err  # the progress bar, on stderr
     with engine.connect() as conn:
         left = conn.execute(
@@ -258,6 +259,7 @@ def test_demo_without_a_database_runs_on_an_embedded_server(
     assert main(["demo", "--jobs", "10"]) == 0
     out = capsys.readouterr().out
     assert "10 orders on embedded PostgreSQL" in out
+    assert "pg-boss schema version 46\n" in out
     assert "orders_dlq   created 1" in out
     assert made and not any(Path(d).exists() for d in made)  # the server's data is gone
 

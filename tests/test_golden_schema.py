@@ -33,7 +33,7 @@ def _node_catalog(engine: Engine, database_url: str, schema: str) -> catalog.Cat
 
 def _our_catalog(engine: Engine, schema: str) -> catalog.Catalog:
     with throwaway(engine, schema):
-        migrate.upgrade(engine, schema)
+        migrate.upgrade(engine, schema, schema_version=26)
         return catalog.snapshot(engine, schema)
 
 
@@ -78,7 +78,7 @@ def test_migration_quotes_a_mixed_case_schema_name(engine: Engine, database_url:
     schema = random_schema("Boss_Q_")
     theirs = _node_catalog(engine, database_url, schema)
     with throwaway(engine, schema):
-        migrate.upgrade(engine, schema)
+        migrate.upgrade(engine, schema, schema_version=26)
         ours = catalog.snapshot(engine, schema)
         # Everything is in the schema spelled exactly as given, nothing in its folded twin.
         assert not schema_exists(engine, schema.lower())
@@ -101,7 +101,7 @@ def test_snapshot_diff_names_the_differing_fact(engine: Engine) -> None:
     # The failure message must point at the difference, not dump two catalogs.
     schema = random_schema()
     with throwaway(engine, schema):
-        migrate.upgrade(engine, schema)
+        migrate.upgrade(engine, schema, schema_version=26)
         before = catalog.snapshot(engine, schema)
         with engine.begin() as conn:
             conn.exec_driver_sql(f"DROP INDEX {schema}.job_i6")

@@ -45,7 +45,7 @@ AFTER = 4.0  # seconds of flow after the runtime switched
 @pytest.fixture
 def schema26(engine: Engine) -> Iterator[str]:
     name = random_schema("roll_")
-    migrate.upgrade(engine, name)
+    migrate.upgrade(engine, name, schema_version=26)
     in_tx(engine, name, lambda q: [q.create_queue(n, retry_limit=3) for n in QUEUES])
     yield name
     drop_schema(engine, name)

@@ -120,7 +120,7 @@ def test_after_node_1238_migrated_our_26_the_runtime_accepts_it_and_db_current_s
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     schema = new_schema()
-    migrate.upgrade(engine, schema)
+    migrate.upgrade(engine, schema, schema_version=26)
     node46(schema, migrate=True).close()
     assert migrate.check(engine, schema) == 46
     capsys.readouterr()

@@ -1,8 +1,10 @@
 """The three ways to run the migrations, adoption of Node's schema, downgrade, autogenerate.
 
 (A) inside an application's own Alembic environment (a throw-away project per test),
-(B) standalone through ``alkstore db upgrade``, (C) offline SQL. Each way must give
-the catalog of Node pg-boss 11.1.2's construction plan (the golden reference).
+(B) standalone through ``alkstore db upgrade``, (C) offline SQL. Each way, aimed at schema
+26, must give the catalog of Node pg-boss 11.1.2's construction plan (the golden
+reference); aimed at the default (46), the catalog ``migrate.upgrade`` builds at 46
+(tests/test_golden_schema46.py compares that one with pg-boss 12.38.0).
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ def reference(engine: Engine, database_url: str) -> catalog.Catalog:
     with throwaway(engine, schema):
         install_with_node_plan(database_url, schema)
         return catalog.snapshot(engine, schema)
+
+
+@pytest.fixture(scope="module")
+def reference46(engine: Engine) -> catalog.Catalog:
+    """The shape of the schema 46 that ``migrate.upgrade`` builds."""
+    schema = random_schema()
+    with throwaway(engine, schema):
+        migrate.upgrade(engine, schema, schema_version=46)
+        return catalog.structural(catalog.snapshot(engine, schema))
 
 
 @pytest.fixture
@@ -178,12 +189,23 @@ def _tables(engine: Engine, schema: str) -> set[str]:
         return {r[0] for r in rows}
 
 
-def test_user_environment_upgrade_heads_creates_user_table_and_queue_schema(
-    user_project: UserProject, engine: Engine, fresh: str, reference: catalog.Catalog
+def test_user_environment_upgrade_heads_creates_user_table_and_queue_schema_46(
+    user_project: UserProject, engine: Engine, fresh: str, reference46: catalog.Catalog
 ) -> None:
     command.upgrade(user_project.config(fresh), "heads")
     assert _tables(engine, user_project.app_schema) == {"customer"}
-    assert user_project.recorded(engine) == {"app_0001", "alkstore_0001"}
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
+    assert migrate.current_version(engine, fresh) == 46
+    catalog.assert_same(
+        reference46, catalog.structural(catalog.snapshot(engine, fresh)), ("migrate", "user env")
+    )
+
+
+def test_user_environment_upgrade_to_the_26_revision_builds_the_golden_catalog(
+    user_project: UserProject, engine: Engine, fresh: str, reference: catalog.Catalog
+) -> None:
+    command.upgrade(user_project.config(fresh), "alkstore@alkstore_0001")
+    assert user_project.recorded(engine) == {"alkstore_0001"}
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "user env"))
 
 
@@ -192,7 +214,7 @@ def test_user_environment_reads_the_schema_from_config_attributes(
 ) -> None:
     command.upgrade(user_project.config(fresh, via="attributes"), "alkstore@head")
     assert "job_common" in _tables(engine, fresh)
-    assert user_project.recorded(engine) == {"alkstore_0001"}
+    assert user_project.recorded(engine) == {"alkstore_0046"}
 
 
 def test_user_environment_upgrade_alkstore_head_leaves_the_user_branch_alone(
@@ -200,21 +222,27 @@ def test_user_environment_upgrade_alkstore_head_leaves_the_user_branch_alone(
 ) -> None:
     command.upgrade(user_project.config(fresh), "alkstore@head")
     assert not schema_exists(engine, user_project.app_schema)
-    assert user_project.recorded(engine) == {"alkstore_0001"}
+    assert user_project.recorded(engine) == {"alkstore_0046"}
 
 
-def test_user_environment_reaches_schema_46_only_when_it_lists_versions_next(
+def test_user_environment_stays_at_26_by_its_revision_and_moves_between_26_and_46(
     user_project: UserProject, engine: Engine, fresh: str
 ) -> None:
-    # Without versions_next, "heads" stays at the schema 26 this release's runtime speaks.
-    command.upgrade(user_project.config(fresh), "heads")
-    assert migrate.current_version(engine, fresh) == 26
+    # The one folder the environment lists holds every version: the 26 revision stops
+    # there, "heads" goes on to 46, and the 26 revision brings it back.
     cfg = user_project.config(fresh)
-    locations = cfg.get_main_option("version_locations")
-    cfg.set_main_option("version_locations", f"{locations} alkstore_sa:migrations/versions_next")
-    command.upgrade(cfg, "heads")
+    assert cfg.get_main_option("version_locations", "").split()[-1] == (
+        "alkstore_sa:migrations/versions"
+    )
+    command.upgrade(cfg, "alkstore@alkstore_0001")
+    assert migrate.current_version(engine, fresh) == 26
+    assert migrate.check(engine, fresh) == 26
+    command.upgrade(user_project.config(fresh), "heads")
     assert migrate.current_version(engine, fresh) == 46
     assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
+    command.downgrade(user_project.config(fresh), "alkstore@alkstore_0001")
+    assert migrate.current_version(engine, fresh) == 26
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0001"}
 
 
 def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_schema(
@@ -227,23 +255,55 @@ def test_user_environment_downgrade_of_alkstore_base_removes_only_the_queue_sche
     assert user_project.recorded(engine) == {"app_0001"}
 
 
+def test_user_environment_records_what_another_program_migrated_with_stamp(
+    user_project: UserProject, engine: Engine, fresh: str
+) -> None:
+    # docs/concepts/compatibility.md: after Node 12.38 moved our 26 to 46, "heads" refuses
+    # (nothing changed) until the environment records it with a stamp.
+    command.upgrade(user_project.config(fresh), "alkstore@alkstore_0001")
+    migrate.upgrade(engine, fresh, schema_version=46)  # the other program, its own history
+    before = catalog.snapshot(engine, fresh)
+    with pytest.raises(SchemaVersionError, match="another program"):
+        command.upgrade(user_project.config(fresh), "alkstore@head")
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("before", "after refusal"))
+    assert user_project.recorded(engine) == {"alkstore_0001"}
+    command.stamp(user_project.config(fresh), "alkstore@alkstore_0046")
+    assert user_project.recorded(engine) == {"alkstore_0046"}
+    command.upgrade(user_project.config(fresh), "heads")
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
+
+
 @pytest.mark.parametrize("literal_binds", [True, False])
-def test_user_environment_offline_sql_builds_the_golden_catalog(
+def test_user_environment_offline_sql_of_heads_builds_schema_46(
+    user_project: UserProject,
+    engine: Engine,
+    database_url: str,
+    fresh: str,
+    reference46: catalog.Catalog,
+    literal_binds: bool,
+) -> None:
+    cfg = user_project.config(fresh)
+    cfg.attributes["literal_binds"] = literal_binds  # our revisions must not depend on it
+    command.upgrade(cfg, "heads", sql=True)
+    script = cfg.output_buffer.getvalue()  # type: ignore[union-attr]
+    assert not schema_exists(engine, fresh)  # offline: nothing ran
+    run_script(database_url, script)
+    found = catalog.structural(catalog.snapshot(engine, fresh))
+    catalog.assert_same(reference46, found, ("migrate", "offline SQL"))
+    assert _tables(engine, user_project.app_schema) == {"customer"}
+
+
+def test_user_environment_offline_sql_of_the_26_revision_builds_the_golden_catalog(
     user_project: UserProject,
     engine: Engine,
     database_url: str,
     fresh: str,
     reference: catalog.Catalog,
-    literal_binds: bool,
 ) -> None:
     cfg = user_project.config(fresh)
-    cfg.attributes["literal_binds"] = literal_binds  # our revision must not depend on it
-    command.upgrade(cfg, "heads", sql=True)
-    script = cfg.output_buffer.getvalue()  # type: ignore[union-attr]
-    assert not schema_exists(engine, fresh)  # offline: nothing ran
-    run_script(database_url, script)
+    command.upgrade(cfg, "alkstore@alkstore_0001", sql=True)
+    run_script(database_url, cfg.output_buffer.getvalue())  # type: ignore[union-attr]
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "offline SQL"))
-    assert _tables(engine, user_project.app_schema) == {"customer"}
 
 
 def test_user_environment_adopts_a_schema_created_by_node(
@@ -251,25 +311,44 @@ def test_user_environment_adopts_a_schema_created_by_node(
 ) -> None:
     install_with_node_plan(database_url, fresh)
     before = catalog.snapshot(engine, fresh)
-    command.upgrade(user_project.config(fresh), "heads")
+    command.upgrade(user_project.config(fresh), "alkstore@alkstore_0001")
     catalog.assert_same(before, catalog.snapshot(engine, fresh), ("node", "after adoption"))
-    assert user_project.recorded(engine) == {"app_0001", "alkstore_0001"}
+    assert user_project.recorded(engine) == {"alkstore_0001"}
+    # "heads" then takes the adopted schema on to 46.
+    command.upgrade(user_project.config(fresh), "heads")
+    assert migrate.current_version(engine, fresh) == 46
+    assert user_project.recorded(engine) == {"app_0001", "alkstore_0046"}
 
 
 # --------------------------------------------------------------------- (B) standalone
 
 
-def test_cli_db_upgrade_builds_the_golden_catalog(
+def test_cli_db_upgrade_to_26_builds_the_golden_catalog(
     engine: Engine,
     database_url: str,
     fresh: str,
     reference: catalog.Catalog,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["db", "upgrade", "--database-url", database_url, "--schema", fresh]) == 0
-    assert "upgraded" in capsys.readouterr().out
+    where = ["--database-url", database_url, "--schema", fresh]
+    assert main(["db", "upgrade", "--schema-version", "26", *where]) == 0
+    assert "upgraded to schema 26" in capsys.readouterr().out
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "alkstore db"))
     assert migrate.current(engine, fresh) == "alkstore_0001"
+
+
+def test_cli_db_upgrade_builds_schema_46_by_default(
+    engine: Engine,
+    database_url: str,
+    fresh: str,
+    reference46: catalog.Catalog,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["db", "upgrade", "--database-url", database_url, "--schema", fresh]) == 0
+    assert "upgraded to schema 46" in capsys.readouterr().out
+    found = catalog.structural(catalog.snapshot(engine, fresh))
+    catalog.assert_same(reference46, found, ("migrate 46", "alkstore db"))
+    assert migrate.current(engine, fresh) == "alkstore_0046"
 
 
 def test_console_script_upgrades_in_a_subprocess(
@@ -277,7 +356,7 @@ def test_console_script_upgrades_in_a_subprocess(
 ) -> None:
     env = {**os.environ, "ALKSTORE_DATABASE_URL": database_url, "ALKSTORE_SCHEMA": fresh}
     done = subprocess.run(
-        [sys.executable, "-m", "alkstore_sa.cli", "db", "upgrade", "--json"],
+        [sys.executable, "-m", "alkstore_sa.cli", "db", "upgrade", "--schema-version=26", "--json"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -287,6 +366,26 @@ def test_console_script_upgrades_in_a_subprocess(
     assert done.returncode == 0, done.stderr
     assert '"status": "upgraded"' in done.stdout
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "subprocess"))
+
+
+def test_cli_db_upgrade_refuses_a_schema_moved_past_our_revision_until_the_row_says_so(
+    engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/concepts/compatibility.md: the standalone history is corrected by its row.
+    migrate.upgrade(engine, fresh)
+    with engine.begin() as conn:  # as if Node 12.38 had migrated our 26
+        conn.execute(
+            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0001'")
+        )
+    where = ["--database-url", database_url, "--schema", fresh]
+    assert main(["db", "upgrade", *where]) == 1
+    assert "another program" in capsys.readouterr().err
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0046'")
+        )
+    assert main(["db", "upgrade", *where]) == 0
+    assert "already at schema 46; nothing to do" in capsys.readouterr().out
 
 
 def test_upgrade_twice_changes_nothing(engine: Engine, fresh: str) -> None:
@@ -299,7 +398,7 @@ def test_upgrade_twice_changes_nothing(engine: Engine, fresh: str) -> None:
 def test_upgrade_accepts_a_libpq_url(database_url: str, engine: Engine, fresh: str) -> None:
     libpq = database_url.replace("postgresql+psycopg://", "postgresql://")
     migrate.upgrade(libpq, fresh)
-    assert migrate.check(libpq, fresh) == 26
+    assert migrate.check(libpq, fresh) == 46
 
 
 # --------------------------------------------------------------------- (C) offline
@@ -312,7 +411,7 @@ def test_db_sql_script_builds_the_golden_catalog(
     reference: catalog.Catalog,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["db", "sql", "--schema", fresh]) == 0
+    assert main(["db", "sql", "--schema-version", "26", "--schema", fresh]) == 0
     script = capsys.readouterr().out
     assert "CREATE TABLE" in script and not schema_exists(engine, fresh)
     run_script(database_url, script)
@@ -320,14 +419,16 @@ def test_db_sql_script_builds_the_golden_catalog(
     assert migrate.current(engine, fresh) == "alkstore_0001"
 
 
+@pytest.mark.parametrize("version", ["26", "46"])
 def test_db_sql_script_installs_functions_that_work(
-    engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
+    engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str], version: str
 ) -> None:
     # The catalog comparison ignores function bodies: run them. A "%" doubled by the
     # offline renderer breaks format() in create_queue for partitioned queues.
-    assert main(["db", "sql", "--schema", fresh]) == 0
+    assert main(["db", "sql", "--schema-version", version, "--schema", fresh]) == 0
     script = capsys.readouterr().out
-    assert "%%" not in script
+    if version == "26":
+        assert "%%" not in script  # (46's create_queue writes a "%%" of its own)
     run_script(database_url, script)
     with engine.begin() as conn:
         partitioned = """'{"policy": "standard", "partition": true}'::jsonb"""
@@ -355,7 +456,7 @@ def test_upgrade_adopts_a_node_schema_without_touching_it(
     with engine.begin() as conn:
         conn.execute(text(f"INSERT INTO {fresh}.job (name, data) VALUES ('q', '{{\"k\": 1}}')"))
     before = catalog.snapshot(engine, fresh)
-    migrate.upgrade(engine, fresh)
+    migrate.upgrade(engine, fresh, schema_version=26)
     catalog.assert_same(before, catalog.snapshot(engine, fresh), ("node", "after adoption"))
     assert migrate.current(engine, fresh) == "alkstore_0001"
     with engine.connect() as conn:
@@ -367,7 +468,9 @@ def test_upgrade_adopts_a_node_schema_without_touching_it(
     [
         (24, "no upgrade path"),
         (25, "start Node pg-boss 11.1.x once"),
-        (27, "newer than the version 26"),
+        (27, "built by Node pg-boss (12.6 or later) without alkstore_sa's revisions"),
+        (46, "Let alkstore_sa install the schema (`alkstore db upgrade`) and Node start on it"),
+        (47, "newer than this alkstore_sa knows (up to 46); upgrade alkstore_sa"),
         (None, "no version row"),
     ],
 )
@@ -450,7 +553,7 @@ def test_downgrade_keeps_a_schema_that_holds_other_objects(engine: Engine, fresh
 def test_current_is_none_before_and_the_revision_after_upgrade(engine: Engine, fresh: str) -> None:
     assert migrate.current(engine, fresh) is None
     migrate.upgrade(engine, fresh)
-    assert migrate.current(engine, fresh) == "alkstore_0001"
+    assert migrate.current(engine, fresh) == "alkstore_0046"
 
 
 # --------------------------------------------------------------------- autogenerate
@@ -562,7 +665,6 @@ def test_developer_environment_runs_from_the_url_in_the_environment(
     cfg.cmd_opts = argparse.Namespace(x=[f"alkstore_schema={fresh}"])
     command.upgrade(cfg, "alkstore_0001")
     assert migrate.check(engine, fresh) == 26
-    # The developer environment lists versions_next too: its head is schema 46.
     command.upgrade(cfg, "alkstore@head")
     assert migrate.current_version(engine, fresh) == 46
     command.downgrade(cfg, "alkstore@base")
@@ -581,11 +683,11 @@ def test_developer_environment_writes_new_revisions_on_the_alkstore_branch(
         "add alkstore_extra",
         head="alkstore@head",
         version_path=str(tmp_path),
-        rev_id="alkstore_0002",
+        rev_id="alkstore_0047",
     )
     assert script is not None and not isinstance(script, list)
     written = Path(script.path).read_text()
-    assert "down_revision: str | None = 'alkstore_0001'" in written
+    assert "down_revision: str | None = 'alkstore_0046'" in written
     assert foreign_revisions(tmp_path) == []  # migrations/README.md's --rev-id is accepted
     assert "schema = schema_name()" in written
     assert Path(script.path).parent == tmp_path
@@ -683,7 +785,7 @@ def test_migrate_runs_from_the_copy_once_the_foreign_revision_is_gone(
     # The control case: the copy is what migrate uses, and only the stray file is refused.
     stray.unlink()
     migrate.upgrade(engine, fresh)
-    assert migrate.current(engine, fresh) == "alkstore_0001"
+    assert migrate.current(engine, fresh) == "alkstore_0046"
 
 
 def test_the_package_environment_refuses_a_foreign_revision(

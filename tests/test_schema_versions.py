@@ -2,7 +2,8 @@
 ``alkstore db upgrade|downgrade|sql --schema-version N`` and ``alkstore db current``.
 
 Version 26 is our revision ``alkstore_0001``, version N after it ``alkstore_00NN``; without
-a version the default (26, what the runtime speaks) is installed.
+a version the default (46, the newest version the runtime speaks) is installed; 26 only
+when asked for.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 from support.schemas import drop_schema, random_schema, schema_exists
 
-from alkstore_sa import migrate
+from alkstore_sa import migrate, names
 from alkstore_sa.cli import main
 from alkstore_sa.errors import InvalidOptionsError
+from alkstore_sa.migrations import VERSIONS_DIR
 
 
 @pytest.fixture
@@ -62,8 +64,19 @@ def test_every_version_in_the_table_is_a_revision_of_the_package_chained_in_orde
         assert revision.down_revision == expected_down, info.revision
 
 
-def test_the_default_target_is_26_the_version_the_runtime_speaks() -> None:
-    assert migrate.DEFAULT_SCHEMA_VERSION == 26
+def test_the_default_target_is_46_the_newest_version_the_runtime_speaks() -> None:
+    assert migrate.DEFAULT_SCHEMA_VERSION == 46
+    assert max(names.SPOKEN_SCHEMA_VERSIONS) == migrate.DEFAULT_SCHEMA_VERSION
+    assert migrate.DEFAULT_SCHEMA_VERSION == migrate.NEWEST_SCHEMA_VERSION
+
+
+def test_one_package_folder_holds_every_revision_and_the_standalone_environment_lists_it() -> None:
+    assert migrate.VERSION_LOCATION == "alkstore_sa:migrations/versions"
+    assert sorted(p.name for p in VERSIONS_DIR.glob("alkstore_*.py")) == [
+        "alkstore_0001_schema26.py",
+        *(f"alkstore_{n:04d}_schema{n}.py" for n in range(27, 47)),
+    ]
+    assert not VERSIONS_DIR.with_name("versions_next").exists()
 
 
 # ------------------------------------------------------------------ migrate.*
@@ -71,8 +84,8 @@ def test_the_default_target_is_26_the_version_the_runtime_speaks() -> None:
 
 def test_upgrade_without_a_version_installs_the_default(engine: Engine, fresh: str) -> None:
     migrate.upgrade(engine, fresh)
-    assert migrate.current(engine, fresh) == "alkstore_0001"
-    assert migrate.current_version(engine, fresh) == migrate.DEFAULT_SCHEMA_VERSION
+    assert migrate.current(engine, fresh) == "alkstore_0046"
+    assert migrate.current_version(engine, fresh) == migrate.DEFAULT_SCHEMA_VERSION == 46
 
 
 def test_upgrade_to_26_explicitly(engine: Engine, fresh: str) -> None:
@@ -131,7 +144,7 @@ def test_upgrade_does_not_go_back_and_downgrade_does_not_go_forward(
 
 def test_current_version_is_what_the_version_table_says(engine: Engine, fresh: str) -> None:
     assert migrate.current_version(engine, fresh) is None
-    migrate.upgrade(engine, fresh)
+    migrate.upgrade(engine, fresh, schema_version=26)
     with engine.begin() as conn:
         conn.execute(text(f'UPDATE "{fresh}".version SET version = 46'))
     # Node pg-boss moved it on; our recorded revision did not change.
@@ -173,6 +186,28 @@ def test_cli_downgrade_to_a_version(
     assert migrate.current_version(engine, fresh) == 26
 
 
+def test_cli_default_upgrade_goes_to_46_and_downgrade_brings_it_back_to_26(
+    capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine, fresh: str
+) -> None:
+    where = ["--database-url", database_url, "--schema", fresh]
+    code, out, _ = _run(capsys, "db", "upgrade", *where)
+    assert code == 0
+    assert "upgraded to schema 46" in out
+    code, out, _ = _run(capsys, "db", "upgrade", *where)
+    assert code == 0
+    assert "already at schema 46; nothing to do" in out
+    code, out, _ = _run(capsys, "db", "downgrade", "--schema-version", "26", *where)
+    assert code == 0
+    assert "downgraded to schema 26" in out
+    assert migrate.current(engine, fresh) == "alkstore_0001"
+    assert migrate.check(engine, fresh) == 26
+    code, out, _ = _run(capsys, "db", "upgrade", "--schema-version", "26", *where)
+    assert code == 0
+    assert "already at schema 26; nothing to do" in out
+    code, out, _ = _run(capsys, "db", "current", *where)
+    assert "schema 26 (Node pg-boss 11.1.1 to 11.1.2 and 12.0.0 to 12.5.4)" in out
+
+
 def test_cli_current_on_nothing_installed_says_so(
     capsys: pytest.CaptureFixture[str], database_url: str, fresh: str
 ) -> None:
@@ -191,7 +226,7 @@ def test_cli_current_on_nothing_installed_says_so(
 def test_cli_current_says_when_node_moved_the_schema_past_our_revision(
     capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine, fresh: str
 ) -> None:
-    migrate.upgrade(engine, fresh)
+    migrate.upgrade(engine, fresh, schema_version=26)
     with engine.begin() as conn:
         conn.execute(text(f'UPDATE "{fresh}".version SET version = 46'))
     code, out, _ = _run(capsys, "db", "current", "--json", "--database-url", database_url,
@@ -229,6 +264,9 @@ def test_cli_sql_prints_the_script_up_to_a_version(capsys: pytest.CaptureFixture
     assert code == 0
     assert "alkstore_0027" in out
     assert "alkstore_0028" not in out
+    code, at26, _ = _run(capsys, "db", "sql", "--schema-version", "26", "--schema", "boss")
+    assert code == 0
+    assert "alkstore_0001" in at26 and "alkstore_0027" not in at26
     code, default, _ = _run(capsys, "db", "sql", "--schema", "boss")
     assert code == 0
-    assert "alkstore_0001" in default and "alkstore_0027" not in default
+    assert "alkstore_0001" in default and "alkstore_0046" in default

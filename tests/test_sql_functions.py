@@ -85,7 +85,7 @@ class Pair:
 def pair(engine: Engine, database_url: str) -> Iterator[Pair]:
     ours, theirs = random_schema(), random_schema()
     with throwaway(engine, ours, theirs):
-        migrate.upgrade(engine, ours)
+        migrate.upgrade(engine, ours, schema_version=26)
         install_with_node_plan(database_url, theirs)
         yield Pair(engine, database_url, ours, theirs)
 
@@ -216,7 +216,7 @@ def test_create_queue_partitions_inside_a_mixed_case_schema(engine: Engine) -> N
     # pg-boss's own functions cannot do this (it folds the schema name); ours must.
     schema = random_schema("Boss_Q_")
     with throwaway(engine, schema):
-        migrate.upgrade(engine, schema)
+        migrate.upgrade(engine, schema, schema_version=26)
         with engine.begin() as conn:
             conn.execute(
                 text(f'SELECT "{schema}".create_queue(:n, CAST(:o AS jsonb))'),

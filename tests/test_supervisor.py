@@ -336,7 +336,7 @@ def three_supervisors(
 
     engine = create_engine(database_url)
     schema = "t_" + uuid.uuid4().hex[:12]
-    migrate.upgrade(engine, schema)
+    migrate.upgrade(engine, schema, schema_version=26)
     in_tx(engine, schema, lambda q: [q.create_queue(n) for n in ("a", "b", "__pgboss__send-it")])
     in_tx(engine, schema, lambda q: q.schedule("a", "* * * * *"))
     start = (db_now(engine) + dt.timedelta(minutes=1)).replace(second=5, microsecond=0)

@@ -86,6 +86,8 @@ def _upgrade(args: argparse.Namespace) -> int:
         status, message = "unchanged", _already(version, revision)
     elif before is None and found == SCHEMA_VERSION:
         status, message = "adopted", f"adopted the schema {SCHEMA_VERSION} Node pg-boss created"
+        if version is not None and version != SCHEMA_VERSION:
+            message += f", then upgraded it to schema {version}"
     else:
         status, message = "upgraded", f"upgraded to {_at(version, revision)}"
     emit(

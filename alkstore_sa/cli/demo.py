@@ -196,8 +196,9 @@ def run_demo(
     engine: Engine, schema: str, jobs: int, concurrency: int, out: TextIO
 ) -> dict[str, Any]:
     """Run the whole demo in ``schema`` (created here); returns the report."""
-    out.write(f"installing the queue schema {schema!r}...\n")
-    migrate.upgrade(engine, schema)
+    version = migrate.DEFAULT_SCHEMA_VERSION
+    out.write(f"installing the queue schema {schema!r} (pg-boss schema version {version})...\n")
+    migrate.upgrade(engine, schema, schema_version=version)
     shop = _Shop(schema)
     shop.metadata.create_all(engine)
     with Session(engine) as session, session.begin():
@@ -235,7 +236,9 @@ def run_demo(
         worker.stop()
         stop_bar.set()
         bar.join()
-    return _report(engine, shop, jobs, concurrency, elapsed, rolled_back)
+    report = _report(engine, shop, jobs, concurrency, elapsed, rolled_back)
+    report["schema_version"] = migrate.current_version(engine, schema)
+    return report
 
 
 def _rolled_back_order(engine: Engine, shop: _Shop) -> dict[str, int]:
@@ -328,7 +331,8 @@ def summary(report: dict[str, Any]) -> str:
     rb = report["rolled_back_transaction"]
     lines = [
         "",
-        f"alkstore demo - {report['jobs']} orders on {report['database']}",
+        f"alkstore demo - {report['jobs']} orders on {report['database']}, "
+        f"pg-boss schema version {report['schema_version']}",
         f"  rolled-back transaction left {rb['orders']} orders and {rb['jobs']} jobs behind",
         f"  throughput      {report['jobs_per_second']} jobs/s "
         f"({report['jobs']} jobs in {report['seconds']} s, concurrency {report['concurrency']})",

@@ -3,7 +3,8 @@
 Three ways to run them:
 
 * from your own Alembic environment: add ``alkstore_sa:migrations/versions`` to
-  ``version_locations`` and run ``alembic upgrade alkstore@head`` (or ``heads``);
+  ``version_locations`` and run ``alembic upgrade alkstore@head`` (or ``heads``) for
+  pg-boss schema 46, or ``alembic upgrade alkstore@alkstore_0001`` to stay at 26;
 * standalone: ``alkstore db upgrade --database-url URL --schema S``
   (see :mod:`alkstore_sa.migrate`);
 * offline: ``alembic upgrade alkstore@head --sql`` or ``alkstore db sql``.
@@ -42,17 +43,10 @@ REVISION_PREFIX = "alkstore_"
 """Every alkstore_sa revision id starts with this (``alkstore_0001``, ...)."""
 
 VERSIONS_DIR = Path(__file__).resolve().with_name("versions")
-"""The folder of alkstore_sa's revisions inside the installed package: schema 26, the
-version this release's runtime speaks."""
+"""The folder of alkstore_sa's revisions inside the installed package: pg-boss schema
+versions 26 to 46, one revision each (``alkstore_0001`` is 26, ``alkstore_00NN`` is N)."""
 
-NEXT_VERSIONS_DIR = Path(__file__).resolve().with_name("versions_next")
-"""The revisions to pg-boss schema versions 27 to 46, kept apart until the runtime
-speaks them: an application's ``alembic upgrade heads`` must not install a schema its
-services refuse. ``alkstore db upgrade --schema-version N`` reaches them; an Alembic
-environment opts in by listing ``alkstore_sa:migrations/versions_next`` too (see
-docs/concepts/compatibility.md)."""
-
-OUR_VERSION_DIRS = (VERSIONS_DIR, NEXT_VERSIONS_DIR)
+OUR_VERSION_DIRS = (VERSIONS_DIR,)
 """Every folder of alkstore_sa's revisions; only alkstore_sa's revisions belong there."""
 
 # The files Alembic loads as revisions from a version location (sources only).
@@ -146,7 +140,7 @@ def refuse_foreign_revisions(
         f"a revision that is not alkstore_sa's sits in alkstore_sa's versions folder, "
         f"where `alkstore db upgrade` would run it on every database: {described}. "
         "Nothing was run. Move it to your application's own versions folder (if it revises "
-        "'alkstore_0001', make it your branch's base: down_revision = None, "
+        "one of alkstore_sa's revisions, make it your branch's base: down_revision = None, "
         "branch_labels = ('myapp',))",
         tuple(str(p) for p in found),
     )

@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql
 from alkstore_sa.errors import SchemaVersionError
 from alkstore_sa.migrations import schema_name
 from alkstore_sa.migrations.helpers import run_sql
+from alkstore_sa.names import NEWEST_KNOWN_SCHEMA_VERSION, SPOKEN_SCHEMA_VERSIONS
 
 revision: str = "alkstore_0001"
 down_revision: str | None = None
@@ -39,6 +40,22 @@ def _install_lock(schema: str) -> sa.TextClause:
         "SELECT pg_advisory_xact_lock(('x' || encode(sha224((current_database() "
         "|| '.pgboss.' || " + _lit(schema) + ")::bytea), 'hex'))::bit(64)::bigint)"
     )
+
+
+class _NotAdopted(SchemaVersionError):
+    """A pg-boss schema at 27 to 46 that our revisions did not build: not adopted."""
+
+    def __init__(self, schema: str, found: int) -> None:
+        self.schema, self.found, self.expected = schema, found, VERSION
+        # Bypass SchemaVersionError's advice, which is about a runtime meeting the schema.
+        Exception.__init__(
+            self,
+            f"schema {schema!r} is at pg-boss schema version {found}, built by Node pg-boss "
+            f"(12.6 or later) without alkstore_sa's revisions, which adopt only a schema at "
+            f"{VERSION}. Nothing was changed. Let alkstore_sa install the schema "
+            "(`alkstore db upgrade`) and Node start on it, or use another schema for "
+            "alkstore_sa (docs/concepts/compatibility.md)",
+        )
 
 
 def _existing_version(schema: str) -> tuple[bool, int | None]:
@@ -224,7 +241,9 @@ def upgrade() -> None:
         if installed:
             if found == VERSION:
                 return  # created by Node pg-boss (or an earlier run): adopt it as it is
-            raise SchemaVersionError(schema, found, VERSION)
+            if found is not None and VERSION < found <= NEWEST_KNOWN_SCHEMA_VERSION:
+                raise _NotAdopted(schema, found)
+            raise SchemaVersionError(schema, found, VERSION, spoken=SPOKEN_SCHEMA_VERSIONS)
 
     state_type = postgresql.ENUM(*STATES, name="job_state", schema=schema, create_type=False)
     op.execute(postgresql.CreateEnumType(state_type))
