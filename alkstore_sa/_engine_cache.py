@@ -167,6 +167,110 @@ def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
 MIGRATION_WAIT = 0.5
 """Seconds between looks at a schema seen mid-migration."""
 
+
+def passing_through(found: int | None) -> bool:
+    """Whether ``found`` is a version a migration between two spoken ones passes through.
+
+    Our migrations commit version by version (docs/concepts/compatibility.md, "Live
+    upgrades"), so a schema going from 26 to 46 shows 27 to 45 on the way.
+    """
+    spoken = names.SPOKEN_SCHEMA_VERSIONS
+    return found is not None and found not in spoken and min(spoken) < found < max(spoken)
+
+
+def migration_under_way(schema: str, caller_pid: int) -> Op[tuple[bool, bool]]:
+    """Whether a session holds pg-boss's migration lock on ``schema`` (an ``alkstore db
+    upgrade`` or a Node ``start()`` is migrating it), and whether that session waits
+    for a lock the backend ``caller_pid`` holds (then waiting for the migration is
+    futile: it waits for the caller). Reads ``pg_locks`` only; the migration lock is
+    never taken, so a migration that wants it is not held up."""
+    from sqlalchemy import BigInteger, Integer, and_, column, func, literal, select, table
+    from sqlalchemy.dialects.postgresql import OID, array
+
+    from .sql._common import advisory_key
+
+    key = advisory_key(literal(schema))
+    locks = table(
+        "pg_locks",
+        column("locktype"),
+        column("database", OID),
+        column("classid", OID),
+        column("objid", OID),
+        column("objsubid"),
+        column("granted"),
+        column("pid", Integer),
+    )
+    databases = table("pg_database", column("oid", OID), column("datname"))
+    # A bigint advisory key is kept as two 32-bit halves (classid high, objid low).
+    low = literal(4294967295, BigInteger)
+    holder = (
+        select(locks.c.pid)
+        .where(
+            and_(
+                locks.c.locktype == "advisory",
+                locks.c.objsubid == 1,
+                locks.c.granted,
+                locks.c.database
+                == select(databases.c.oid)
+                .where(databases.c.datname == func.current_database())
+                .scalar_subquery(),
+                locks.c.classid.cast(BigInteger) == key.op(">>")(literal(32, Integer)).op("&")(low),
+                locks.c.objid.cast(BigInteger) == key.op("&")(low),
+            )
+        )
+        .limit(1)
+        .subquery()
+    )
+    blocked = array([literal(caller_pid, Integer)]).bool_op("<@")(
+        func.pg_blocking_pids(holder.c.pid)
+    )
+    blocked_label = "blocked_by_caller"
+    result = yield Call(select(holder.c.pid, blocked.label(blocked_label)))
+    row = result.first()
+    if row is None:
+        return False, False
+    return True, bool(row._mapping[blocked_label])
+
+
+def backend_pid() -> Op[int]:
+    """The server process of the connection the operation runs on."""
+    from sqlalchemy import func, select
+
+    result = yield Call(select(func.pg_backend_pid()))
+    return int(result.scalar_one())
+
+
+_SAVEPOINT = "alkstore_version_read"
+
+
+def version_unlocked(ctx: Context, state: _EngineState) -> Op[int]:
+    """:func:`ensure_version` for a caller's transaction that keeps no lock from it.
+
+    A read of the version table holds its lock until the caller's transaction ends,
+    and a migration altering that table would wait for it (and the caller, waiting
+    out the migration, for the migration): the read runs in a savepoint rolled back
+    at once, which releases what it locked. Fresh cached versions read nothing.
+    """
+    cached = state.version(ctx.schema)
+    if cached is not None:
+        ctx.version = cached
+        return cached
+    from sqlalchemy import text
+
+    from .errors import SchemaNotInstalledError
+
+    yield Call(text(f"SAVEPOINT {_SAVEPOINT}"))
+    try:
+        version = yield from ensure_version(ctx, state)
+    except (SchemaVersionError, SchemaNotInstalledError):
+        yield Call(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))
+        yield Call(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
+        raise
+    yield Call(text(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}"))
+    yield Call(text(f"RELEASE SAVEPOINT {_SAVEPOINT}"))
+    return version
+
+
 MIGRATION_GRACE = 60.0
 """How long a version between two known ones is taken for a migration under way
 before it is reported as a schema this release cannot use."""

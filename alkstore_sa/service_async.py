@@ -6,6 +6,8 @@ Every method has the same name, arguments and result as its sync twin.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar, Unpack
@@ -15,8 +17,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from . import ops
-from ._engine_cache import ensure_version, execution_options, make_context, read_version
-from .errors import SchemaVersionChangedError
+from ._engine_cache import (
+    MIGRATION_GRACE,
+    MIGRATION_WAIT,
+    backend_pid,
+    execution_options,
+    make_context,
+    migration_under_way,
+    passing_through,
+    read_version,
+    version_unlocked,
+)
+from .errors import SchemaVersionChangedError, SchemaVersionError
 from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .ops._core import may_be_schema_change
@@ -73,7 +85,18 @@ class AsyncQueueService:
         # The schema's version (read at most every SCHEMA_RECHECK_SECONDS per
         # engine) chooses the statements; ``op`` has not started yet, so it
         # sees the version set here.
-        await self._drive(ensure_version(self._ctx, self._state))
+        since = time.monotonic()
+        while True:
+            try:
+                await self._drive(version_unlocked(self._ctx, self._state))
+                break
+            except SchemaVersionError as refused:
+                # Met mid-migration (a version between two spoken ones, pg-boss's
+                # migration lock held): wait for it rather than refuse, as long as the
+                # migration does not wait for this transaction, MIGRATION_GRACE at most.
+                if not await self._migrating(refused, since):
+                    raise
+            await asyncio.sleep(MIGRATION_WAIT)
         try:
             return await self._drive(op)
         except DBAPIError as exc:
@@ -87,6 +110,26 @@ class AsyncQueueService:
             if after == before:
                 raise
             raise SchemaVersionChangedError(self._ctx.schema, before, after) from exc
+
+    async def _migrating(self, refused: SchemaVersionError, since: float) -> bool:
+        """Whether the refused version is one a migration under way passes through,
+        and the migration can finish while this transaction waits; if it waits for a
+        lock this transaction holds, raise :class:`SchemaVersionChangedError` (roll
+        back and run again) instead of waiting for ever."""
+        if not passing_through(refused.found) or time.monotonic() - since > MIGRATION_GRACE:
+            return False
+        assert self._engine is not None  # a service without an engine has no cache
+        pid = await self._drive(backend_pid())
+        async with AsyncEngine(self._engine).connect() as conn:
+            running, waits_for_us = await driver.arun(
+                conn, migration_under_way(self._ctx.schema, pid), self._options
+            )
+        if waits_for_us:
+            known = self._state.known(self._ctx.schema) if self._state is not None else None
+            raise SchemaVersionChangedError(
+                self._ctx.schema, known or self._ctx.version, refused.found
+            ) from refused
+        return running
 
     async def _moved(self) -> int | None:
         """The schema's installed version, read outside the caller's transaction."""

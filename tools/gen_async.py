@@ -40,11 +40,21 @@ def convert(source: str) -> str:
         ">>> async with AsyncSession(engine) as session, session.begin():",
     )
     body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
-    body = body.replace("self._drive(ensure_version(", "await self._drive(ensure_version(")
+    body = body.replace("self._drive(version_unlocked(", "await self._drive(version_unlocked(")
+    body = body.replace(
+        "pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())"
+    )
+    body = body.replace(
+        "running, waits_for_us = driver.run(", "running, waits_for_us = await driver.arun("
+    )
     body = body.replace(
         "from sqlalchemy.ext.asyncio import AsyncSession",
         "from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession",
     )
+    body = body.replace("import time\n", "import asyncio\nimport time\n", 1)
+    body = body.replace("time.sleep(MIGRATION_WAIT)", "await asyncio.sleep(MIGRATION_WAIT)")
+    body = body.replace("def _migrating(", "async def _migrating(")
+    body = body.replace("if not self._migrating(", "if not await self._migrating(")
     body = body.replace("def _moved(", "async def _moved(")
     body = body.replace("self._moved()", "await self._moved()")
     body = body.replace(
