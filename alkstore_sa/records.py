@@ -325,6 +325,10 @@ class SupervisionReport:
     :ivar skew_seconds: database clock minus local clock, as last measured.
     :ivar busy: steps skipped because another session held their advisory lock.
     :ivar errors: steps that failed (each also logged).
+    :ivar flows_resolved: completed flow parents resolved (schema 46, flow turn).
+    :ivar released: flow children unblocked because their last parent completed.
+    :ivar bam: ``bam`` commands run, as ``"<name> (<table>): completed|failed"``.
+    :ivar reindexed: job indexes rebuilt (and ``*_ccnew`` leftovers dropped).
     """
 
     monitored: tuple[str, ...] = ()
@@ -338,10 +342,21 @@ class SupervisionReport:
     skew_seconds: float | None = None
     busy: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    flows_resolved: int = 0
+    released: int = 0
+    bam: tuple[str, ...] = ()
+    reindexed: tuple[str, ...] = ()
 
     @property
     def idle(self) -> bool:
         """True when the pass changed nothing and found nothing to report."""
         return not (
-            self.monitored or self.maintained or self.cron_checked or self.sent or self.errors
+            self.monitored
+            or self.maintained
+            or self.cron_checked
+            or self.sent
+            or self.errors
+            or self.flows_resolved
+            or self.bam
+            or self.reindexed
         )
