@@ -376,3 +376,22 @@ def test_reindex_rebuilds_a_bloated_index_and_leaves_a_healthy_one(
     # reindex_on is claimed: within the interval no one rebuilds again.
     report = Supervisor(engine, schema=schema46, **settings).run_once()
     assert report.reindexed == ()
+
+
+async def test_the_async_supervisor_runs_bam_builds_outside_a_transaction(
+    engine: Engine, schema46: str, database_url: str
+) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from alkstore_sa.supervision import AsyncSupervisor
+
+    add_bam(engine, schema46, "first", BUILD.format(name="job_common_t6", s="{s}"))
+    async_engine = create_async_engine(database_url)
+    try:
+        report = await AsyncSupervisor(async_engine, schema=schema46, **ONLY_BAM).run_once(
+            force=True
+        )
+    finally:
+        await async_engine.dispose()
+    assert report.bam == ("first (job_common): completed",)
+    assert index_valid(engine, schema46, "job_common_t6") is True
