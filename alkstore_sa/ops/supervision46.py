@@ -35,19 +35,20 @@ after the queues (no claim)
     retention with ``persist_warnings``, the instance upkeep. **Left out:** the
     vacuum diagnosis (``xmin_horizon``, ``autovacuum_disabled``), which claims
     nothing and only warns; every Node instance still runs its own.
-reindex (``version.reindex_on``)
-    **Left out, never claimed**, so a Node instance keeps the turn (its
-    ``REINDEX CONCURRENTLY`` cannot run inside our transactions).
+reindex (``version.reindex_on``, the pass's last step)
+    Node and we: rebuild bloated job indexes, drop ``*_ccnew`` leftovers, warn
+    ``index_bloat`` (:mod:`~alkstore_sa.ops.turns46`; not inside the caller's
+    transaction).
 cron (``version.cron_on``)
     Node: the occurrences of every schedule in the last 60 s, a ``missed:
     'once'`` catch-up, filed into send-it under the escaped key and the 60 s
-    slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same for cron
-    schedules (a bad row is reported, not sent). **While any schedule is a
-    recurrence rule the turn is not claimed** (we do not evaluate RFC 5545 rules).
+    slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same, for
+    cron expressions and recurrence rules (:mod:`~alkstore_sa.ops.cron46`).
 send-it (a queue; no claim)
     Node: send each job's request, then ``schedule.last_job_id``. We: the same.
-BAM (``version.bam_on``) and flows (``version.flow_on``)
-    **Left out, never claimed.**
+flows (``version.flow_on``) and BAM (``version.bam_on``), on timers of their own
+    Node and we: release flow children; run the ``bam`` index builds
+    (:mod:`~alkstore_sa.ops.turns46`; BAM not inside the caller's transaction).
 """
 
 from __future__ import annotations
@@ -357,7 +358,8 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
 
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
     """One pass at 46: per table and chunk of 100 queues, monitor then maintain;
-    then the monitor backoff and the upkeep; cron; send-it (see the module table)."""
+    then the monitor backoff, the upkeep and reindex; cron; send-it; flows; BAM
+    (see the module table)."""
     tally = _Tally()
     pin: list[float] = []
     if plan.monitor:
