@@ -395,3 +395,20 @@ async def test_the_async_supervisor_runs_bam_builds_outside_a_transaction(
         await async_engine.dispose()
     assert report.bam == ("first (job_common): completed",)
     assert index_valid(engine, schema46, "job_common_t6") is True
+
+
+def test_a_stale_bam_row_is_not_retried_while_a_build_holds_its_table(
+    engine: Engine, schema46: str
+) -> None:
+    an_hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    running = {"status": "in_progress", "started_on": an_hour_ago}
+    add_bam(engine, schema46, "building", "SELECT 1", **running)
+    with engine.connect() as other:
+        # What a CREATE INDEX CONCURRENTLY holds on its table from start to end.
+        other.execute(text(f'LOCK TABLE "{schema46}".job_common IN SHARE UPDATE EXCLUSIVE MODE'))
+        report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
+        other.rollback()
+    assert report.bam == ()
+    assert bam_rows(engine, schema46)["building"].status == "in_progress"
+    report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
+    assert report.bam == ("building (job_common): completed",)

@@ -98,8 +98,13 @@ def _outside(statement: Any) -> Generator[Any, Any, str | None]:
     try:
         yield Autocommit(_execute(statement))
     except Exception as exc:
-        return str(exc).strip() or type(exc).__name__
+        return _reason(exc)
     return None
+
+
+def _reason(exc: BaseException) -> str:
+    # The database's own message (a DBAPIError's ``orig``), without the SQL.
+    return str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
 
 
 # ------------------------------------------------------------------ flows
@@ -186,7 +191,7 @@ def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
                 elif not valid:
                     error = f"index {bare} is invalid after the build"
     except Exception as exc:
-        error = str(exc).strip() or type(exc).__name__
+        error = _reason(exc)
     yield from tally.attempt(_finish(ctx, plan, row.id, error), "bam")
     status = "completed" if error is None else "failed"
     tally.bam.append(f"{row.name} ({row.table_name}): {status}")

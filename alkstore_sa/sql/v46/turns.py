@@ -49,7 +49,7 @@ from sqlalchemy import (
     text,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, OID
 from sqlalchemy.sql import column, table
 
 from ...models.enums import JobState
@@ -181,12 +181,12 @@ _PG_LOCKS = table(
     column("locktype", Text),
     column("granted", Boolean),
     column("mode", Text),
-    column("database", Integer),
-    column("relation", Integer),
+    column("database", OID),
+    column("relation", OID),
     schema="pg_catalog",
 )
 _PG_DATABASE = table(
-    "pg_database", column("oid", Integer), column("datname", Text), schema="pg_catalog"
+    "pg_database", column("oid", OID), column("datname", Text), schema="pg_catalog"
 )
 
 
@@ -205,7 +205,7 @@ def _stale(row: Any) -> Any:
         lk.c.granted,
         lk.c.mode == "ShareUpdateExclusiveLock",
         lk.c.database == db.scalar_subquery(),
-        lk.c.relation == cast(relation, Integer),
+        lk.c.relation == cast(relation, OID),
     )
     grace = now() - literal_column(f"interval '{BAM_GRACE_SECONDS} seconds'")
     return (row.c.started_on < grace) & ~building
