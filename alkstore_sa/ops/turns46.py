@@ -226,7 +226,9 @@ def bam_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
 
 
 def _scope(ctx: Context, plan: PassPlan) -> Op[list[str]]:
-    pairs = yield from queue_tables(ctx, plan.settings.queues)
+    # Every queue's table, whatever ``queues`` the pass is limited to: the turn is
+    # the cluster's for a day, and Node's background pass covers them all.
+    pairs = yield from queue_tables(ctx, None)
     tables = sorted({table for _, table in pairs})
     return tables or ["job", "job_common"]
 
