@@ -63,6 +63,24 @@ def test_a_flow_node_sent_is_released_by_our_supervisor(
     [kid] = boss.call("fetch", "kids")
     assert kid["id"] == child
     assert sql(engine, schema, "SELECT flow_on FROM {s}.version")[0][0] is not None
+    # We hold flow_on: a Node resolver polling at its start within the interval skips.
+    refs = boss.call(
+        "flow",
+        [
+            {"ref": "a", "name": "parents", "data": {"step": 3}},
+            {"ref": "b", "name": "kids", "data": {"step": 4}, "dependsOn": ["a"]},
+        ],
+    )
+    [parent] = boss.call("fetch", "parents")
+    boss.call("complete", "parents", parent["id"])
+    resolver = {"supervise": True, "migrate": False, "flowIntervalSeconds": 60}
+    node46(schema, **resolver)
+    time.sleep(2)
+    assert job_row(engine, schema, refs["b"], "blocked")["blocked"]
+    # With the turn free, a resolver starting now releases the child.
+    sql(engine, schema, "UPDATE {s}.version SET flow_on = NULL")
+    node46(schema, **resolver)
+    assert wait_until(lambda: not job_row(engine, schema, refs["b"], "blocked")["blocked"])
     assert boss.errors() == []
 
 

@@ -84,6 +84,8 @@ class Settings:
     :ivar reindex: at schema 46, take the ``version.reindex_on`` turn every
         ``reindex_interval`` (``reindexIntervalSeconds``, 86400) at the end of a
         supervise pass and rebuild bloated job indexes (pg-boss's ``reindex``).
+        Off, the turn is left to others (Node with ``reindex: false`` still
+        reports bloat without claiming; we report nothing).
     """
 
     supervise: bool = True
