@@ -53,7 +53,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, OID
 from sqlalchemy.sql import column, table
 
 from ...models.enums import JobState
-from .._common import state_text
+from .._common import any_name, state_text
 from ..tables46 import BAM, JOB, JOB_DEPENDENCY, QUEUE, VERSION
 from .supervision import now
 
@@ -112,7 +112,7 @@ def resolve_flows() -> Select[Any]:
         .where(
             parent.c.blocking,
             parent.c.state == state_text(JobState.COMPLETED),
-            parent.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
+            parent.c.name == any_name(),
         )
         .order_by(parent.c.name, parent.c.id)
         .limit(FLOW_BATCH)
