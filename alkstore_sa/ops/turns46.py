@@ -111,10 +111,10 @@ def _reason(exc: BaseException) -> str:
 
 
 def _flow_tables(ctx: Context) -> Op[list[tuple[str, list[str]]]]:
-    rows = (yield Call(sql.job_tables())).all()
+    # Every queue, whatever ``queues`` the pass is limited to (Node's resolver's reach).
     tables: dict[str, list[str]] = {}
-    for row in rows:
-        tables.setdefault(row.table_name, []).append(row.name)
+    for name, table in (yield from queue_tables(ctx, None)):
+        tables.setdefault(table, []).append(name)
     return list(tables.items())
 
 

@@ -54,7 +54,7 @@ from sqlalchemy.sql import column, table
 
 from ...models.enums import JobState
 from .._common import any_name, state_text
-from ..tables46 import BAM, JOB, JOB_DEPENDENCY, QUEUE, VERSION
+from ..tables46 import BAM, JOB, JOB_DEPENDENCY, VERSION
 from .supervision import now
 
 FLOW_BATCH = 1_000
@@ -90,12 +90,6 @@ def claim_turn(column_name: str) -> Update:
         .values({column_name: t})
         .returning(true().label("won"))
     )
-
-
-@functools.cache
-def job_tables() -> Select[Any]:
-    """Every queue's job table with the queue's name, in name order."""
-    return select(QUEUE.c.name, QUEUE.c.table_name).order_by(QUEUE.c.name)
 
 
 # ------------------------------------------------------------------ flows
@@ -384,7 +378,6 @@ __all__ = [
     "ddl",
     "finish_bam",
     "index_validity",
-    "job_tables",
     "quoted",
     "reindex_leftovers",
     "resolve_flows",
