@@ -6,7 +6,11 @@ entry. A rule with no ``DTSTART`` recurs from midnight of 1970-01-01 in the
 schedule's time zone (so the phase of ``INTERVAL=2`` is the same in every
 process); a ``DTSTART`` without ``Z`` or ``TZID`` is read in the schedule's
 zone too. Evaluation is by `python-dateutil <https://pypi.org/project/python-dateutil/>`_
-(``dateutil.rrule``), which implements RFC 5545's recurrence rules.
+(``dateutil.rrule``), which implements RFC 5545's recurrence rules, read as Node's
+evaluator (rrule-temporal) reads them where the two differ around daylight-saving
+changes: hourly and finer rules recur in elapsed time, a wall time the spring change
+skips is no occurrence (RFC 5545 says to ignore it), and an hourly rule sends the hour
+the autumn change repeats once.
 
 Times in and out are aware datetimes. An expression that cannot be evaluated
 raises :class:`~alkstore_sa.errors.InvalidOptionsError` naming ``cron`` (the
@@ -15,6 +19,7 @@ schedule column the expression is stored in).
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 import re
 from dataclasses import dataclass
@@ -62,6 +67,18 @@ _MAX_STEP_PERIODS = 50_000  # occurrences one backward step of latest() may walk
 _FIRST_STEP = dt.timedelta(hours=1)
 
 
+_WALL_LIMITS = frozenset({"BYHOUR", "BYMINUTE", "BYDAY", "BYMONTHDAY", "BYMONTH", "BYYEARDAY"})
+_WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+_REPEAT = dt.timedelta(hours=2)  # longer than any hour a clock repeats
+
+
+def _exists(instant: dt.datetime) -> bool:
+    """Does ``instant``'s wall time exist in its zone? A time a spring change skips
+    is no occurrence (RFC 5545 3.3.10: such instances are ignored)."""
+    there = instant.astimezone(dt.UTC).astimezone(instant.tzinfo)
+    return there.replace(tzinfo=None) == instant.replace(tzinfo=None)
+
+
 def is_rrule(expression: str) -> bool:
     """Would pg-boss read ``expression`` as an RFC 5545 recurrence rule (``kind = 'rrule'``)?"""
     return bool(_SHAPE.search(expression))
@@ -102,8 +119,64 @@ class Rule:
     def _value(self, name: str) -> str | None:
         return next((v for k, v in self.parts if k == name), None)
 
+    @property
+    def _exact(self) -> bool:
+        # Hours, minutes and seconds recur in elapsed time, as rrule-temporal
+        # (Node's evaluator) reads them: INTERVAL=2 keeps its phase across a
+        # daylight-saving change. The parts that name wall-clock fields then
+        # filter each instant read in the rule's zone. Rules this cannot express
+        # recur in wall time.
+        return (
+            self._value("FREQ") in ("SECONDLY", "MINUTELY", "HOURLY")
+            and self._value("COUNT") is None
+            and self._value("BYSETPOS") is None
+            and self._value("BYWEEKNO") is None
+        )
+
+    @property
+    def _limits(self) -> frozenset[str]:
+        # Hourly, BYMINUTE spreads each hour's occurrence over minutes (the same
+        # minutes in UTC as on the wall); otherwise it only filters, as the rest.
+        if self._value("FREQ") == "HOURLY":
+            return _WALL_LIMITS - {"BYMINUTE"}
+        return _WALL_LIMITS
+
+    def _wall_match(self, instant: dt.datetime) -> bool:
+        """Do the parts naming wall-clock fields hold for ``instant`` in the rule's zone?"""
+        local = instant.astimezone(self.start.tzinfo)
+        limits = self._limits
+        for key, value in self.parts:
+            if key not in limits:
+                continue
+            if key == "BYDAY":
+                days = {v.strip()[-2:].upper() for v in value.split(",")}
+                if _WEEKDAYS[local.weekday()] not in days:
+                    return False
+                continue
+            wanted = {int(v) for v in value.split(",")}
+            if key == "BYMONTHDAY":
+                last = calendar.monthrange(local.year, local.month)[1]
+                wanted = {d if d > 0 else last + 1 + d for d in wanted}
+            elif key == "BYYEARDAY":
+                last = 366 if calendar.isleap(local.year) else 365
+                wanted = {d if d > 0 else last + 1 + d for d in wanted}
+            field = {
+                "BYHOUR": local.hour,
+                "BYMINUTE": local.minute,
+                "BYMONTH": local.month,
+                "BYMONTHDAY": local.day,
+                "BYYEARDAY": local.timetuple().tm_yday,
+            }[key]
+            if field not in wanted:
+                return False
+        return True
+
     def _build(self, near: dt.datetime | None) -> du.rruleset:
         start = self.start
+        parts = self.parts
+        if self._exact:
+            start = start.astimezone(dt.UTC)
+            parts = tuple((k, v) for k, v in parts if k not in self._limits)
         period = _PERIODS.get(self._value("FREQ") or "")
         if near is not None and period is not None and self._value("COUNT") is None:
             # Recur from the last start of the same phase before ``near``: the
@@ -114,7 +187,7 @@ class Rule:
             steps = (near.astimezone(zone).replace(tzinfo=None) - wall) // span - 1
             if steps > 0:
                 start = (wall + span * steps).replace(tzinfo=zone)
-        body = ";".join(f"{k}={v}" for k, v in self.parts)
+        body = ";".join(f"{k}={v}" for k, v in parts)
         try:
             rule = du.rrulestr(body, dtstart=start)
         except (ValueError, TypeError) as exc:
@@ -129,7 +202,26 @@ class Rule:
 
     def between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
         """Every occurrence in ``(after, until]``, in order."""
-        found = self._build(after).between(after, until, inc=True)
+        exact = self._exact
+        hourly = exact and self._value("FREQ") == "HOURLY"
+        # Hourly, an hour the clock repeats is not sent twice: an instant whose
+        # wall time an earlier occurrence had is left out (rrule-temporal's
+        # reading), so the window is read from far enough back to know.
+        since = after - _REPEAT if hourly else after
+        found = [
+            o
+            for o in self._build(since).between(since, until, inc=True)
+            if o > since and _exists(o) and (not exact or o in self.rdates or self._wall_match(o))
+        ]
+        if hourly:
+            seen: set[dt.datetime] = set()
+            kept = []
+            for o in found:
+                wall = o.astimezone(self.start.tzinfo).replace(tzinfo=None)
+                if wall not in seen:
+                    kept.append(o)
+                seen.add(wall)
+            found = kept
         return [o for o in found if o > after]
 
     def latest(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:

@@ -4,6 +4,8 @@ schema made by our migrations and on one made by Node."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -11,8 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 from support.interop46 import job_row, schema46_by, sql, wait_until
-from support.node import in_tx, node46, node46_modules, node_url, py_engine
+from support.node import in_tx, node46, node46_modules, node_url, py_engine, run_node46
 
+from alkstore_sa import rrule
 from alkstore_sa.names import SEND_IT_QUEUE
 from alkstore_sa.supervision import Supervisor
 
@@ -264,3 +267,69 @@ def test_both_timekeepers_send_each_rrule_occurrence_once(
         )  # fmt: skip
         assert sent[key] == done >= 1
     assert boss.errors() == []
+
+
+# Node 12.38's own reading of a rule (its rrule module, on rrule-temporal): every
+# occurrence in (after, until], and the latest one.
+NODE_RRULE = """
+import { occurrencesInWindow, latestOccurrenceBefore } from './node_modules/pg-boss/dist/rrule.js'
+const cases = JSON.parse(process.argv[1])
+const iso = d => d === null ? null : d.toISOString().replace('.000Z', '+00:00')
+console.log(JSON.stringify(cases.map(([expr, tz, after, until]) => [
+  occurrencesInWindow(expr, new Date(after), new Date(until), tz).map(iso),
+  iso(latestOccurrenceBefore(expr, new Date(after), new Date(until), tz)),
+])))
+"""
+
+PARIS = "Europe/Paris"
+SPRING = ("2026-03-28T23:00:00", "2026-03-29T04:00:00")  # Paris: 02:00 -> 03:00
+AUTUMN = ("2026-10-24T23:00:00", "2026-10-25T04:00:00")  # Paris: 03:00 -> 02:00
+RULE_CASES = [
+    # (expression, zone, after, until)
+    ("FREQ=HOURLY;BYMINUTE=30", PARIS, *SPRING),
+    ("FREQ=HOURLY;BYMINUTE=30", PARIS, *AUTUMN),
+    ("FREQ=HOURLY;BYHOUR=2,3;BYMINUTE=30", PARIS, *SPRING),
+    ("FREQ=HOURLY;BYHOUR=2,3;BYMINUTE=30", PARIS, *AUTUMN),
+    ("FREQ=HOURLY", PARIS, *AUTUMN),
+    ("FREQ=HOURLY;INTERVAL=2", PARIS, "2026-10-24T20:10:00", "2026-10-25T06:50:00"),
+    ("FREQ=HOURLY;INTERVAL=3", PARIS, "2026-03-28T20:10:00", "2026-03-29T08:50:00"),
+    ("FREQ=MINUTELY;INTERVAL=20", PARIS, *SPRING),
+    ("FREQ=MINUTELY;INTERVAL=20", PARIS, *AUTUMN),
+    ("FREQ=MINUTELY;INTERVAL=20;BYHOUR=2", PARIS, *AUTUMN),
+    ("FREQ=DAILY;BYHOUR=2;BYMINUTE=30", PARIS, "2026-03-27T00:00:00", "2026-03-31T00:00:00"),
+    ("FREQ=DAILY;BYHOUR=2;BYMINUTE=30", PARIS, "2026-10-23T00:00:00", "2026-10-27T00:00:00"),
+    ("FREQ=DAILY;INTERVAL=2;BYHOUR=9", "UTC", "2026-12-01T00:00:00", "2026-12-08T00:00:00"),
+    ("FREQ=MINUTELY;INTERVAL=7", "America/New_York", "2026-12-01T09:00:00", "2026-12-01T10:00:00"),
+    ("FREQ=WEEKLY;INTERVAL=2;BYDAY=MO,TH;BYHOUR=8", "UTC", "2026-11-01T00:00:00",
+     "2026-12-31T00:00:00"),
+    ("FREQ=MONTHLY;BYDAY=-1FR;BYHOUR=17", PARIS, "2026-01-01T00:00:00", "2026-07-01T00:00:00"),
+    ("FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1", "UTC", "2026-01-01T00:00:00",
+     "2026-05-01T00:00:00"),
+    ("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29", "UTC", "2020-01-01T00:00:00", "2033-01-01T00:00:00"),
+    (
+        "DTSTART;TZID=America/New_York:20260105T090000\\nRRULE:FREQ=WEEKLY;BYDAY=MO,WE;COUNT=5",
+        "UTC", "2026-01-01T00:00:00", "2026-03-01T00:00:00",
+    ),
+    (
+        "DTSTART:20261201T090000Z\\nRRULE:FREQ=DAILY;UNTIL=20261210T000000Z\\n"
+        "EXDATE:20261203T090000Z\\nRDATE:20261203T120000Z",
+        "UTC", "2026-11-30T00:00:00", "2026-12-31T00:00:00",
+    ),
+    ("FREQ=SECONDLY;INTERVAL=20", "UTC", "2026-12-01T09:00:15", "2026-12-01T09:01:15"),
+]  # fmt: skip
+
+
+def test_recurrence_rules_read_as_node_reads_them(node46_modules: None) -> None:
+    cases = [
+        (expr.replace("\\n", "\n"), tz, after + "Z", until + "Z")
+        for expr, tz, after, until in RULE_CASES
+    ]
+    node = json.loads(run_node46("--input-type=module", "-e", NODE_RRULE, json.dumps(cases)))
+    for (expr, tz, after, until), (window, latest) in zip(cases, node, strict=True):
+        rule = rrule.parse(expr, tz)
+        lower = dt.datetime.fromisoformat(after)
+        upper = dt.datetime.fromisoformat(until)
+        ours = [o.astimezone(dt.UTC).isoformat() for o in rule.between(lower, upper)]
+        assert ours == window, expr
+        found = rule.latest(lower, upper)
+        assert (found.astimezone(dt.UTC).isoformat() if found else None) == latest, expr
