@@ -175,7 +175,9 @@ class Rule:
         start = self.start
         parts = self.parts
         if self._exact:
-            start = start.astimezone(dt.UTC)
+            # Elapsed time, on the start's own UTC offset: minutes and seconds
+            # still name the wall clock's in a zone offset by a fraction of an hour.
+            start = start.astimezone(dt.timezone(start.utcoffset() or dt.timedelta()))
             parts = tuple((k, v) for k, v in parts if k not in self._limits)
         period = _PERIODS.get(self._value("FREQ") or "")
         if near is not None and period is not None and self._value("COUNT") is None:

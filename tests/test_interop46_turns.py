@@ -316,6 +316,10 @@ RULE_CASES = [
         "UTC", "2026-11-30T00:00:00", "2026-12-31T00:00:00",
     ),
     ("FREQ=SECONDLY;INTERVAL=20", "UTC", "2026-12-01T09:00:15", "2026-12-01T09:01:15"),
+    # A zone offset by half an hour: minutes are the wall clock's.
+    ("FREQ=HOURLY;BYMINUTE=0,45", "Asia/Kolkata", "2026-12-01T00:00:00", "2026-12-01T04:00:00"),
+    ("FREQ=MINUTELY;INTERVAL=45;BYMINUTE=0,30", "Asia/Kolkata", "2026-12-01T00:00:00",
+     "2026-12-01T04:00:00"),
 ]  # fmt: skip
 
 
