@@ -46,11 +46,19 @@ def _sim(expr: str, start: dt.datetime, *, reverse: bool = False) -> CronSim:
 
 
 def previous_fire(expr: str, tz: str, now: dt.datetime) -> dt.datetime | None:
-    """The latest fire time at or before ``now`` (aware), in UTC."""
+    """The latest fire time at or before ``now`` (aware), in UTC.
+
+    :raises InvalidOptionsError: ``expr`` is not a cron expression (a row
+        written past :func:`validate`, by another client).
+    """
     zone = timezone(tz)
     local = now.astimezone(zone)
     try:
         fired = next(_sim(expr, local + dt.timedelta(microseconds=1), reverse=True))
     except StopIteration:
         return None
+    except (CronSimError, ValueError) as exc:
+        raise InvalidOptionsError(
+            "cron", f"{expr!r} is not a valid cron expression: {exc}"
+        ) from None
     return fired.astimezone(dt.UTC)

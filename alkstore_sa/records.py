@@ -327,6 +327,10 @@ class SupervisionReport:
     :ivar errors: steps that failed (each also logged).
     :ivar recorded: queues whose queue-stats history row this pass wrote (schema 46;
         see docs/how-to/supervision.md, "Queue-stats history").
+    :ivar flows_resolved: completed flow parents resolved (schema 46, flow turn).
+    :ivar released: flow children unblocked because their last parent completed.
+    :ivar bam: ``bam`` commands run, as ``"<name> (<table>): completed|failed"``.
+    :ivar reindexed: job indexes rebuilt (and ``*_ccnew`` leftovers dropped).
     """
 
     monitored: tuple[str, ...] = ()
@@ -341,10 +345,21 @@ class SupervisionReport:
     busy: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     recorded: tuple[str, ...] = ()
+    flows_resolved: int = 0
+    released: int = 0
+    bam: tuple[str, ...] = ()
+    reindexed: tuple[str, ...] = ()
 
     @property
     def idle(self) -> bool:
         """True when the pass changed nothing and found nothing to report."""
         return not (
-            self.monitored or self.maintained or self.cron_checked or self.sent or self.errors
+            self.monitored
+            or self.maintained
+            or self.cron_checked
+            or self.sent
+            or self.errors
+            or self.flows_resolved
+            or self.bam
+            or self.reindexed
         )

@@ -226,21 +226,6 @@ def test_cron_files_an_occurrence_under_the_escaped_key_and_its_slot(
     assert count[0][0] in (1, 2)  # 2 only if the minute turned between the two passes
 
 
-def test_cron_turn_is_left_to_node_while_a_schedule_is_a_recurrence_rule(
-    engine: Engine, schema46: str
-) -> None:
-    make_queue(engine, schema46, "q")
-    sql(
-        engine,
-        schema46,
-        """INSERT INTO {s}.schedule (name, key, kind, cron, timezone)
-        VALUES ('q', '', 'rrule', 'FREQ=MINUTELY', 'UTC')""",
-    )
-    report = run(engine, schema46, supervise=False)
-    assert not report.cron_checked
-    assert sql(engine, schema46, "SELECT cron_on FROM {s}.version")[0][0] is None
-
-
 def test_send_it_sends_and_records_the_last_job(engine: Engine, schema46: str) -> None:
     make_queue(engine, schema46, "q")
     sql(

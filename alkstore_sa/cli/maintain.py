@@ -23,6 +23,9 @@ _TUNING = (
     ("cron_monitor_interval", float),
     ("cron_worker_interval", float),
     ("clock_monitor_interval", float),
+    ("flow_interval", float),
+    ("bam_interval", float),
+    ("reindex_interval", float),
     ("warning_queue_size", int),
     ("delete_batch_size", int),
     ("expire_batch_size", int),
@@ -59,6 +62,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="write queue-stats history and prune it (schema 46; pg-boss's persistQueueStats)",
     )
+    for turn, what in (
+        ("flows", "release flow children"),
+        ("bam", "run the index builds queued in bam"),
+        ("reindex", "rebuild bloated job indexes"),
+    ):
+        parser.add_argument(f"--no-{turn}", action="store_true", help=f"schema 46: do not {what}")
     for name, kind in _TUNING:
         unit = "days" if name.endswith("_days") else "seconds" if kind is float else "count"
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=unit.upper())
@@ -70,6 +79,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "supervise": not args.no_supervise,
         "schedule": not args.no_cron,
         "queues": args.queues,
+        "flows": not args.no_flows,
+        "bam": not args.no_bam,
+        "reindex": not args.no_reindex,
     }
     if args.persist_queue_stats:
         settings["persist_queue_stats"] = True

@@ -56,7 +56,20 @@ _INTERVALS: dict[str, tuple[float, float]] = {  # name: (pg-boss default, pg-bos
     "cron_monitor_interval": (30, 45),
     "cron_worker_interval": (5, 45),
     "clock_monitor_interval": (600, 600),
+    "flow_interval": (5, 86_400),
+    "bam_interval": (60, 86_400),
+    "reindex_interval": (86_400, 86_400),
 }
+_MINIMUM_INTERVALS = {"flow_interval": 1.0, "bam_interval": 10.0, "reindex_interval": 1.0}
+_SWITCHES = (
+    "supervise",
+    "schedule",
+    "persist_warnings",
+    "persist_queue_stats",
+    "flows",
+    "bam",
+    "reindex",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +87,19 @@ class Settings:
         instance persists it (docs/how-to/supervision.md, "Queue-stats history").
     :ivar queue_stats_retention_days: days of history kept with
         ``persist_queue_stats`` (pg-boss's ``queueStatRetentionDays``, 7, at most 365).
+    :ivar flows: at schema 46, take the ``version.flow_on`` turn every
+        ``flow_interval`` (pg-boss's ``flowIntervalSeconds``, 5; at least 1) and
+        release the children of completed parents; with ``supervise`` only, as
+        Node arms its flow resolver only when it supervises.
+    :ivar bam: at schema 46, take the ``version.bam_on`` turn every
+        ``bam_interval`` (``bamIntervalSeconds``, 60; at least 10) and run the
+        index builds Node's migrations queued in ``bam`` (Node runs them on
+        instances started with ``migrate: true``, its default).
+    :ivar reindex: at schema 46, take the ``version.reindex_on`` turn every
+        ``reindex_interval`` (``reindexIntervalSeconds``, 86400) at the end of a
+        supervise pass and rebuild bloated job indexes (pg-boss's ``reindex``).
+        Off, the turn is left to others (Node with ``reindex: false`` still
+        reports bloat without claiming; we report nothing).
     """
 
     supervise: bool = True
@@ -91,6 +117,12 @@ class Settings:
     persist_warnings: bool = False
     persist_queue_stats: bool = False
     queue_stats_retention_days: int = 7
+    flows: bool = True
+    flow_interval: float = 5
+    bam: bool = True
+    bam_interval: float = 60
+    reindex: bool = True
+    reindex_interval: float = 86_400
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Settings:
@@ -99,15 +131,20 @@ class Settings:
         opt.check_unknown(options, allowed, "supervision")
         values: dict[str, Any] = {}
         for key, value in options.items():
-            if key in ("supervise", "schedule", "persist_warnings", "persist_queue_stats"):
+            if key in _SWITCHES:
                 values[key] = opt.check_bool(key, value)
             elif key == "queue_stats_retention_days":
                 values[key] = opt.check_int(key, value, minimum=1, maximum=365)
             elif key in _INTERVALS:
                 top = _INTERVALS[key][1]
+                low = _MINIMUM_INTERVALS.get(key)
                 ok = isinstance(value, int | float) and not isinstance(value, bool)
                 if not ok or not math.isfinite(value) or not 0 < value <= top:
                     raise InvalidOptionsError(key, f"must be seconds in (0, {top}], not {value!r}")
+                if low is not None and value < low:
+                    raise InvalidOptionsError(
+                        key, f"must be at least {low:g} seconds, not {value!r}"
+                    )
                 values[key] = value
             elif key == "queues":
                 values[key] = _queue_names(value)
@@ -153,6 +190,8 @@ class PassPlan:
     :ivar force: ignore the cluster-wide throttles (still stamping them).
     :ivar wait_for_locks: wait for advisory locks (own transactions) or only try
         them (the caller's transaction).
+    :ivar flows: take the flow turn (schema 46).
+    :ivar bam: take the BAM turn (schema 46; own transactions only).
     """
 
     settings: Settings
@@ -164,6 +203,8 @@ class PassPlan:
     force: bool = False
     wait_for_locks: bool = True
     skew_seconds: float | None = None
+    flows: bool = False
+    bam: bool = False
 
 
 class Busy(AlkstoreError):
@@ -378,6 +419,10 @@ class _Tally:
         self.busy: list[str] = []
         self.errors: list[str] = []
         self.recorded: list[str] = []
+        self.flows_resolved = 0
+        self.released = 0
+        self.bam: list[str] = []
+        self.reindexed: list[str] = []
 
     def attempt(self, unit: Op[T], step: str) -> Generator[Op[Any], Any, T | None]:
         """Hand ``unit`` to the driver; a failure thrown back is recorded, not raised."""
@@ -409,6 +454,10 @@ class _Tally:
             busy=tuple(self.busy),
             errors=tuple(self.errors),
             recorded=tuple(self.recorded),
+            flows_resolved=self.flows_resolved,
+            released=self.released,
+            bam=tuple(self.bam),
+            reindexed=tuple(self.reindexed),
         )
 
 
@@ -568,5 +617,6 @@ def supervise_once(
         now=now,
         force=force,
         wait_for_locks=False,
+        flows=settings.supervise and settings.flows,
     )
     return (yield from run_inline(supervise_pass(ctx, plan)))

@@ -41,19 +41,20 @@ after the queues (no claim)
     the instance upkeep. **Left out:** the
     vacuum diagnosis (``xmin_horizon``, ``autovacuum_disabled``), which claims
     nothing and only warns; every Node instance still runs its own.
-reindex (``version.reindex_on``)
-    **Left out, never claimed**, so a Node instance keeps the turn (its
-    ``REINDEX CONCURRENTLY`` cannot run inside our transactions).
+reindex (``version.reindex_on``, the pass's last step)
+    Node and we: rebuild bloated job indexes, drop ``*_ccnew`` leftovers, warn
+    ``index_bloat`` (:mod:`~alkstore_sa.ops.turns46`; not inside the caller's
+    transaction).
 cron (``version.cron_on``)
     Node: the occurrences of every schedule in the last 60 s, a ``missed:
     'once'`` catch-up, filed into send-it under the escaped key and the 60 s
-    slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same for cron
-    schedules (a bad row is reported, not sent). **While any schedule is a
-    recurrence rule the turn is not claimed** (we do not evaluate RFC 5545 rules).
+    slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same, for
+    cron expressions and recurrence rules (:mod:`~alkstore_sa.ops.cron46`).
 send-it (a queue; no claim)
     Node: send each job's request, then ``schedule.last_job_id``. We: the same.
-BAM (``version.bam_on``) and flows (``version.flow_on``)
-    **Left out, never claimed.**
+flows (``version.flow_on``) and BAM (``version.bam_on``), on timers of their own
+    Node and we: release flow children; run the ``bam`` index builds
+    (:mod:`~alkstore_sa.ops.turns46`; BAM not inside the caller's transaction).
 """
 
 from __future__ import annotations
@@ -62,24 +63,21 @@ import datetime as dt
 import functools
 import json
 import logging
-import re
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
-from .. import options as opt
-from ..cron import previous_fire
-from ..errors import InvalidOptionsError
-from ..names import SEND_IT_QUEUE
 from ..records import QueueWarning, SupervisionReport
 from ..sql import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
-from . import stats46
+from . import stats46, turns46
 from ._core import Call, Context, Op
+from .cron46 import cron46
+from .cron46 import is_rrule as is_rrule  # re-exported
+from .cron46 import occurrence_key as occurrence_key
+from .cron46 import slot_of as slot_of
 from .stats46 import NO_HISTORY, History
 from .supervision import (
-    SLOT_SECONDS,
-    CronOutcome,
     PassPlan,
     _chunks,
     _cron_step,
@@ -88,7 +86,6 @@ from .supervision import (
     _lock,
     _send_it_rounds,
     _Tally,
-    ensure_send_it,
     work_send_it,
 )
 from .working import expire_heartbeats46, expire_jobs46
@@ -108,27 +105,6 @@ _BACKOFF = (
     "against an autovacuum_naptime of {naptime:g}s. Shrink the job table (retention, "
     "deleteAfterSeconds) or partition its busiest queues."
 )
-
-# pg-boss tells a recurrence rule from a cron expression by an iCalendar
-# property at the head of a line, or a FREQ= part.
-_RRULE = re.compile(r"^[ \t]*[a-z][a-z0-9-]*[;:]|(?:^|[\s;])FREQ=", re.IGNORECASE | re.MULTILINE)
-
-
-def is_rrule(expression: str) -> bool:
-    """Would pg-boss read ``expression`` as an RFC 5545 recurrence rule?"""
-    return bool(_RRULE.search(expression))
-
-
-def occurrence_key(name: str, key: str) -> str:
-    """pg-boss 12.38's send-it key: the name's ``_`` escaped as ``\\_``, ``__``, the key."""
-    return name.replace("_", "\\_") + "__" + key
-
-
-def slot_of(instant: dt.datetime) -> dt.datetime:
-    """The 60-second slot ``instant`` falls in, as naive UTC wall time (``singleton_on``)."""
-    epoch = int(instant.timestamp()) // SLOT_SECONDS * SLOT_SECONDS
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)
-
 
 # ------------------------------------------------------------------ units
 
@@ -280,66 +256,6 @@ def upkeep(ctx: Context, plan: PassPlan) -> Op[None]:
     1,000 dead rows kept."""
     yield Call(sql.delete_old_instances(), {"now": plan.now})
     yield Call(sql.trim_dead_instances(), {"now": plan.now})
-
-
-def _latest_before(
-    expr: str, tz: str, after: dt.datetime, until: dt.datetime
-) -> dt.datetime | None:
-    fired = previous_fire(expr, tz, until)
-    return fired if fired is not None and fired > after else None
-
-
-def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
-    """Win the cron turn and file the occurrences due, as pg-boss 12.38's timekeeper.
-
-    The schedules are read first: if any is a recurrence rule, the turn is left
-    to Node (never claimed), since we would skip it. Otherwise each schedule's
-    occurrence in the 60 seconds ending now (and with ``missed: 'once'`` the
-    latest one in the gap since the last pass) goes to send-it under
-    :func:`occurrence_key` and its :func:`slot_of`.
-    """
-    schedules = (yield Call(cron_sql.all_schedules())).all()
-    rules = [f"{r.name}__{r.key}" for r in schedules if r.kind != "cron" or is_rrule(r.cron)]
-    if rules:
-        return CronOutcome(False, (), (f"cron turn left to Node: recurrence rules {rules}",))
-    interval = _interval(plan, plan.settings.cron_monitor_interval)
-    claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
-    if not claim.claimed:
-        return CronOutcome(False)
-    yield from ensure_send_it(ctx)
-    at = plan.cron_now or plan.now
-    if at is None:
-        at = yield from database_time(ctx, plan)
-    window = at - dt.timedelta(seconds=SLOT_SECONDS)
-    datas, keys, slots, problems = [], [], [], []
-    for row in schedules:
-        tz = row.timezone or "UTC"
-        try:
-            due = _latest_before(row.cron, tz, window, at)
-            slot_set = set()
-            options = row.options if isinstance(row.options, Mapping) else {}
-            if options.get("missed") == "once" and claim.prior_cron_on is not None:
-                start = max(claim.prior_cron_on, row.created_on)
-                if start < window:
-                    missed = _latest_before(row.cron, tz, start, window)
-                    if missed is not None:
-                        slot_set.add(slot_of(missed))
-            if due is not None:
-                slot_set.add(slot_of(due))
-        except InvalidOptionsError as exc:
-            problems.append(f"schedule {row.name}__{row.key}: {exc}")
-            continue
-        for slot in sorted(slot_set):
-            data = {"name": row.name, "key": row.key, "data": row.data, "options": row.options}
-            data["slot"] = slot.isoformat(sep=" ")
-            datas.append(opt.encode_json("data", data))
-            keys.append(occurrence_key(row.name, row.key))
-            slots.append(slot)
-    if not datas:
-        return CronOutcome(True, (), tuple(problems))
-    params = {"queue": SEND_IT_QUEUE, "datas": datas, "keys": keys, "slots": slots, "now": plan.now}
-    inserted = (yield Call(cron_sql.insert_occurrences(), params)).all()
-    return CronOutcome(True, tuple(r.singleton_key for r in inserted), tuple(problems))
 
 
 def set_last_jobs(ctx: Context, fired: Mapping[tuple[str, str], tuple[str, Any]]) -> Op[None]:
@@ -519,8 +435,8 @@ def _tail46(
 
 def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
     """One pass at 46: whether it writes stats history; per table and chunk of 100
-    queues, monitor then maintain; then the monitor backoff, the retentions and the
-    upkeep; cron; send-it (see the module table)."""
+    queues, monitor then maintain; then the monitor backoff, the retentions, the
+    upkeep and reindex; cron; send-it; flows; BAM (see the module table)."""
     tally = _Tally()
     pin: list[float] = []
     if plan.monitor:
@@ -532,8 +448,13 @@ def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, Su
             if message:
                 logger.warning(message, extra={"action": "monitor_backoff"})
         yield from _tail46(ctx, plan, tally, history)
+        yield from turns46.reindex_turn(ctx, plan, tally)
     if plan.cron:
         yield from _cron_step(cron46(ctx, plan), tally)
     if plan.send_it:
         yield from _send_it_rounds(lambda batch: work_send_it46(ctx, batch), tally)
+    if plan.flows:
+        yield from turns46.flow_turn(ctx, plan, tally)
+    if plan.bam:
+        yield from turns46.bam_turn(ctx, plan, tally)
     return tally.report(plan)

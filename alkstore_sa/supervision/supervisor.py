@@ -19,7 +19,15 @@ timer (setting)            default                      does
 ``cron_worker_interval``   5 s                          turn ``__pgboss__send-it`` jobs into
                                                         jobs of their queues
 ``clock_monitor_interval`` 600 s                        measure the database clock's skew
+``flow_interval``          5 s                          schema 46: release flow children
+                                                        whose parents completed
+``bam_interval``           60 s                         schema 46: run the index builds
+                                                        queued in ``bam``
 =========================  ===========================  ==================================
+
+At schema 46 a supervise pass ends with the reindex turn (``reindex_interval``,
+24 h). Index builds and rebuilds run on a connection of their own in autocommit
+(:class:`~alkstore_sa.ops.turns46.Autocommit`).
 
 >>> supervisor = Supervisor(engine, schema="pgboss")          # doctest: +SKIP
 >>> supervisor.start()                                        # doctest: +SKIP
@@ -61,6 +69,7 @@ from ..ops.supervision import (
     supervise_pass,
     with_lock_timeouts,
 )
+from ..ops.turns46 import Autocommit
 from ..steps import Call, Run, Steps, Wait, adrive, drive
 
 __all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]
@@ -115,6 +124,10 @@ class _Core:
             if self.clock.database_now() is None:
                 # A clock that drives the statements is the reference: no skew.
                 steps["clock"] = s.clock_monitor_interval
+        if s.supervise and s.flows:
+            steps["flows"] = s.flow_interval
+        if s.bam:
+            steps["bam"] = s.bam_interval
         return steps
 
     def _take_due(self, force: bool) -> set[str]:
@@ -148,6 +161,8 @@ class _Core:
             cron_now=cron_now,
             force=force,
             skew_seconds=self.skew_seconds,
+            flows="flows" in due,
+            bam="bam" in due,
         )
 
     def _record_skew(self, before: dt.datetime, db_epoch: float, after: dt.datetime) -> None:
@@ -260,7 +275,9 @@ class Supervisor(_Core):
         600), ``warning_queue_size`` (10000; a queue's own ``warning_queued`` wins),
         ``delete_batch_size`` (10000 rows per statement), ``expire_batch_size``
         (1000), ``queues`` (only these queues); at schema 46 ``persist_warnings``,
-        ``persist_queue_stats`` and ``queue_stats_retention_days`` (7).
+        ``persist_queue_stats`` and ``queue_stats_retention_days`` (7), ``flows`` /
+        ``bam`` / ``reindex`` (switch those turns) with ``flow_interval`` /
+        ``bam_interval`` / ``reindex_interval`` (5, 60, 86400).
     :raises InvalidOptionsError: for a bad setting (from :meth:`start` or
         :meth:`run_once`, a setting the installed schema does not have).
     """
@@ -287,6 +304,10 @@ class Supervisor(_Core):
         if isinstance(step, Call):
             return step.fn(*step.args)
         try:
+            if isinstance(step, Autocommit):
+                with self.engine.connect() as conn:
+                    ddl = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return driver.run(ddl, step.op, self._options)
             with self.engine.begin() as conn:
                 return driver.run(conn, self._unit(step), self._options)
         except Exception as exc:
@@ -364,6 +385,10 @@ class AsyncSupervisor(_Core):
         if isinstance(step, Call):
             return await step.fn(*step.args)
         try:
+            if isinstance(step, Autocommit):
+                async with self.engine.connect() as conn:
+                    ddl = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return await driver.arun(ddl, step.op, self._options)
             async with self.engine.begin() as conn:
                 return await driver.arun(conn, self._unit(step), self._options)
         except Exception as exc:

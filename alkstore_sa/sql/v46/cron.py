@@ -165,6 +165,34 @@ def set_last_job_ids() -> Any:
 
 
 @functools.cache
+def set_schedule_kinds() -> Any:
+    """Relabel schedule ``(:names[i], :keys[i])`` as ``:kinds[i]`` where it still
+    holds the expression ``:crons[i]`` it was read from (a ``schedule()`` that
+    replaced it meanwhile wrote its own kind)."""
+    src = (
+        func.unnest(
+            bindparam("names", type_=ARRAY(Text)),
+            bindparam("keys", type_=ARRAY(Text)),
+            bindparam("kinds", type_=ARRAY(Text)),
+            bindparam("crons", type_=ARRAY(Text)),
+        )
+        .table_valued(
+            column("name", Text), column("key", Text), column("kind", Text), column("cron", Text)
+        )
+        .render_derived(name="src")
+    )
+    return (
+        SCHEDULE.update()
+        .where(
+            SCHEDULE.c.name == src.c.name,
+            SCHEDULE.c.key == src.c.key,
+            SCHEDULE.c.cron == src.c.cron,
+        )
+        .values(kind=src.c.kind)
+    )
+
+
+@functools.cache
 def upsert_schedule() -> Any:
     """Insert or replace the schedule ``(:qname, :key)`` with its ``:kind``, as
     pg-boss 12.38 writes it (a replacement rewrites the kind too, so a row that
@@ -199,5 +227,6 @@ __all__ = [
     "claim_cron",
     "insert_occurrences",
     "set_last_job_ids",
+    "set_schedule_kinds",
     "upsert_schedule",
 ]

@@ -1,0 +1,145 @@
+"""The cron turn at schema 46, as pg-boss 12.38's timekeeper takes it.
+
+Whoever wins ``version.cron_on`` reads every schedule by its ``kind``: a cron
+expression (cronsim, :mod:`alkstore_sa.cron`) or an RFC 5545 recurrence rule
+(:mod:`alkstore_sa.rrule`). What is due:
+
+- a cron schedule: its latest fire time in the 60 seconds ending now;
+- a recurrence rule: every occurrence in those 60 seconds;
+- with ``missed: 'once'``, also the latest occurrence between the last pass
+  (``max(prior cron_on, created_on)``) and the window's start.
+
+Each occurrence goes to ``__pgboss__send-it`` under :func:`occurrence_key` and
+the 60-second slot it falls in (:func:`slot_of`), written into ``singleton_on``,
+so Node's timekeeper and ours file one job per slot between them. An
+expression that cannot be read as its stored kind but reads as the other is
+fired as that and relabelled afterwards, as Node does; one that reads as
+neither is reported (``invalid_schedule``) and skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .. import options as opt
+from .. import rrule
+from ..cron import previous_fire
+from ..errors import InvalidOptionsError
+from ..names import SEND_IT_QUEUE
+from ..sql.v46 import cron as cron_sql
+from ..sql.v46 import supervision as sup_sql
+from ._core import Call, Context, Op
+from .supervision import SLOT_SECONDS, CronOutcome, PassPlan, _interval, ensure_send_it
+
+logger = logging.getLogger(__name__)
+
+is_rrule = rrule.is_rrule
+
+
+def occurrence_key(name: str, key: str) -> str:
+    """pg-boss 12.38's send-it key: the name's ``_`` escaped as ``\\_``, ``__``, the key."""
+    return name.replace("_", "\\_") + "__" + key
+
+
+def slot_of(instant: dt.datetime) -> dt.datetime:
+    """The 60-second slot ``instant`` falls in, as naive UTC wall time (``singleton_on``)."""
+    epoch = int(instant.timestamp()) // SLOT_SECONDS * SLOT_SECONDS
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)
+
+
+def _due(expr: str, kind: str, tz: str, window: dt.datetime, at: dt.datetime) -> list[dt.datetime]:
+    if kind == "rrule":
+        return rrule.parse(expr, tz).between(window, at)
+    fired = previous_fire(expr, tz, at)
+    return [fired] if fired is not None and fired > window else []
+
+
+def _latest(
+    expr: str, kind: str, tz: str, after: dt.datetime, until: dt.datetime
+) -> dt.datetime | None:
+    if kind == "rrule":
+        return rrule.parse(expr, tz).latest(after, until)
+    fired = previous_fire(expr, tz, until)
+    return fired if fired is not None and fired > after else None
+
+
+def _read(expr: str, kind: str, tz: str, window: dt.datetime, at: dt.datetime) -> tuple[str, Any]:
+    """``(kind read as, due occurrences)``: the stored kind, or the other one
+    when the expression only reads that way (Node's fallback)."""
+    try:
+        return kind, _due(expr, kind, tz, window, at)
+    except InvalidOptionsError:
+        detected = "rrule" if is_rrule(expr) else "cron"
+        if detected == kind:
+            raise
+        return detected, _due(expr, detected, tz, window, at)
+
+
+def _invalid(ctx: Context, plan: PassPlan, row: Any, message: str) -> Op[None]:
+    logger.warning(message, extra={"action": "invalid_schedule", "queue": row.name})
+    if plan.settings.persist_warnings:
+        data = {"queue": row.name, "key": row.key, "cron": row.cron, "timezone": row.timezone}
+        params = {"type": "invalid_schedule", "message": message, "data": json.dumps(data)}
+        yield Call(sup_sql.insert_warning(), {**params, "now": plan.now})
+
+
+def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
+    """Win the cron turn and file every occurrence due (see the module)."""
+    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
+    if not claim.claimed:
+        return CronOutcome(False)
+    yield from ensure_send_it(ctx)
+    schedules = (yield Call(cron_sql.all_schedules())).all()
+    at = plan.cron_now or plan.now
+    if at is None:
+        at = (yield Call(sup_sql.database_time(), {"now": plan.now})).scalar_one()
+    window = at - dt.timedelta(seconds=SLOT_SECONDS)
+    datas, keys, slots, problems, relabel = [], [], [], [], []
+    for row in schedules:
+        tz = row.timezone or "UTC"
+        name = f"schedule {row.name}__{row.key}"
+        try:
+            kind, due = _read(row.cron, row.kind or "cron", tz, window, at)
+        except InvalidOptionsError as exc:
+            problems.append(f"{name}: {exc}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {exc}")
+            continue
+        wanted = {slot_of(o) for o in due}
+        options = row.options if isinstance(row.options, Mapping) else {}
+        if options.get("missed") == "once" and claim.prior_cron_on is not None:
+            start = max(claim.prior_cron_on, row.created_on)
+            if start < window:
+                try:
+                    missed = _latest(row.cron, kind, tz, start, window)
+                except InvalidOptionsError as exc:
+                    problems.append(f"{name}: {exc}")
+                    yield from _invalid(ctx, plan, row, f"{name} could not be caught up: {exc}")
+                    missed = None
+                if missed is not None:
+                    wanted.add(slot_of(missed))
+        if kind != (row.kind or "cron"):
+            relabel.append((row.name, row.key, kind, row.cron))
+        for slot in sorted(wanted):
+            data = {"name": row.name, "key": row.key, "data": row.data, "options": row.options}
+            data["slot"] = slot.isoformat(sep=" ")
+            datas.append(opt.encode_json("data", data))
+            keys.append(occurrence_key(row.name, row.key))
+            slots.append(slot)
+    fired: tuple[str, ...] = ()
+    if datas:
+        params = {"queue": SEND_IT_QUEUE, "datas": datas, "keys": keys, "slots": slots}
+        inserted = (yield Call(cron_sql.insert_occurrences(), {**params, "now": plan.now})).all()
+        fired = tuple(r.singleton_key for r in inserted)
+    if relabel:
+        names, rkeys, kinds, exprs = (list(col) for col in zip(*relabel, strict=True))
+        params = {"names": names, "keys": rkeys, "kinds": kinds, "crons": exprs}
+        yield Call(cron_sql.set_schedule_kinds(), params)
+    return CronOutcome(True, fired, tuple(problems))
+
+
+__all__ = ["cron46", "is_rrule", "occurrence_key", "slot_of"]

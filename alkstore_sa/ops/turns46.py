@@ -1,0 +1,303 @@
+"""The turns on ``version`` at schema 46 besides cron: flows, BAM and reindex.
+
+pg-boss 12.38 takes each of these turns on a claim of its own column
+(``flow_on``, ``bam_on``, ``reindex_on``; the statements are in
+:mod:`alkstore_sa.sql.v46.turns`). Whoever wins does the whole duty; so do we:
+
+flows (``flow_interval``, default 5 s, like ``flowIntervalSeconds``)
+    Node's Navigator, armed when the instance supervises. Per job table, per
+    chunk of 100 queues: resolve completed ``blocking`` parents 1,000 at a time
+    (at most 100 statements a chunk) until a batch comes back short.
+BAM (``bam_interval``, default 60 s, like ``bamIntervalSeconds``)
+    Node's runner, on instances started with ``migrate: true`` (its default);
+    our ``bam`` setting (default on) plays that part. Runs ``bam`` rows back to
+    back, one at a time across the cluster, each claimed under ``bamClaim``:
+    the first claim may retry a failed or stale row, later ones take pending
+    rows only. Before re-running a concurrent index build, the index is looked
+    up: INVALID (an interrupted build) is dropped first, VALID completes the
+    row without running it again. After a build, a missing or INVALID index
+    fails the row. The statement is tagged ``/* pgboss bam <id> */`` as Node
+    tags it.
+reindex (``reindex_interval``, default 86,400 s, like ``reindexIntervalSeconds``)
+    The last step of the supervise pass: the bloated job-table indexes we own
+    and that are at most 2 GB are rebuilt with ``REINDEX INDEX CONCURRENTLY``,
+    after the ``*_ccnew`` leftovers of an interrupted rebuild are dropped; a
+    bloated index left as it is gets an ``index_bloat`` warning.
+
+Index builds and rebuilds cannot run in a transaction block. Their units are
+:class:`Autocommit` steps, which the supervisors run on a connection of their
+own in autocommit; a pass run inside the caller's transaction
+(``QueueService.supervise``) never claims the BAM and reindex turns, so Node, or
+the next background pass, keeps them. The flow turn runs in both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from ..sql.v46 import supervision as sup_sql
+from ..sql.v46 import turns as sql
+from ._core import Call, Context, Op
+from .supervision import CHUNK, PassPlan, _interval, _lock, _Tally, queue_tables
+
+logger = logging.getLogger(__name__)
+
+BAM_CLAIM_LOCK = "bamClaim"
+"""The advisory lock key every BAM claim is made under (Node's)."""
+
+# What pg-boss recognises as a concurrent index build, and the index it names.
+_BUILD = re.compile(
+    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\"?[\w$]+\"?)",
+    re.IGNORECASE,
+)
+
+_BLOAT = (
+    'Warning: index "{name}" is bloated ({mb} MB across {pages} pages for ~{entries:.0f} live '
+    "entries) and was not rebuilt: {reason}."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Autocommit:
+    """A unit of the pass to run outside any transaction block (DDL such as
+    ``CREATE INDEX CONCURRENTLY``): the supervisors answer it on a connection of
+    their own in autocommit, without the lock timeouts of the other units."""
+
+    op: Op[Any]
+
+
+Turn = Generator[Any, Any, None]
+
+
+def _claim(ctx: Context, column: str, seconds: float, plan: PassPlan) -> Op[bool]:
+    params = {"interval": _interval(plan, seconds), "now": plan.now}
+    return (yield Call(sql.claim_turn(column), params)).first() is not None
+
+
+def _warn(ctx: Context, plan: PassPlan, kind: str, message: str, data: Any) -> Op[None]:
+    if plan.settings.persist_warnings:
+        params = {"type": kind, "message": message, "data": json.dumps(data, default=str)}
+        yield Call(sup_sql.insert_warning(), {**params, "now": plan.now})
+
+
+def _execute(statement: Any) -> Op[None]:
+    yield Call(statement)
+
+
+def _drop(ctx: Context, index: str) -> Any:
+    return sql.ddl(f"DROP INDEX CONCURRENTLY IF EXISTS {sql.quoted(ctx.schema, index)}")
+
+
+def _outside(statement: Any) -> Generator[Any, Any, str | None]:
+    """Run ``statement`` as an :class:`Autocommit` unit; its error's text, or ``None``."""
+    try:
+        yield Autocommit(_execute(statement))
+    except Exception as exc:
+        return _reason(exc)
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    # The database's own message (a DBAPIError's ``orig``), without the SQL.
+    return str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
+
+
+# ------------------------------------------------------------------ flows
+
+
+def _flow_tables(ctx: Context) -> Op[list[tuple[str, list[str]]]]:
+    # Every queue, whatever ``queues`` the pass is limited to (Node's resolver's reach).
+    tables: dict[str, list[str]] = {}
+    for name, table in (yield from queue_tables(ctx, None)):
+        tables.setdefault(table, []).append(name)
+    return list(tables.items())
+
+
+def _resolve(ctx: Context, names: list[str], plan: PassPlan) -> Op[tuple[int, int]]:
+    row = (yield Call(sql.resolve_flows(), {"names": names, "now": plan.now})).one()
+    return int(row.resolved), int(row.released)
+
+
+def flow_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+    """Win ``flow_on`` and release the children whose parents have completed."""
+    won = yield from tally.attempt(
+        _claim(ctx, "flow_on", plan.settings.flow_interval, plan), "flows"
+    )
+    if not won:
+        return
+    tables = (yield from tally.attempt(_flow_tables(ctx), "flows")) or []
+    for _table, names in tables:
+        for start in range(0, len(names), CHUNK):
+            chunk = names[start : start + CHUNK]
+            for _ in range(sql.FLOW_BATCHES):
+                done = yield from tally.attempt(_resolve(ctx, chunk, plan), "flows")
+                if done is None:
+                    break
+                tally.flows_resolved += done[0]
+                tally.released += done[1]
+                if done[0] < sql.FLOW_BATCH:
+                    break
+
+
+# ------------------------------------------------------------------ BAM
+
+
+def _claim_bam(ctx: Context, plan: PassPlan, pending_only: bool) -> Op[Any]:
+    yield from _lock(ctx, BAM_CLAIM_LOCK, plan)
+    params = {"bam_schema": ctx.schema, "now": plan.now}
+    return (yield Call(sql.claim_bam(pending_only=pending_only), params)).first()
+
+
+def _validity(ctx: Context, index: str) -> Op[bool | None]:
+    """``True`` valid, ``False`` INVALID, ``None`` absent."""
+    row = (yield Call(sql.index_validity(), {"schema": ctx.schema, "index": index})).first()
+    return None if row is None else not row.invalid
+
+
+def _finish(ctx: Context, plan: PassPlan, bam_id: Any, error: str | None) -> Op[None]:
+    params = {
+        "bam_id": bam_id,
+        "bam_status": "completed" if error is None else "failed",
+        "bam_error": error,
+        "now": plan.now,
+    }
+    yield Call(sql.finish_bam(), params)
+
+
+def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
+    match = _BUILD.search(row.command)
+    index = match.group(1) if match else None
+    bare = index.strip('"') if index else None
+    error: str | None = None
+    try:
+        built = False
+        if row.reattempt and bare is not None:
+            valid = yield _validity(ctx, bare)
+            if valid is False:
+                # An interrupted build left an INVALID index; IF NOT EXISTS would skip it.
+                yield Autocommit(_execute(_drop(ctx, bare)))
+            built = valid is True
+        if not built:
+            yield Autocommit(_execute(sql.ddl(f"/* pgboss bam {row.id} */\n{row.command}")))
+            if bare is not None:
+                valid = yield _validity(ctx, bare)
+                if valid is None:
+                    error = f"index {bare} does not exist after the build"
+                elif not valid:
+                    error = f"index {bare} is invalid after the build"
+    except Exception as exc:
+        error = _reason(exc)
+    yield from tally.attempt(_finish(ctx, plan, row.id, error), "bam")
+    status = "completed" if error is None else "failed"
+    tally.bam.append(f"{row.name} ({row.table_name}): {status}")
+    if error is not None:
+        tally.errors.append(f"bam {row.name} ({row.table_name}): {error}")
+        logger.error(
+            "BAM command %s on %s failed: %s",
+            row.name,
+            row.table_name,
+            error,
+            extra={"action": "bam_failed", "bam_id": str(row.id)},
+        )
+
+
+def bam_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+    """Win ``bam_on`` and run the pending ``bam`` rows back to back."""
+    if not plan.wait_for_locks:
+        return  # inside the caller's transaction: no index builds
+    won = yield from tally.attempt(_claim(ctx, "bam_on", plan.settings.bam_interval, plan), "bam")
+    if not won:
+        return
+    pending_only = False
+    while True:
+        row = yield from tally.attempt(_claim_bam(ctx, plan, pending_only), "bam")
+        if row is None:
+            return
+        yield from _run_bam(ctx, plan, row, tally)
+        pending_only = True
+
+
+# ------------------------------------------------------------------ reindex
+
+
+def _scope(ctx: Context, plan: PassPlan) -> Op[list[str]]:
+    # Every queue's table, whatever ``queues`` the pass is limited to: the turn is
+    # the cluster's for a day, and Node's background pass covers them all.
+    pairs = yield from queue_tables(ctx, None)
+    tables = sorted({table for _, table in pairs})
+    return tables or ["job", "job_common"]
+
+
+def _read(ctx: Context, statement: Any, tables: list[str]) -> Op[list[Any]]:
+    return list((yield Call(statement, {"schema": ctx.schema, "tables": tables})).all())
+
+
+def _dropped(ctx: Context, tables: list[str], tally: _Tally) -> Turn:
+    leftovers = yield from tally.attempt(_read(ctx, sql.reindex_leftovers(), tables), "reindex")
+    for row in leftovers or []:
+        error = yield from _outside(_drop(ctx, row.name))
+        if error is None:
+            tally.reindexed.append(f"{row.name} (leftover dropped)")
+        else:
+            tally.errors.append(f"reindex: dropping {row.name}: {error}")
+
+
+def reindex_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+    """Win ``reindex_on`` and rebuild the bloated job indexes (the pass's last step)."""
+    if not plan.settings.reindex or not plan.wait_for_locks:
+        return
+    seconds = plan.settings.reindex_interval
+    won = yield from tally.attempt(_claim(ctx, "reindex_on", seconds, plan), "reindex")
+    if not won:
+        return
+    tables = yield from tally.attempt(_scope(ctx, plan), "reindex")
+    if not tables:
+        return
+    bloated = yield from tally.attempt(_read(ctx, sql.bloated_indexes(), tables), "reindex")
+    targets = [r for r in bloated or [] if r.owned and r.bytes <= sql.REINDEX_MAX_BYTES]
+    if targets:
+        yield from _dropped(ctx, tables, tally)
+    failed: dict[str, str] = {}
+    rebuilt: set[str] = set()
+    for row in targets:
+        statement = sql.ddl(f"REINDEX INDEX CONCURRENTLY {sql.quoted(ctx.schema, row.name)}")
+        error = yield from _outside(statement)
+        if error is None:
+            rebuilt.add(row.name)
+            tally.reindexed.append(row.name)
+        else:
+            failed[row.name] = error
+    for row in bloated or []:
+        if row.name in rebuilt:
+            continue
+        if row.name in failed:
+            reason = failed[row.name]
+        elif not row.owned:
+            reason = "the connected role does not own the index"
+        else:
+            reason = "the index is larger than 2 GB"
+        message = _BLOAT.format(
+            name=row.name,
+            mb=round(row.bytes / 1024 / 1024),
+            pages=row.pages,
+            entries=row.entries,
+            reason=reason,
+        )
+        logger.warning(message, extra={"action": "index_bloat", "index": row.name})
+        data = {
+            "name": row.name,
+            "table": row.table_name,
+            "pages": row.pages,
+            "entries": row.entries,
+            "bytes": row.bytes,
+            "owned": row.owned,
+        }
+        yield from tally.attempt(_warn(ctx, plan, "index_bloat", message, data), "reindex")
+
+
+__all__ = ["BAM_CLAIM_LOCK", "Autocommit", "bam_turn", "flow_turn", "reindex_turn"]

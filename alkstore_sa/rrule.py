@@ -1,0 +1,319 @@
+"""RFC 5545 recurrence rules, as pg-boss 12.38 stores them in ``rrule`` schedules.
+
+pg-boss 12.38 accepts two shapes: a bare rule value (``FREQ=DAILY;BYHOUR=9``)
+and the ``DTSTART``, ``RRULE``, ``RDATE`` and ``EXDATE`` lines of a calendar
+entry. A rule with no ``DTSTART`` recurs from midnight of 1970-01-01 in the
+schedule's time zone (so the phase of ``INTERVAL=2`` is the same in every
+process); a ``DTSTART`` without ``Z`` or ``TZID`` is read in the schedule's
+zone too. Evaluation is by `python-dateutil <https://pypi.org/project/python-dateutil/>`_
+(``dateutil.rrule``), which implements RFC 5545's recurrence rules, read as Node's
+evaluator (rrule-temporal) reads them where the two differ around daylight-saving
+changes: hourly and finer rules recur in elapsed time, a wall time the spring change
+skips is no occurrence (RFC 5545 says to ignore it), and an hourly rule sends the hour
+the autumn change repeats once.
+
+Times in and out are aware datetimes. An expression that cannot be evaluated
+raises :class:`~alkstore_sa.errors.InvalidOptionsError` naming ``cron`` (the
+schedule column the expression is stored in).
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+from dateutil import rrule as du
+
+from .cron import timezone
+from .errors import InvalidOptionsError
+
+# An iCalendar property at the head of a line, or a FREQ= part: what pg-boss
+# reads as a recurrence rule rather than a cron expression (no cron field
+# contains "=", ":" or ";").
+_SHAPE = re.compile(r"^[ \t]*[a-z][a-z0-9-]*[;:]|(?:^|[\s;])FREQ=", re.IGNORECASE | re.MULTILINE)
+_PROPERTY = re.compile(r"^([a-z][a-z0-9-]*)[;:]", re.IGNORECASE)
+_PROPERTIES = ("DTSTART", "RRULE", "RDATE", "EXDATE")
+_PARTS = frozenset(
+    [
+        "FREQ",
+        "UNTIL",
+        "COUNT",
+        "INTERVAL",
+        "BYSECOND",
+        "BYMINUTE",
+        "BYHOUR",
+        "BYDAY",
+        "BYMONTHDAY",
+        "BYYEARDAY",
+        "BYWEEKNO",
+        "BYMONTH",
+        "BYSETPOS",
+        "WKST",
+    ]
+)
+_EPOCH = dt.datetime(1970, 1, 1)
+# Frequencies whose rules may recur from a later DTSTART of the same phase
+# (one period is a fixed span of wall time), and that span.
+_PERIODS = {
+    "SECONDLY": dt.timedelta(seconds=1),
+    "MINUTELY": dt.timedelta(minutes=1),
+    "HOURLY": dt.timedelta(hours=1),
+    "DAILY": dt.timedelta(days=1),
+    "WEEKLY": dt.timedelta(weeks=1),
+}
+_MAX_STEP_PERIODS = 50_000  # occurrences one backward step of latest() may walk
+_FIRST_STEP = dt.timedelta(hours=1)
+
+
+_WALL_LIMITS = frozenset({"BYHOUR", "BYMINUTE", "BYDAY", "BYMONTHDAY", "BYMONTH", "BYYEARDAY"})
+_WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+_REPEAT = dt.timedelta(hours=2)  # longer than any hour a clock repeats
+
+
+def _exists(instant: dt.datetime) -> bool:
+    """Does ``instant``'s wall time exist in its zone? A time a spring change skips
+    is no occurrence (RFC 5545 3.3.10: such instances are ignored)."""
+    there = instant.astimezone(dt.UTC).astimezone(instant.tzinfo)
+    return there.replace(tzinfo=None) == instant.replace(tzinfo=None)
+
+
+def is_rrule(expression: str) -> bool:
+    """Would pg-boss read ``expression`` as an RFC 5545 recurrence rule (``kind = 'rrule'``)?"""
+    return bool(_SHAPE.search(expression))
+
+
+def _bad(message: str) -> InvalidOptionsError:
+    return InvalidOptionsError("cron", f"rrule expression: {message}")
+
+
+def _instant(value: str, params: dict[str, str], zone: dt.tzinfo, what: str) -> dt.datetime:
+    """An iCalendar DATE or DATE-TIME as an aware datetime (floating: in ``zone``)."""
+    text = value.strip()
+    try:
+        if "T" in text.upper():
+            utc = text.upper().endswith("Z")
+            naive = dt.datetime.strptime(text.upper().rstrip("Z"), "%Y%m%dT%H%M%S")
+        else:
+            utc = False
+            naive = dt.datetime.strptime(text, "%Y%m%d")
+    except ValueError:
+        raise _bad(f"{what} {value!r} is not an iCalendar date or date-time") from None
+    if utc:
+        return naive.replace(tzinfo=dt.UTC)
+    if "TZID" in params:
+        return naive.replace(tzinfo=timezone(params["TZID"]))
+    return naive.replace(tzinfo=zone)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A parsed recurrence: rule parts, its start, and its extra and excluded dates."""
+
+    parts: tuple[tuple[str, str], ...]
+    start: dt.datetime
+    rdates: tuple[dt.datetime, ...]
+    exdates: tuple[dt.datetime, ...]
+
+    def _value(self, name: str) -> str | None:
+        return next((v for k, v in self.parts if k == name), None)
+
+    @property
+    def _exact(self) -> bool:
+        # Hours, minutes and seconds recur in elapsed time, as rrule-temporal
+        # (Node's evaluator) reads them: INTERVAL=2 keeps its phase across a
+        # daylight-saving change. The parts that name wall-clock fields then
+        # filter each instant read in the rule's zone. Rules this cannot express
+        # recur in wall time.
+        return (
+            self._value("FREQ") in ("SECONDLY", "MINUTELY", "HOURLY")
+            and self._value("COUNT") is None
+            and self._value("BYSETPOS") is None
+            and self._value("BYWEEKNO") is None
+        )
+
+    @property
+    def _limits(self) -> frozenset[str]:
+        # Hourly, BYMINUTE spreads each hour's occurrence over minutes (the same
+        # minutes in UTC as on the wall); otherwise it only filters, as the rest.
+        if self._value("FREQ") == "HOURLY":
+            return _WALL_LIMITS - {"BYMINUTE"}
+        return _WALL_LIMITS
+
+    def _wall_match(self, instant: dt.datetime) -> bool:
+        """Do the parts naming wall-clock fields hold for ``instant`` in the rule's zone?"""
+        local = instant.astimezone(self.start.tzinfo)
+        limits = self._limits
+        for key, value in self.parts:
+            if key not in limits:
+                continue
+            if key == "BYDAY":
+                days = {v.strip()[-2:].upper() for v in value.split(",")}
+                if _WEEKDAYS[local.weekday()] not in days:
+                    return False
+                continue
+            wanted = {int(v) for v in value.split(",")}
+            if key == "BYMONTHDAY":
+                last = calendar.monthrange(local.year, local.month)[1]
+                wanted = {d if d > 0 else last + 1 + d for d in wanted}
+            elif key == "BYYEARDAY":
+                last = 366 if calendar.isleap(local.year) else 365
+                wanted = {d if d > 0 else last + 1 + d for d in wanted}
+            field = {
+                "BYHOUR": local.hour,
+                "BYMINUTE": local.minute,
+                "BYMONTH": local.month,
+                "BYMONTHDAY": local.day,
+                "BYYEARDAY": local.timetuple().tm_yday,
+            }[key]
+            if field not in wanted:
+                return False
+        return True
+
+    def _build(self, near: dt.datetime | None) -> du.rruleset:
+        start = self.start
+        parts = self.parts
+        if self._exact:
+            # Elapsed time, on the start's own UTC offset: minutes and seconds
+            # still name the wall clock's in a zone offset by a fraction of an hour.
+            start = start.astimezone(dt.timezone(start.utcoffset() or dt.timedelta()))
+            parts = tuple((k, v) for k, v in parts if k not in self._limits)
+        period = _PERIODS.get(self._value("FREQ") or "")
+        if near is not None and period is not None and self._value("COUNT") is None:
+            # Recur from the last start of the same phase before ``near``: the
+            # occurrences after it are the same, without walking from 1970.
+            span = period * int(self._value("INTERVAL") or "1")
+            zone = start.tzinfo
+            wall = start.replace(tzinfo=None)
+            steps = (near.astimezone(zone).replace(tzinfo=None) - wall) // span - 1
+            if steps > 0:
+                start = (wall + span * steps).replace(tzinfo=zone)
+        body = ";".join(f"{k}={v}" for k, v in parts)
+        try:
+            rule = du.rrulestr(body, dtstart=start)
+        except (ValueError, TypeError) as exc:
+            raise _bad(str(exc)) from None
+        rules = du.rruleset()
+        rules.rrule(rule)  # type: ignore[arg-type]
+        for when in self.rdates:
+            rules.rdate(when)
+        for when in self.exdates:
+            rules.exdate(when)
+        return rules
+
+    def between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
+        """Every occurrence in ``(after, until]``, in order."""
+        exact = self._exact
+        hourly = exact and self._value("FREQ") == "HOURLY"
+        # Hourly, an hour the clock repeats is not sent twice: an instant whose
+        # wall time an earlier occurrence had is left out (rrule-temporal's
+        # reading), so the window is read from far enough back to know.
+        since = after - _REPEAT if hourly else after
+        found = [
+            o
+            for o in self._build(since).between(since, until, inc=True)
+            if o > since and _exists(o) and (not exact or o in self.rdates or self._wall_match(o))
+        ]
+        if hourly:
+            seen: set[dt.datetime] = set()
+            kept = []
+            for o in found:
+                wall = o.astimezone(self.start.tzinfo).replace(tzinfo=None)
+                if wall not in seen:
+                    kept.append(o)
+                seen.add(wall)
+            found = kept
+        return [o for o in found if o > after]
+
+    def latest(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
+        """The most recent occurrence in ``(after, until]``, or ``None``.
+
+        Read backwards from ``until`` in steps that grow fourfold from an hour
+        (capped so that one step walks a bounded number of periods), so a long
+        gap costs what it takes to find the occurrence, not the gap's length.
+        """
+        period = _PERIODS.get(self._value("FREQ") or "")
+        cap = None
+        if period is not None:
+            cap = period * int(self._value("INTERVAL") or "1") * _MAX_STEP_PERIODS
+        width, upper = _FIRST_STEP, until
+        while upper > after:
+            lower = max(after, upper - width)
+            found = self.between(lower, upper)
+            if found:
+                return found[-1]
+            upper = lower
+            width = width * 4 if cap is None else min(width * 4, max(cap, _FIRST_STEP))
+        return None
+
+
+def parse(expression: str, tz: str) -> Rule:
+    """Read ``expression`` (a rule value or calendar lines) in the zone ``tz``."""
+    zone = timezone(tz)
+    unfolded = re.sub(r"\r?\n[ \t]", "", expression)
+    start: dt.datetime | None = None
+    rule: str | None = None
+    rdates: list[dt.datetime] = []
+    exdates: list[dt.datetime] = []
+    for line in unfolded.splitlines():
+        params: dict[str, str] = {}
+        text = line.strip()
+        if not text:
+            continue
+        match = _PROPERTY.match(text)
+        if match is None:
+            name, value = "RRULE", text
+        else:
+            head, _, value = text.partition(":")
+            name, *raw = head.split(";")
+            name = name.upper()
+            for item in raw:
+                key, _, val = item.partition("=")
+                params[key.upper()] = val
+        if name not in _PROPERTIES:
+            raise _bad(f"unsupported property {name!r} (supported: {', '.join(_PROPERTIES)})")
+        if name == "DTSTART":
+            if start is not None:
+                raise _bad("more than one DTSTART")
+            start = _instant(value, params, zone, "DTSTART")
+        elif name == "RRULE":
+            if rule is not None:
+                raise _bad("more than one RRULE")
+            rule = value
+        else:
+            if params.get("VALUE", "").upper() == "PERIOD":
+                raise _bad(f"{name} periods are not supported")
+            into = rdates if name == "RDATE" else exdates
+            into += [_instant(v, params, zone, name) for v in value.split(",") if v.strip()]
+    if rule is None:
+        raise _bad("no RRULE to recur on")
+    parts: list[tuple[str, str]] = []
+    for part in rule.split(";"):
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        key = key.upper()
+        if not value:
+            raise _bad(f"part {part!r} has no value")
+        if key.startswith("X-"):
+            continue  # extensions: no evaluator reads them
+        if key not in _PARTS:
+            raise _bad(f"unsupported part {part!r}")
+        if any(k == key for k, _ in parts):
+            raise _bad(f"more than one {key} part")
+        if key == "UNTIL" and not value.upper().endswith("Z"):
+            # A floating UNTIL is wall time in the rule's zone; dateutil wants UTC.
+            until = _instant(value, {}, (start or _EPOCH.replace(tzinfo=zone)).tzinfo or zone, key)
+            value = until.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        parts.append((key, value))
+    if start is None:
+        if any(k == "COUNT" for k, _ in parts):
+            raise _bad("COUNT counts occurrences from DTSTART, so it needs a DTSTART of its own")
+        start = _EPOCH.replace(tzinfo=zone)
+    parsed = Rule(tuple(parts), start, tuple(rdates), tuple(exdates))
+    parsed._build(None)  # the rule parts themselves, checked now
+    return parsed
+
+
+__all__ = ["Rule", "is_rrule", "parse"]
