@@ -47,8 +47,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
-from . import names
-from .errors import InvalidOptionsError, SchemaNotInstalledError, SchemaVersionError
+from . import names, schema_health
+from .errors import (
+    InvalidOptionsError,
+    SchemaCatalogError,
+    SchemaNotInstalledError,
+    SchemaVersionError,
+    UnfinishedIndexBuildError,
+)
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
@@ -275,22 +281,78 @@ def upgrade(
     revision: str | None = None,
     *,
     schema_version: int | None = None,
-) -> None:
+) -> list[str]:
     """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
 
     The target is ``schema_version`` (a pg-boss schema version, see
     :data:`SCHEMA_VERSIONS`) or an Alembic ``revision``; with neither it is
     :data:`DEFAULT_SCHEMA_VERSION`.
 
+    The whole upgrade holds pg-boss's migration advisory lock, so a second upgrade or a
+    Node pg-boss ``start()`` waits for it and then finds nothing to do. Before writing
+    anything, the schema's catalog is compared with the one its version row names
+    (:mod:`alkstore_sa.schema_health`). Afterwards, unfinished index builds (INVALID
+    indexes, job-table indexes a background build never made, unfinished ``bam`` rows)
+    are finished, even when the schema was already at the target. A schema Node pg-boss
+    migrated past our recorded revision is recorded at its version first.
+
+    Returns one line per thing healed or recorded that way (usually none).
+
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
+    :raises SchemaCatalogError: if the catalog is not the version row's, before any write.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
-    with _connection(bind) as conn:
+    with _connection(bind) as conn, schema_health.migration_lock(conn, schema):
         _refuse_wrong_direction(conn, schema, target, "upgrade")
+        done = _refuse_or_record(bind, conn, cfg, schema, target)
         _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
+        _end_own_transaction(bind, conn)
+        done += schema_health.heal(conn, schema)
+    return done
+
+
+def _refuse_or_record(
+    bind: Bind, conn: Connection, cfg: Config, schema: str, target: str
+) -> list[str]:
+    # Under the migration lock, before any write of ours: a catalog that is not the
+    # version row's is refused; a schema that Node pg-boss migrated past our recorded
+    # revision is recorded at its version (what our revisions would have built, but for
+    # index builds, which heal() finishes). One version ahead of our record is left to
+    # Alembic: that is also our own revision interrupted after its transaction, which
+    # the revision finishes itself.
+    found = schema_health.diagnose(conn, schema)
+    if found.version is None or found.version < 0:
+        return []
+    if found.refusals:
+        raise SchemaCatalogError(
+            schema, found.version, [str(f) for f in found.refusals], found.closest
+        )
+    wanted = version_of(target)
+    if (
+        found.version > OLDEST_SCHEMA_VERSION
+        and found.version in SCHEMA_VERSIONS
+        and (found.recorded is None or found.recorded < found.version - 1)
+        and (wanted is None or found.version <= wanted)
+    ):
+        _end_own_transaction(bind, conn)
+        cfg.attributes["connection"] = conn
+        command.stamp(cfg, revision_for(found.version))
+        before = "nothing" if found.recorded is None else f"schema {found.recorded}"
+        line = (
+            f"recorded schema {found.version}, which Node pg-boss migrated the schema to "
+            f"(our revision had recorded {before})"
+        )
+        log.warning(
+            "schema %s: %s",
+            schema,
+            line,
+            extra={"action": "record_node_migration", "schema": schema},
+        )
+        return [line]
+    return []
 
 
 def downgrade(
@@ -394,12 +456,35 @@ def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | N
 
 def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
     """Raise unless ``schema`` holds a pg-boss schema version the runtime speaks (26 or
-    46, :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`); return the version."""
+    46, :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`) with that version's catalog and
+    every index built; return the version.
+
+    :raises SchemaNotInstalledError: nothing installed.
+    :raises SchemaVersionError: a version the runtime does not speak.
+    :raises SchemaCatalogError: the catalog is not the version's (what differs is in the
+        message and in ``problems``).
+    :raises UnfinishedIndexBuildError: an INVALID or missing job index, or an unfinished
+        ``bam`` row: ``alkstore db upgrade`` finishes them.
+    """
+    return check_health(bind, schema).version or 0
+
+
+def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diagnosis:
+    """:func:`check`, returning the whole diagnosis (warnings included) when it passes."""
     with _connection(bind) as conn:
         version = installed_version(conn, schema)
-    if version is None:
-        raise SchemaNotInstalledError(schema)
-    if version not in names.SPOKEN_SCHEMA_VERSIONS:
-        found = None if version < 0 else version
-        raise SchemaVersionError(schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS)
-    return version
+        if version is None:
+            raise SchemaNotInstalledError(schema)
+        if version not in names.SPOKEN_SCHEMA_VERSIONS:
+            found = None if version < 0 else version
+            raise SchemaVersionError(
+                schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS
+            )
+        diagnosis = schema_health.diagnose(conn, schema)
+    if diagnosis.refusals:
+        raise SchemaCatalogError(
+            schema, version, [str(f) for f in diagnosis.refusals], diagnosis.closest
+        )
+    if diagnosis.to_heal:
+        raise UnfinishedIndexBuildError(schema, version, [str(f) for f in diagnosis.to_heal])
+    return diagnosis
