@@ -202,10 +202,10 @@ class SchemaHealthError(AlkstoreError):
         self.schema = schema
         self.version = version
         self.problems = tuple(problems)
-        super().__init__(f"{summary}: " + "; ".join(self.problems))
+        Exception.__init__(self, f"{summary}: " + "; ".join(self.problems))
 
 
-class SchemaCatalogError(SchemaHealthError):
+class SchemaCatalogError(SchemaHealthError, SchemaVersionError):
     """The version row says N but the catalog is not schema N's (refused, nothing written).
 
     Something is missing, or objects of another schema version are present: the version
@@ -227,6 +227,8 @@ class SchemaCatalogError(SchemaHealthError):
             "differences below",
         )
         self.closest = closest
+        self.found = version
+        self.expected = version if closest is None else closest
 
 
 class UnfinishedIndexBuildError(SchemaHealthError):

@@ -275,13 +275,27 @@ def _recorded(conn: Connection, schema: str) -> str | None:
     return ctx.get_current_revision()
 
 
+@dataclass(frozen=True)
+class UpgradeResult:
+    """What :func:`upgrade` found and did, read under pg-boss's migration lock."""
+
+    before: str | None
+    """Our revision recorded when the upgrade started (``None``: none)."""
+    found: int | None
+    """The pg-boss version row then (``None``: not installed)."""
+    revision: str | None
+    """Our revision recorded afterwards."""
+    healed: tuple[str, ...] = ()
+    """One line per index healed, or per Node migration recorded (usually none)."""
+
+
 def upgrade(
     bind: Bind,
     schema: str = DEFAULT_SCHEMA,
     revision: str | None = None,
     *,
     schema_version: int | None = None,
-) -> list[str]:
+) -> UpgradeResult:
     """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
 
     The target is ``schema_version`` (a pg-boss schema version, see
@@ -296,22 +310,48 @@ def upgrade(
     are finished, even when the schema was already at the target. A schema Node pg-boss
     migrated past our recorded revision is recorded at its version first.
 
-    Returns one line per thing healed or recorded that way (usually none).
+    Returns what it found and did (:class:`UpgradeResult`); a second upgrade that waited
+    for the lock finds ``before == revision``.
 
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
     :raises SchemaCatalogError: if the catalog is not the version row's, before any write.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
-    with _connection(bind) as conn, schema_health.migration_lock(conn, schema):
+    own = not isinstance(bind, Connection)
+    with _connection(bind) as conn, schema_health.migration_lock(conn, schema, own=own):
+        before, found = _recorded(conn, schema), installed_version(conn, schema)
         _refuse_wrong_direction(conn, schema, target, "upgrade")
         done = _refuse_or_record(bind, conn, cfg, schema, target)
-        _end_own_transaction(bind, conn)
+        # Few jobs: every revision in one transaction, its indexes built inside it (as
+        # pg-boss's own install does); writers wait a moment, and no CONCURRENTLY build
+        # runs while a Node start() may be waiting for the lock (that would deadlock).
+        one_transaction = _few_jobs(conn, schema)
+        if not one_transaction:
+            _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
-        _end_own_transaction(bind, conn)
+        if not one_transaction:
+            _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
-    return done
+        after = _recorded(conn, schema)
+    return UpgradeResult(before, found, after, tuple(done))
+
+
+FEW_JOBS = 10_000
+"""Up to this many rows in ``job``, :func:`upgrade` runs every revision in one
+transaction and builds the indexes inside it; above, each revision commits and then
+builds its indexes ``CONCURRENTLY`` (docs/how-to/alembic.md)."""
+
+
+def _few_jobs(conn: Connection, schema: str) -> bool:
+    quoted = conn.dialect.identifier_preparer.quote_schema(schema)
+    if conn.execute(text("SELECT to_regclass(:t)"), {"t": f"{quoted}.job"}).scalar() is None:
+        return True
+    found = conn.execute(
+        text(f"SELECT count(*) FROM (SELECT 1 FROM {quoted}.job LIMIT {FEW_JOBS + 1}) s")
+    ).scalar_one()
+    return int(found) <= FEW_JOBS
 
 
 def _refuse_or_record(
@@ -324,13 +364,15 @@ def _refuse_or_record(
     # Alembic: that is also our own revision interrupted after its transaction, which
     # the revision finishes itself.
     found = schema_health.diagnose(conn, schema)
+    wanted = version_of(target)
     if found.version is None or found.version < 0:
         return []
+    if wanted is not None and found.version > wanted:
+        return []  # not an upgrade: the revisions refuse it with their own advice
     if found.refusals:
         raise SchemaCatalogError(
             schema, found.version, [str(f) for f in found.refusals], found.closest
         )
-    wanted = version_of(target)
     if (
         found.version > OLDEST_SCHEMA_VERSION
         and found.version in SCHEMA_VERSIONS
@@ -475,16 +517,16 @@ def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diag
         version = installed_version(conn, schema)
         if version is None:
             raise SchemaNotInstalledError(schema)
-        if version not in names.SPOKEN_SCHEMA_VERSIONS:
-            found = None if version < 0 else version
-            raise SchemaVersionError(
-                schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS
-            )
-        diagnosis = schema_health.diagnose(conn, schema)
-    if diagnosis.refusals:
+        diagnosis = schema_health.diagnose(conn, schema) if version >= 0 else None
+    if diagnosis is not None and diagnosis.refusals:
+        # Before the spoken-version refusal: naming what differs says more than the
+        # version row alone (the catalog may be another version's).
         raise SchemaCatalogError(
             schema, version, [str(f) for f in diagnosis.refusals], diagnosis.closest
         )
+    if version not in names.SPOKEN_SCHEMA_VERSIONS or diagnosis is None:
+        found = None if version < 0 else version
+        raise SchemaVersionError(schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS)
     if diagnosis.to_heal:
         raise UnfinishedIndexBuildError(schema, version, [str(f) for f in diagnosis.to_heal])
     return diagnosis

@@ -707,29 +707,59 @@ def lock_key_sql(schema: str) -> str:
     )
 
 
+LOCK_POLL_SECONDS = 0.1
+"""How often a waiting upgrade tries pg-boss's migration lock again."""
+
+
 @contextmanager
-def migration_lock(conn: Connection, schema: str) -> Iterator[None]:
+def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterator[None]:
     """Hold pg-boss's migration advisory lock on ``conn``'s session meanwhile.
 
     The same key Node pg-boss's ``start()`` and ``pg-boss migrate`` take (and our
     revisions, :func:`alkstore_sa.migrations.helpers.migration_lock`), so two upgrades,
-    or an upgrade and a Node ``start()``, run one after the other. Inside a transaction
-    the caller owns, the lock is the transaction's (released at its end).
+    or an upgrade and a Node ``start()``, run one after the other.
+
+    With ``own`` (a connection this library opened) the lock is a session lock, waited
+    for by retrying ``pg_try_advisory_lock`` outside any transaction: a waiter holds no
+    snapshot, so the holder's ``CREATE INDEX CONCURRENTLY`` never waits for it (which
+    would deadlock). A transaction still open at the end is committed, or rolled back on
+    an exception, before the lock is released. Without ``own`` (the caller's connection)
+    the lock is a transaction lock, released when the caller's transaction ends.
     """
+    key = lock_key_sql(schema)
     params = {"lock_schema": schema}
-    if conn.in_transaction():
-        conn.execute(text(f"SELECT pg_advisory_xact_lock({lock_key_sql(schema)})"), params)
+    if not own:
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({key})"), params)
         yield
         return
-    conn.execute(text(f"SELECT pg_advisory_lock({lock_key_sql(schema)})"), params)
-    conn.commit()  # end the transaction the statement began; the lock stays
+    if conn.in_transaction():
+        conn.commit()
+    with _autocommit(conn):
+        waited = False
+        while not conn.execute(text(f"SELECT pg_try_advisory_lock({key})"), params).scalar_one():
+            if not waited:
+                waited = True
+                log.info(
+                    "schema %s: waiting for pg-boss's migration lock (another upgrade or a "
+                    "Node pg-boss start() is migrating it)",
+                    schema,
+                    extra={"action": "migration_lock_wait", "schema": schema},
+                )
+            time.sleep(LOCK_POLL_SECONDS)
     try:
         yield
+    except BaseException:
+        if conn.in_transaction():
+            conn.rollback()
+        raise
+    else:
+        if conn.in_transaction():
+            conn.commit()
     finally:
         try:
             if conn.in_transaction():
                 conn.rollback()
-            conn.execute(text(f"SELECT pg_advisory_unlock({lock_key_sql(schema)})"), params)
+            conn.execute(text(f"SELECT pg_advisory_unlock({key})"), params)
             conn.commit()
         except Exception:
             # The session is unusable: closing it is what releases the lock.

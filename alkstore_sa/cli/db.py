@@ -69,11 +69,10 @@ def _upgrade(args: argparse.Namespace) -> int:
     if wanted is not None:
         migrate.schema_version_info(wanted)  # an unknown version: exit 2, before connecting
     with engine_from(args) as engine:
-        before = migrate.current(engine, schema)
-        with engine.connect() as conn:
-            found = migrate.installed_version(conn, schema)
-        healed = migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
-        revision = migrate.current(engine, schema)
+        # Read under the migration lock: an upgrade that waited for another finds its work.
+        result = migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
+        before, found, revision = result.before, result.found, result.revision
+        healed = list(result.healed)
         version: int | None = None
         if wanted == SCHEMA_VERSION:
             # A schema recorded at our revision may still have been moved on by a newer
