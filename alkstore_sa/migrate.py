@@ -331,8 +331,9 @@ def upgrade(
             _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
-        if not one_transaction:
-            _end_own_transaction(bind, conn)
+        # Healing runs after commit, CONCURRENTLY, even for few jobs: a Node background
+        # runner may be building on the same tables.
+        _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
         after = _recorded(conn, schema)
     return UpgradeResult(before, found, after, tuple(done))

@@ -265,6 +265,8 @@ def read_catalog(conn: Connection, schema: str) -> Catalog:
             )
     found.partitions = {t: {} for t in job_partitions}
     for name, table, relkind, valid, definition in rows(_INDEXES):
+        if definition is None:
+            continue  # dropped while this was read (a concurrent build's leftover)
         if not valid:
             found.invalid[name] = [table, norm(definition), relkind]
         if table in kept:
@@ -880,7 +882,61 @@ def _autocommit(conn: Connection) -> Iterator[None]:
         conn.execution_options(isolation_level=conn.default_isolation_level)
 
 
+BAM_CLAIM_GRACE_SECONDS = 10
+"""A ``bam`` row another session marked ``in_progress`` this recently counts as being
+built even before its build shows in ``pg_stat_progress_create_index``."""
+
+
+def _others_building(conn: Connection, schema: str) -> bool:
+    """Whether another session is building an index here, or has just claimed a
+    ``bam`` row to build one (a Node pg-boss background runner)."""
+    building = conn.execute(
+        text(
+            "SELECT count(*) FROM pg_stat_progress_create_index p "
+            "JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = :s AND p.pid <> pg_backend_pid()"
+        ),
+        {"s": schema},
+    ).scalar_one()
+    if building:
+        return True
+    quoted = conn.execute(text("SELECT quote_ident(:s)"), {"s": schema}).scalar_one()
+    if conn.execute(text("SELECT to_regclass(:t)"), {"t": f"{quoted}.bam"}).scalar() is None:
+        return False
+    claimed = conn.execute(
+        text(
+            f"SELECT count(*) FROM {quoted}.bam WHERE status = 'in_progress' "
+            f"AND started_on > now() - make_interval(secs => {BAM_CLAIM_GRACE_SECONDS})"
+        )
+    ).scalar_one()
+    return bool(claimed)
+
+
+def _claim_builds(conn: Connection, schema: str) -> None:
+    """Let a running Node background runner finish its current build, then take its
+    remaining ``bam`` rows (``in_progress``, as its own claim does), so that it and
+    :func:`heal` never build on one table at once (two concurrent builds there can
+    deadlock). Rows left ``in_progress`` by an interrupted heal go stale, and Node
+    retries them (finding the index valid or rebuilding it)."""
+    quoted = conn.execute(text("SELECT quote_ident(:s)"), {"s": schema}).scalar_one()
+    if conn.execute(text("SELECT to_regclass(:t)"), {"t": f"{quoted}.bam"}).scalar() is None:
+        return
+    while True:
+        while _others_building(conn, schema):
+            time.sleep(0.2)
+        conn.execute(
+            text(
+                f"UPDATE {quoted}.bam SET status = 'in_progress', started_on = now() "
+                "WHERE status IN ('pending', 'failed')"
+            )
+        )
+        if not _others_building(conn, schema):
+            return
+
+
 def _heal(conn: Connection, schema: str, *, concurrently: bool) -> list[str]:
+    if concurrently and diagnose(conn, schema).to_heal:
+        _claim_builds(conn, schema)
     first = diagnose(conn, schema)
     want = expected_catalog(first.version) if first.version is not None else None
     if want is None or first.version is None or first.refusals or not first.to_heal:
