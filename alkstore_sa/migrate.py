@@ -518,16 +518,16 @@ def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diag
         version = installed_version(conn, schema)
         if version is None:
             raise SchemaNotInstalledError(schema)
-        diagnosis = schema_health.diagnose(conn, schema) if version >= 0 else None
-    if diagnosis is not None and diagnosis.refusals:
-        # Before the spoken-version refusal: naming what differs says more than the
-        # version row alone (the catalog may be another version's).
+        if version not in names.SPOKEN_SCHEMA_VERSIONS:
+            found = None if version < 0 else version
+            raise SchemaVersionError(
+                schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS
+            )
+        diagnosis = schema_health.diagnose(conn, schema)
+    if diagnosis.refusals:
         raise SchemaCatalogError(
             schema, version, [str(f) for f in diagnosis.refusals], diagnosis.closest
         )
-    if version not in names.SPOKEN_SCHEMA_VERSIONS or diagnosis is None:
-        found = None if version < 0 else version
-        raise SchemaVersionError(schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS)
     if diagnosis.to_heal:
         raise UnfinishedIndexBuildError(schema, version, [str(f) for f in diagnosis.to_heal])
     return diagnosis

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .. import migrate, schema_health
-from ..errors import SchemaHealthError
+from ..errors import SchemaHealthError, SchemaVersionError
 from ..names import SCHEMA_VERSION
 from ._common import CommandError, emit, engine_from, leaf, schema_of
 
@@ -185,12 +185,14 @@ def _check(args: argparse.Namespace) -> int:
     with engine_from(args) as engine:
         try:
             diagnosis = migrate.check_health(engine, schema)
-        except SchemaHealthError:
-            # Every difference on stdout first (one line each, or JSON); the exception
+        except (SchemaHealthError, SchemaVersionError):
+            # Every difference on stdout first (one line each, or JSON), also for a
+            # version the runtime does not speak but whose catalog we know; the exception
             # then gives the one-line error and exit 1.
             with engine.connect() as conn:
                 found = schema_health.diagnose(conn, schema)
-            _report(args, schema, found, "failed")
+            if found.findings:
+                _report(args, schema, found, "failed")
             raise
     _report(args, schema, diagnosis, "ok")
     return 0
