@@ -48,11 +48,14 @@ JOB_COMMON = "job_common"
 SCHEMA_PLACEHOLDER = "<schema>"
 
 CORRECTNESS_INDEXES: Mapping[str, str] = {
-    "i13": "upsert by key (its uniqueness is what makes an upsert update instead of insert twice)",
-    "i8": "key_strict_fifo (one queued head per key; without it two jobs of a key can run at once)",
+    "i13": "upsert by key (one queued upsert per key: without it an upsert can insert a "
+    "second job instead of updating the first)",
+    "i8": "key_strict_fifo (one active, retrying or failed job per key: without it two jobs "
+    "of one key can run at once)",
 }
-"""Job-table index suffixes whose absence changes results at schema 46, not just speed
-(the other unique job indexes keep singleton and stately policies single as well)."""
+"""Job-table index suffixes whose absence changes results, not just speed (pg-boss 12.38
+names these two; the other unique job indexes keep the singleton, stately, exclusive and
+throttled jobs single, and are reported as needed for correctness too)."""
 
 
 class Severity(enum.Enum):
@@ -365,10 +368,11 @@ def known_versions() -> list[int]:
 
 
 def _purpose(version: int, suffix: str | None, definition: str) -> str:
-    if suffix is not None and version >= 46 and suffix in CORRECTNESS_INDEXES:
+    unique = " UNIQUE INDEX " in f" {definition}"
+    if suffix is not None and unique and suffix in CORRECTNESS_INDEXES:
         return f"needed for correctness at {version}: {CORRECTNESS_INDEXES[suffix]}"
-    if " UNIQUE INDEX " in f" {definition}":
-        return "needed for correctness: it enforces a queue policy's uniqueness"
+    if unique:
+        return "needed for correctness: a unique index that keeps jobs of one key single"
     return "speed only (queries run without it, more slowly)"
 
 
@@ -666,8 +670,8 @@ def diagnose(conn: Connection, schema: str) -> Diagnosis:
                     "alkstore_alembic_version",
                     None,
                     f"our revision records schema {recorded}, the version row says "
-                    f"{version} (Node pg-boss migrated it); `alkstore db upgrade` "
-                    "records it",
+                    f"{version} (Node pg-boss migrated it, or an upgrade was interrupted); "
+                    "`alkstore db upgrade` records it",
                 )
             )
     rank = {Severity.REFUSE: 0, Severity.HEAL: 1, Severity.WARN: 2}
@@ -686,15 +690,6 @@ def _closest(live: Catalog, version: int) -> int | None:
     scores = {v: refusals(v) for v in known_versions()}
     best = min(scores, key=lambda v: (scores[v], abs(v - version)))
     return None if best == version else best
-
-
-def describe(diagnosis: Diagnosis, findings: Sequence[Finding] | None = None) -> str:
-    """The findings as one paragraph per line, for an exception or the terminal."""
-    chosen = list(diagnosis.findings if findings is None else findings)
-    lines = [f"- {f}" for f in chosen]
-    if diagnosis.closest is not None:
-        lines.append(f"- the catalog is closest to schema version {diagnosis.closest}'s")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- healing

@@ -353,6 +353,27 @@ def test_missing_background_builds_and_their_bam_rows_are_finished(
     _clean46(engine, fresh)
 
 
+def test_an_interrupted_migration_is_named_and_finished_by_its_own_revision(
+    engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Revision 46 committed its transaction (the version row reads 46) but was stopped
+    # during its index builds: our revision still records 45, job_common_i16 is missing.
+    _install(engine, fresh, 46, *QUEUES46)
+    _sql(engine, f'DROP INDEX "{fresh}".job_common_i16')
+    _sql(engine, f"UPDATE \"{fresh}\".alkstore_alembic_version SET version_num = 'alkstore_0045'")
+    code, report = _check(database_url, fresh, capsys)
+    assert code == 1
+    assert [(f["severity"], f["kind"], f["name"]) for f in report["findings"]] == [
+        ("heal", "missing index", "job_common_i16"),
+        ("warn", "version disagrees", "alkstore_alembic_version"),
+    ]
+    assert report["findings"][0]["detail"].startswith("speed only")
+
+    code, result, _ = _upgrade(database_url, fresh, capsys)
+    assert code == 0 and result["status"] == "upgraded" and result["healed"] == []
+    _clean46(engine, fresh)
+
+
 # ----------------------------------------------------------------- version row vs catalog
 
 
