@@ -95,16 +95,15 @@ def _upgrade(args: argparse.Namespace) -> int:
         status, message = "upgraded", f"upgraded to {_at(version, revision)}"
     if healed and status != "healed":
         message += "; " + "; ".join(healed)
-    emit(
-        args,
-        {
-            "schema": schema,
-            "status": status,
-            "revision": revision,
-            "message": message,
-            "healed": healed,
-        },
-    )
+    shown: dict[str, object] = {
+        "schema": schema,
+        "status": status,
+        "revision": revision,
+        "message": message,
+    }
+    if healed or args.json:
+        shown["healed"] = healed  # the message says it too; one line each in JSON
+    emit(args, shown)
     return 0
 
 
