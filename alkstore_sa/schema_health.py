@@ -696,12 +696,11 @@ def _closest(live: Catalog, version: int) -> int | None:
 
 
 def lock_key_sql(schema: str) -> str:
-    """The SQL for pg-boss's migration advisory key of ``schema`` (see :mod:`.migrations.helpers`),
-    with ``:lock_schema`` bound to the schema name."""
-    return (
-        "('x' || encode(sha224((current_database() || '.pgboss.' || :lock_schema)::bytea), "
-        "'hex'))::bit(64)::bigint"
-    )
+    """The SQL expression of pg-boss's migration advisory key for ``schema``: the one our
+    revisions take (:func:`alkstore_sa.migrations.helpers.lock_key_sql`)."""
+    from .migrations.helpers import lock_key_sql as revisions_key
+
+    return revisions_key(schema)
 
 
 LOCK_POLL_SECONDS = 0.1
@@ -724,16 +723,15 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
     the lock is a transaction lock, released when the caller's transaction ends.
     """
     key = lock_key_sql(schema)
-    params = {"lock_schema": schema}
     if not own:
-        conn.execute(text(f"SELECT pg_advisory_xact_lock({key})"), params)
+        conn.execute(text(f"SELECT pg_advisory_xact_lock({key})"))
         yield
         return
     if conn.in_transaction():
         conn.commit()
     with _autocommit(conn):
         waited = False
-        while not conn.execute(text(f"SELECT pg_try_advisory_lock({key})"), params).scalar_one():
+        while not conn.execute(text(f"SELECT pg_try_advisory_lock({key})")).scalar_one():
             if not waited:
                 waited = True
                 log.info(
@@ -756,7 +754,7 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
         try:
             if conn.in_transaction():
                 conn.rollback()
-            conn.execute(text(f"SELECT pg_advisory_unlock({key})"), params)
+            conn.execute(text(f"SELECT pg_advisory_unlock({key})"))
             conn.commit()
         except Exception:
             # The session is unusable: closing it is what releases the lock.

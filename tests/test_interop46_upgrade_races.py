@@ -68,11 +68,7 @@ def _scalar(engine: Engine, sql: str, **params: Any) -> Any:
 
 def _key(engine: Engine, schema: str) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(f"SELECT {schema_health.lock_key_sql(schema)}"), {"lock_schema": schema}
-            ).scalar_one()
-        )
+        return int(conn.execute(text(f"SELECT {schema_health.lock_key_sql(schema)}")).scalar_one())
 
 
 def _lockers(engine: Engine, key: int) -> list[tuple[int, bool]]:
