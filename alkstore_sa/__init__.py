@@ -15,9 +15,12 @@ from .errors import (
     JobLostError,
     QueueExistsError,
     QueueNotFoundError,
+    SchemaCatalogError,
+    SchemaHealthError,
     SchemaNotInstalledError,
     SchemaVersionChangedError,
     SchemaVersionError,
+    UnfinishedIndexBuildError,
 )
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
@@ -67,6 +70,8 @@ __all__ = [
     "QueueStats",
     "QueueWarning",
     "ScheduleInfo",
+    "SchemaCatalogError",
+    "SchemaHealthError",
     "SchemaNotInstalledError",
     "SchemaVersionChangedError",
     "SchemaVersionError",
@@ -76,6 +81,7 @@ __all__ = [
     "Subscription",
     "SupervisionReport",
     "TimedSendOptions",
+    "UnfinishedIndexBuildError",
     "UnreadableJob",
     "Worker",
 ]

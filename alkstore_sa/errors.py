@@ -188,3 +188,64 @@ class ForeignRevisionError(AlkstoreError):
     def __init__(self, problem: str, paths: tuple[str, ...] = ()) -> None:
         self.paths = paths
         super().__init__(f"{problem}; {FIRST_REVISION_ADVICE}")
+
+
+class SchemaHealthError(AlkstoreError):
+    """The schema's catalog is not what its pg-boss version row says it should be.
+
+    :attr:`problems` lists each difference on its own (``missing column queue.x``,
+    ``invalid index job_common_i13 on job_common: ...``); ``alkstore db check`` prints
+    them all. Raised before anything is written.
+    """
+
+    def __init__(self, schema: str, version: int, problems: Collection[str], summary: str) -> None:
+        self.schema = schema
+        self.version = version
+        self.problems = tuple(problems)
+        Exception.__init__(self, f"{summary}: " + "; ".join(self.problems))
+
+
+class SchemaCatalogError(SchemaHealthError, SchemaVersionError):
+    """The version row says N but the catalog is not schema N's (refused, nothing written).
+
+    Something is missing, or objects of another schema version are present: the version
+    row was edited, a migration was applied by hand in part, or a backup of another
+    version was restored under this version row. ``alkstore db upgrade`` refuses such a
+    schema rather than migrate from a state it cannot know.
+    """
+
+    def __init__(
+        self, schema: str, version: int, problems: Collection[str], closest: int | None = None
+    ) -> None:
+        like = "" if closest is None else f" (it is closest to version {closest}'s)"
+        super().__init__(
+            schema,
+            version,
+            problems,
+            f"schema {schema!r} says pg-boss schema version {version} but its catalog is "
+            f"not version {version}'s{like}; nothing was changed, compare it with the "
+            "differences below",
+        )
+        self.closest = closest
+        self.found = version
+        self.expected = version if closest is None else closest
+
+
+class UnfinishedIndexBuildError(SchemaHealthError):
+    """An index build did not finish: an INVALID index, a job-table index a background
+    build never made, or an unfinished ``bam`` row.
+
+    ``alkstore db upgrade`` (or :func:`alkstore_sa.migrate.upgrade`) heals it, even when
+    the schema is already at its target version; the message says which indexes matter
+    for correctness and which only for speed.
+    """
+
+    def __init__(self, schema: str, version: int, problems: Collection[str]) -> None:
+        super().__init__(
+            schema,
+            version,
+            problems,
+            f"schema {schema!r} (pg-boss schema version {version}) has unfinished index "
+            f"builds; run `alkstore db upgrade --schema-version {version} --schema {schema}` "
+            "to finish them",
+        )

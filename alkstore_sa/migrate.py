@@ -47,8 +47,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
-from . import names
-from .errors import InvalidOptionsError, SchemaNotInstalledError, SchemaVersionError
+from . import names, schema_health
+from .errors import (
+    InvalidOptionsError,
+    SchemaCatalogError,
+    SchemaNotInstalledError,
+    SchemaVersionError,
+    UnfinishedIndexBuildError,
+)
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
@@ -269,28 +275,127 @@ def _recorded(conn: Connection, schema: str) -> str | None:
     return ctx.get_current_revision()
 
 
+@dataclass(frozen=True)
+class UpgradeResult:
+    """What :func:`upgrade` found and did, read under pg-boss's migration lock."""
+
+    before: str | None
+    """Our revision recorded when the upgrade started (``None``: none)."""
+    found: int | None
+    """The pg-boss version row then (``None``: not installed)."""
+    revision: str | None
+    """Our revision recorded afterwards."""
+    healed: tuple[str, ...] = ()
+    """One line per index healed, or per Node migration recorded (usually none)."""
+
+
 def upgrade(
     bind: Bind,
     schema: str = DEFAULT_SCHEMA,
     revision: str | None = None,
     *,
     schema_version: int | None = None,
-) -> None:
+) -> UpgradeResult:
     """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
 
     The target is ``schema_version`` (a pg-boss schema version, see
     :data:`SCHEMA_VERSIONS`) or an Alembic ``revision``; with neither it is
     :data:`DEFAULT_SCHEMA_VERSION`.
 
+    The whole upgrade holds pg-boss's migration advisory lock, so a second upgrade or a
+    Node pg-boss ``start()`` waits for it and then finds nothing to do. Before writing
+    anything, the schema's catalog is compared with the one its version row names
+    (:mod:`alkstore_sa.schema_health`). Afterwards, unfinished index builds (INVALID
+    indexes, job-table indexes a background build never made, unfinished ``bam`` rows)
+    are finished, even when the schema was already at the target. A schema Node pg-boss
+    migrated past our recorded revision is recorded at its version first.
+
+    Returns what it found and did (:class:`UpgradeResult`); a second upgrade that waited
+    for the lock finds ``before == revision``.
+
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
+    :raises SchemaCatalogError: if the catalog is not the version row's, before any write.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
-    with _connection(bind) as conn:
+    own = not isinstance(bind, Connection)
+    with _connection(bind) as conn, schema_health.migration_lock(conn, schema, own=own):
+        before, found = _recorded(conn, schema), installed_version(conn, schema)
         _refuse_wrong_direction(conn, schema, target, "upgrade")
-        _end_own_transaction(bind, conn)
+        done = _refuse_or_record(bind, conn, cfg, schema, target)
+        # Few jobs: every revision in one transaction, its indexes built inside it (as
+        # pg-boss's own install does); writers wait a moment, and no CONCURRENTLY build
+        # runs while a Node start() may be waiting for the lock (that would deadlock).
+        one_transaction = _few_jobs(conn, schema)
+        if not one_transaction:
+            _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
+        # Healing runs after commit, CONCURRENTLY, even for few jobs: a Node background
+        # runner may be building on the same tables.
+        _end_own_transaction(bind, conn)
+        done += schema_health.heal(conn, schema)
+        after = _recorded(conn, schema)
+    return UpgradeResult(before, found, after, tuple(done))
+
+
+FEW_JOBS = 10_000
+"""Up to this many rows in ``job``, :func:`upgrade` runs every revision in one
+transaction and builds the indexes inside it; above, each revision commits and then
+builds its indexes ``CONCURRENTLY`` (docs/how-to/alembic.md)."""
+
+
+def _few_jobs(conn: Connection, schema: str) -> bool:
+    quoted = conn.dialect.identifier_preparer.quote_schema(schema)
+    if conn.execute(text("SELECT to_regclass(:t)"), {"t": f"{quoted}.job"}).scalar() is None:
+        return True
+    found = conn.execute(
+        text(f"SELECT count(*) FROM (SELECT 1 FROM {quoted}.job LIMIT {FEW_JOBS + 1}) s")
+    ).scalar_one()
+    return int(found) <= FEW_JOBS
+
+
+def _refuse_or_record(
+    bind: Bind, conn: Connection, cfg: Config, schema: str, target: str
+) -> list[str]:
+    # Under the migration lock, before any write of ours: a catalog that is not the
+    # version row's is refused; a schema that Node pg-boss migrated past our recorded
+    # revision is recorded at its version (what our revisions would have built, but for
+    # index builds, which heal() finishes). One version ahead of our record is left to
+    # Alembic: that is also our own revision interrupted after its transaction, which
+    # the revision finishes itself.
+    found = schema_health.diagnose(conn, schema)
+    wanted = version_of(target)
+    if found.version is None or found.version < 0:
+        return []
+    if wanted is not None and found.version > wanted:
+        return []  # not an upgrade: the revisions refuse it with their own advice
+    if found.refusals:
+        raise SchemaCatalogError(
+            schema, found.version, [str(f) for f in found.refusals], found.closest
+        )
+    if (
+        found.version > OLDEST_SCHEMA_VERSION
+        and found.version in SCHEMA_VERSIONS
+        and (found.recorded is None or found.recorded < found.version - 1)
+        and (wanted is None or found.version <= wanted)
+    ):
+        _end_own_transaction(bind, conn)
+        cfg.attributes["connection"] = conn
+        command.stamp(cfg, revision_for(found.version))
+        before = "nothing" if found.recorded is None else f"schema {found.recorded}"
+        line = (
+            f"recorded schema {found.version}, which Node pg-boss migrated the schema to "
+            f"(our revision had recorded {before})"
+        )
+        log.warning(
+            "schema %s: %s",
+            schema,
+            line,
+            extra={"action": "record_node_migration", "schema": schema},
+        )
+        return [line]
+    return []
 
 
 def downgrade(
@@ -394,12 +499,35 @@ def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | N
 
 def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
     """Raise unless ``schema`` holds a pg-boss schema version the runtime speaks (26 or
-    46, :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`); return the version."""
+    46, :data:`~alkstore_sa.names.SPOKEN_SCHEMA_VERSIONS`) with that version's catalog and
+    every index built; return the version.
+
+    :raises SchemaNotInstalledError: nothing installed.
+    :raises SchemaVersionError: a version the runtime does not speak.
+    :raises SchemaCatalogError: the catalog is not the version's (what differs is in the
+        message and in ``problems``).
+    :raises UnfinishedIndexBuildError: an INVALID or missing job index, or an unfinished
+        ``bam`` row: ``alkstore db upgrade`` finishes them.
+    """
+    return check_health(bind, schema).version or 0
+
+
+def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diagnosis:
+    """:func:`check`, returning the whole diagnosis (warnings included) when it passes."""
     with _connection(bind) as conn:
         version = installed_version(conn, schema)
-    if version is None:
-        raise SchemaNotInstalledError(schema)
-    if version not in names.SPOKEN_SCHEMA_VERSIONS:
-        found = None if version < 0 else version
-        raise SchemaVersionError(schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS)
-    return version
+        if version is None:
+            raise SchemaNotInstalledError(schema)
+        if version not in names.SPOKEN_SCHEMA_VERSIONS:
+            found = None if version < 0 else version
+            raise SchemaVersionError(
+                schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS
+            )
+        diagnosis = schema_health.diagnose(conn, schema)
+    if diagnosis.refusals:
+        raise SchemaCatalogError(
+            schema, version, [str(f) for f in diagnosis.refusals], diagnosis.closest
+        )
+    if diagnosis.to_heal:
+        raise UnfinishedIndexBuildError(schema, version, [str(f) for f in diagnosis.to_heal])
+    return diagnosis

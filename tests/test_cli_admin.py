@@ -105,7 +105,13 @@ def test_db_upgrade_fails_when_the_recorded_schema_was_moved_to_another_version(
 
 
 def test_db_check_reports_version_26(cli: Cli) -> None:
-    assert cli.json("db", "check") == {"schema": cli.schema, "version": 26, "status": "ok"}
+    assert cli.json("db", "check") == {
+        "schema": cli.schema,
+        "version": 26,
+        "status": "ok",
+        "findings": [],
+        "closest_version": None,
+    }
 
 
 def test_db_check_on_a_missing_schema_says_how_to_install(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import migrate
+from .. import migrate, schema_health
+from ..errors import SchemaHealthError, SchemaVersionError
 from ..names import SCHEMA_VERSION
 from ._common import CommandError, emit, engine_from, leaf, schema_of
 
@@ -36,9 +37,12 @@ def register(sub: Any) -> None:
     sql.add_argument("revision", nargs="?", default=None)
     _schema_version_option(sql, "the pg-boss schema version the script migrates to")
     sql.set_defaults(handler=_sql)
-    leaf(actions, "check", "exit 1 unless schema version 26 is installed").set_defaults(
-        handler=_check
-    )
+    leaf(
+        actions,
+        "check",
+        "exit 1 unless a spoken schema version is installed with its catalog and every "
+        "index built; lists what differs",
+    ).set_defaults(handler=_check)
 
 
 def _schema_version_option(parser: argparse.ArgumentParser, help: str) -> None:
@@ -65,11 +69,10 @@ def _upgrade(args: argparse.Namespace) -> int:
     if wanted is not None:
         migrate.schema_version_info(wanted)  # an unknown version: exit 2, before connecting
     with engine_from(args) as engine:
-        before = migrate.current(engine, schema)
-        with engine.connect() as conn:
-            found = migrate.installed_version(conn, schema)
-        migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
-        revision = migrate.current(engine, schema)
+        # Read under the migration lock: an upgrade that waited for another finds its work.
+        result = migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
+        before, found, revision = result.before, result.found, result.revision
+        healed = list(result.healed)
         version: int | None = None
         if wanted == SCHEMA_VERSION:
             # A schema recorded at our revision may still have been moved on by a newer
@@ -84,16 +87,25 @@ def _upgrade(args: argparse.Namespace) -> int:
                 )
     if revision == before:
         status, message = "unchanged", _already(version, revision)
+        if healed:
+            status, message = "healed", f"at {_at(version, revision)}; healed: " + "; ".join(healed)
     elif before is None and found == SCHEMA_VERSION:
         status, message = "adopted", f"adopted the schema {SCHEMA_VERSION} Node pg-boss created"
         if version is not None and version != SCHEMA_VERSION:
             message += f", then upgraded it to schema {version}"
     else:
         status, message = "upgraded", f"upgraded to {_at(version, revision)}"
-    emit(
-        args,
-        {"schema": schema, "status": status, "revision": revision, "message": message},
-    )
+    if healed and status != "healed":
+        message += "; " + "; ".join(healed)
+    shown: dict[str, object] = {
+        "schema": schema,
+        "status": status,
+        "revision": revision,
+        "message": message,
+    }
+    if healed or args.json:
+        shown["healed"] = healed  # the message says it too; one line each in JSON
+    emit(args, shown)
     return 0
 
 
@@ -172,6 +184,39 @@ def _sql(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     with engine_from(args) as engine:
-        version = migrate.check(engine, schema)
-    emit(args, {"schema": schema, "version": version, "status": "ok"})
+        try:
+            diagnosis = migrate.check_health(engine, schema)
+        except (SchemaHealthError, SchemaVersionError):
+            # Every difference on stdout first (one line each, or JSON), also for a
+            # version the runtime does not speak but whose catalog we know; the exception
+            # then gives the one-line error and exit 1.
+            with engine.connect() as conn:
+                found = schema_health.diagnose(conn, schema)
+            if found.findings:
+                _report(args, schema, found, "failed")
+            raise
+    _report(args, schema, diagnosis, "ok")
     return 0
+
+
+def _report(
+    args: argparse.Namespace, schema: str, diagnosis: schema_health.Diagnosis, status: str
+) -> None:
+    findings = [f.as_dict() for f in diagnosis.findings]
+    if args.json:
+        emit(
+            args,
+            {
+                "schema": schema,
+                "version": diagnosis.version,
+                "status": status,
+                "findings": findings,
+                "closest_version": diagnosis.closest,
+            },
+        )
+        return
+    emit(args, {"schema": schema, "version": diagnosis.version, "status": status})
+    for finding in diagnosis.findings:
+        print(f"{finding.severity.value}: {finding}")
+    if diagnosis.closest is not None:
+        print(f"refuse: the catalog is closest to schema version {diagnosis.closest}'s")
