@@ -368,22 +368,23 @@ def test_console_script_upgrades_in_a_subprocess(
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "subprocess"))
 
 
-def test_cli_db_upgrade_refuses_a_schema_moved_past_our_revision_until_the_row_says_so(
+def test_cli_db_upgrade_records_a_schema_node_moved_past_our_revision(
     engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # docs/concepts/compatibility.md: the standalone history is corrected by its row.
+    # docs/concepts/compatibility.md: db upgrade records the version Node migrated to.
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:  # as if Node 12.38 had migrated our 26
         conn.execute(
             text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0001'")
         )
+    before = catalog.snapshot(engine, fresh)
     where = ["--database-url", database_url, "--schema", fresh]
-    assert main(["db", "upgrade", *where]) == 1
-    assert "another program" in capsys.readouterr().err
-    with engine.begin() as conn:
-        conn.execute(
-            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0046'")
-        )
+    assert main(["db", "upgrade", *where]) == 0
+    assert "recorded schema 46, which Node pg-boss migrated the schema to" in (
+        capsys.readouterr().out
+    )
+    assert migrate.current(engine, fresh) == "alkstore_0046"
+    catalog.assert_same(before, catalog.snapshot(engine, fresh), ("before", "after recording"))
     assert main(["db", "upgrade", *where]) == 0
     assert "already at schema 46; nothing to do" in capsys.readouterr().out
 
@@ -468,8 +469,9 @@ def test_upgrade_adopts_a_node_schema_without_touching_it(
     [
         (24, "no upgrade path"),
         (25, "start Node pg-boss 11.1.x once"),
-        (27, "built by Node pg-boss (12.6 or later) without alkstore_sa's revisions"),
-        (46, "Let alkstore_sa install the schema (`alkstore db upgrade`) and Node start on it"),
+        # A schema-26 catalog under a row of 27 or 46: the row is refused for its catalog.
+        (27, "says pg-boss schema version 27 but its catalog is not version 27's"),
+        (46, "says pg-boss schema version 46 but its catalog is not version 46's"),
         (47, "newer than this alkstore_sa knows (up to 46); upgrade alkstore_sa"),
         (None, "no version row"),
     ],
