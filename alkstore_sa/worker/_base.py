@@ -29,6 +29,7 @@ from .._engine_cache import (
 )
 from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
+from ..ops import working
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import FailResult, Job, Settled
@@ -55,6 +56,7 @@ from .listener import Listener, Subscription
 log = logging.getLogger("alkstore_sa.worker")
 
 B = TypeVar("B")
+T = TypeVar("T")
 
 TICK = 0.2
 """Seconds between checks of leases and deadlines."""
@@ -179,6 +181,9 @@ class WorkerBase(Registry, Generic[B]):
         assert engine_state is not None  # an engine was given
         self._engine_state = engine_state
         self._options = execution_options(self.schema)
+        # Claims and settlements outside a handler's transaction: one statement,
+        # one round trip each, on a pooled connection in autocommit.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._attempts: dict[Any, Attempt] = {}
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._book = threading.Lock()
@@ -334,8 +339,9 @@ class WorkerBase(Registry, Generic[B]):
 
     # ------------------------------------------------------------ operations
 
-    def _op(self, op: ops.Op[Any], session: Any = None) -> Steps[Any]:
-        """Run ``op`` in the installed schema version's statements.
+    def _op(self, op: ops.Op[T], session: Any = None, *, autocommit: bool = False) -> Steps[T]:
+        """Run ``op`` in the installed schema version's statements: on ``session``,
+        or with ``autocommit`` each statement on its own, or in a transaction.
 
         The version is read as the services read it (once per engine, again every
         SCHEMA_RECHECK_SECONDS). A statement failing as a changed schema makes it
@@ -349,7 +355,8 @@ class WorkerBase(Registry, Generic[B]):
         if self._ctx.version >= 46 and self._node_subscription is None:
             yield from self._listening_to_node()
         try:
-            return (yield Run(op, session))
+            result: T = yield Run(op, session, autocommit)
+            return result
         except Exception as exc:
             if may_be_schema_change(exc):
                 self._engine_state.expire(self.schema)
@@ -399,9 +406,7 @@ class WorkerBase(Registry, Generic[B]):
             state.wake.clear()
             fetched_at = monotonic()
             try:
-                jobs = yield from self._op(
-                    ops.fetch(self._ctx, spec.queue, want, spec.priority, False)
-                )
+                jobs = yield from self._claiming(spec, want)
             except SchemaVersionError as exc:
                 # The schema is (now) at a version this release does not speak:
                 # claim nothing and look again later (no crash loop; queued jobs
@@ -420,6 +425,23 @@ class WorkerBase(Registry, Generic[B]):
                 self._start_job(state, self._begin(spec, job, fetched_at))
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
+
+    def _claiming(self, spec: HandlerSpec, want: int) -> Steps[list[Job]]:
+        """One claim: in autocommit (one round trip) unless the queue's policy
+        locks keys, which needs a transaction (as does a first, uncached claim)."""
+        if working.claims_in_autocommit(self._ctx, spec.queue):
+            try:
+                return (
+                    yield from self._op(
+                        ops.fetch(
+                            self._ctx, spec.queue, want, spec.priority, False, autocommit=True
+                        ),
+                        autocommit=True,
+                    )
+                )
+            except working.NeedsTransaction:
+                pass
+        return (yield from self._op(ops.fetch(self._ctx, spec.queue, want, spec.priority, False)))
 
     # ------------------------------------------------------------ running
 
@@ -527,7 +549,7 @@ class WorkerBase(Registry, Generic[B]):
                 op: ops.Op[Any] = ops.complete_many(self._ctx, queue, settlements)
             else:
                 op = ops.fail_many(self._ctx, queue, settlements)
-            result = yield from self._op(op)
+            result = yield from self._op(op, autocommit=True)
             # Written: never write these again, even if a later group fails.
             done = set(map(id, items))
             batch[:] = [p for p in batch if id(p) not in done]
@@ -580,7 +602,13 @@ class WorkerBase(Registry, Generic[B]):
         started = monotonic()
         items = [a.settlement() for a in attempts]
         try:
-            kept = set((yield from self._op(ops.extend_leases(self._ctx, queue, items, extend_by))))
+            kept = set(
+                (
+                    yield from self._op(
+                        ops.extend_leases(self._ctx, queue, items, extend_by), autocommit=True
+                    )
+                )
+            )
         except Exception as exc:
             self._loop_error("lease", queue, exc, TICK)
             return
