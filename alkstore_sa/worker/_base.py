@@ -65,6 +65,11 @@ FETCH_JOIN_SECONDS = 10.0
 """How long shutdown waits for a fetch loop. A fetch never waits on row locks
 (SKIP LOCKED); the bound is for a database that stopped answering."""
 
+INLINE_SECONDS = 0.001
+"""A runtime that hands jobs to other threads (``Worker``) runs a lone claimed job
+on its fetch thread instead while the queue's handlers take less than this on
+average: waking a pool thread costs about half a millisecond."""
+
 
 class _Lost(Exception):
     """A transactional handler's job was taken away: roll its writes back."""
@@ -80,6 +85,20 @@ class QueueState:
         self.backlog = False
         self.lock = threading.Lock()
         self.runner: Any = None  # the fetch loop's thread or task
+        self.generation = 0  # which fetch loop is the queue's (see WorkerBase._abandon)
+        self.inline: Attempt | None = None  # the job its fetch loop runs itself, if any
+        self.run_seconds: float | None = None  # moving average of the handlers' run time
+
+    def ran(self, seconds: float) -> None:
+        """A handler of the queue ran for ``seconds`` (not abandoned)."""
+        with self.lock:
+            avg = self.run_seconds
+            self.run_seconds = seconds if avg is None else avg + 0.2 * (seconds - avg)
+
+    def runs_inline(self) -> bool:
+        """Whether a lone claimed job is cheaper to run on the fetch loop than to hand off."""
+        avg = self.run_seconds
+        return avg is not None and avg < INLINE_SECONDS
 
     def want(self) -> int:
         """Jobs to claim now (0: wait for free slots)."""
@@ -132,6 +151,10 @@ class WorkerBase(Registry, Generic[B]):
 
     _supervisor_class: Any = None
     """The supervisor run alongside (``Supervisor`` or ``AsyncSupervisor``)."""
+
+    _inline_lone_jobs = False
+    """Run a lone claimed job of a queue with fast handlers on its fetch loop (see
+    :data:`INLINE_SECONDS`): for a runtime whose hand-off costs more than that."""
 
     def __init__(
         self,
@@ -256,7 +279,7 @@ class WorkerBase(Registry, Generic[B]):
                 )
         for spec in self._specs.values():
             state = self._queues[spec.queue] = QueueState(spec, self._event())
-            state.runner = self._spawn(self._fetching(state), f"alkstore-fetch-{spec.queue}")
+            state.runner = self._spawn(self._fetching(state, 0), f"alkstore-fetch-{spec.queue}")
         self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
         if self._supervisor is not None:
             yield Call(self._supervisor.start)
@@ -288,7 +311,9 @@ class WorkerBase(Registry, Generic[B]):
         )
         self._stopping.set()
         self.wake()
-        yield Join([s.runner for s in self._queues.values()], FETCH_JOIN_SECONDS)
+        # A loop running a job itself is waited for as its job is, below.
+        loops = [s.runner for s in self._queues.values() if s.inline is None]
+        yield Join(loops, FETCH_JOIN_SECONDS)
         deadline = monotonic() + timeout
         while self._running() and monotonic() < deadline and not self._force.is_set():
             yield Wait(self._force, min(0.05, max(0.0, deadline - monotonic())))
@@ -395,9 +420,11 @@ class WorkerBase(Registry, Generic[B]):
 
     # ------------------------------------------------------------ fetching
 
-    def _fetching(self, state: QueueState) -> Steps[None]:
+    def _fetching(self, state: QueueState, generation: int) -> Steps[None]:
+        """The queue's fetch loop; it ends at shutdown, or when a job it ran itself was
+        abandoned and another loop (``generation``) took over."""
         spec, backoff = state.spec, Backoff()
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and state.generation == generation:
             want = state.want()
             if not want:
                 yield Wait(state.wake, spec.poll_interval)
@@ -421,8 +448,18 @@ class WorkerBase(Registry, Generic[B]):
             backoff.reset()
             self._refusals.clear()
             state.claimed(len(jobs), want)
-            for job in jobs:
-                self._start_job(state, self._begin(spec, job, fetched_at))
+            if (
+                len(jobs) == 1
+                and self._inline_lone_jobs
+                and state.runs_inline()
+                and not self._stopping.is_set()
+            ):
+                yield from self._inline(state, self._begin(spec, jobs[0], fetched_at))
+                if state.generation != generation:
+                    return  # abandoned while we ran it: a new loop took over
+            else:
+                for job in jobs:
+                    self._start_job(state, self._begin(spec, job, fetched_at))
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
 
@@ -443,11 +480,21 @@ class WorkerBase(Registry, Generic[B]):
                 pass
         return (yield from self._op(ops.fetch(self._ctx, spec.queue, want, spec.priority, False)))
 
+    def _inline(self, state: QueueState, attempt: Attempt) -> Steps[None]:
+        """Run ``attempt`` on the fetch loop itself (saves the hand-off)."""
+        attempt.inline = True
+        state.inline = attempt
+        try:
+            yield from self._executing(state, attempt)
+        finally:
+            state.inline = None
+
     # ------------------------------------------------------------ running
 
     def _executing(self, state: QueueState, attempt: Attempt) -> Steps[bool]:
         """Run one job's handler; ``True`` when it was abandoned (its thread may retire)."""
         try:
+            started = monotonic()
             if attempt.spec.transactional:
                 pending = yield from self._transactional(attempt)
             else:
@@ -459,6 +506,8 @@ class WorkerBase(Registry, Generic[B]):
                     pending = self._finished(attempt, "fail", exc)
                 else:
                     pending = self._finished(attempt, "complete", result)
+            if attempt.status != ABANDONED:
+                state.ran(monotonic() - started)
             if pending is not None:
                 self._inbox.put(pending)
         finally:
@@ -735,7 +784,18 @@ class WorkerBase(Registry, Generic[B]):
                 extra=self._extra(action, attempt),
             )
             self._inbox.put(Pending("fail", attempt, output, reason))
-        self._cut_loose(attempt)
+        if attempt.inline:
+            # Its fetch loop is stuck in the handler: another one takes over (and
+            # the stuck one ends when the handler returns).
+            if not self._stopping.is_set():
+                with state.lock:
+                    state.generation += 1
+                    generation = state.generation
+                state.runner = self._spawn(
+                    self._fetching(state, generation), f"alkstore-fetch-{state.spec.queue}"
+                )
+        else:
+            self._cut_loose(attempt)
         state.wake.set()
         return True
 
