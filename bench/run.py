@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         with cfg.raw(autocommit=True) as conn:
             server = conn.execute("SHOW server_version").fetchone()
         # The ceiling is only a ceiling if the database does the same work on both sides.
-        if not shapes.compare(cfg, show_sql=False):
+        # Its statements are schema 26's: at 46 it is a reference, not our shape.
+        if cfg.schema_version != 26:
+            print("schema 46: the ceiling runs schema 26's statement shapes; no plan check")
+        elif not shapes.compare(cfg, show_sql=False):
             print("warning: the ceiling's plans differ from alkstore_sa's", file=sys.stderr)
         variants = collect(cfg, args.only, args.peers)
         samples = run_all(cfg, variants)

@@ -63,6 +63,10 @@ def test_claims_and_completions_run_in_autocommit(harness: Harness) -> None:
     assert len(modes) >= 10
     # The first claim may read the policy in a transaction; then the cache knows it.
     assert all(modes[1:]), modes
+    # A claim alone in autocommit does not wait for the WAL flush; in a transaction
+    # it would change the transaction's commit, so it never does there.
+    relaxed = [("synchronous_commit" in sql, auto) for sql, auto in seen if "SKIP LOCKED" in sql]
+    assert all(flag == auto for flag, auto in relaxed), relaxed
     completes = [auto for sql, auto in seen if "'completed'" in sql and "UPDATE" in sql]
     assert completes and all(completes)
 
@@ -196,3 +200,38 @@ def test_an_autocommit_key_strict_fifo_conflict_is_an_empty_fetch(
             other.close()
         # The connection is still usable.
         assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+
+
+@pytest.mark.parametrize("version", [26, 46])
+def test_only_the_relaxed_claim_turns_synchronous_commit_off(
+    engine: Engine, schema: str, schema46: str, version: int
+) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from alkstore_sa import QueueService
+    from alkstore_sa._engine_cache import execution_options
+
+    name = schema46 if version == 46 else schema
+    with Session(engine) as session, session.begin():
+        svc = QueueService(session, schema=name)
+        svc.create_queue("q")
+        svc.send_many("q", [{"data": i} for i in range(4)])
+    ctx = Context(name, version=version)
+    options = execution_options(name)
+
+    def setting_after(**kw: Any) -> str:
+        with engine.connect() as conn:  # one transaction, rolled back
+            got = driver.run(conn, fetch(ctx, "q", 1, True, False, **kw), options)
+            assert len(got) == 1
+            value = str(conn.execute(text("SHOW synchronous_commit")).scalar_one())
+            conn.rollback()
+            return value
+
+    assert setting_after() == "on"
+    assert setting_after(autocommit=True) == "off"
+    # The services' fetch joins the caller's transaction and leaves it as it was.
+    with Session(engine) as session, session.begin():
+        assert len(QueueService(session, schema=name).fetch("q", 1)) == 1
+        assert session.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+        session.rollback()

@@ -1,9 +1,10 @@
-"""Worker: a lone claimed job of a queue with fast handlers runs on the fetch thread.
+"""Worker: the claimed jobs of a queue with fast handlers run on the fetch thread.
 
 Handing a job to a pool thread costs about half a millisecond (waking the thread);
-a claim that brought back one job, on a queue whose handlers run faster than that on
-average, runs it on the fetch thread instead. What must still hold: a job so run that
-hangs past its timeout is failed and another fetch loop takes over the queue; one
+on a queue whose handlers run faster than that on average, the fetch thread runs the
+jobs it claimed itself, one after the other. What must still hold: a job so run that
+runs long is left to that thread, a new fetch loop takes over the queue and the
+batch's other jobs are handed off; one that hangs past its timeout is failed; one
 still running at shutdown is failed for retry like any other.
 """
 
@@ -16,7 +17,6 @@ import pytest
 from support.worker import Harness, send, state_of, wait_for
 
 from alkstore_sa.records import Job
-from alkstore_sa.worker._base import QueueState
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -39,7 +39,7 @@ def warm(h: Harness, worker: Any, queue: str, n: int = 5) -> None:
         wait_for(done)
 
 
-def test_a_lone_job_of_a_fast_queue_runs_on_the_fetch_thread(h: Harness) -> None:
+def test_the_jobs_of_a_fast_queue_run_on_the_fetch_thread(h: Harness) -> None:
     h.service_tx(lambda q: q.create_queue("q"))
     threads: dict[Any, str] = {}
 
@@ -52,9 +52,12 @@ def test_a_lone_job_of_a_fast_queue_runs_on_the_fetch_thread(h: Harness) -> None
     warm(h, w, "q")
     last = send(h, "q")
     wait_for(lambda: state_of(h, "q", last) == "completed")
+    batch = h.service_tx(lambda q: q.send_many("q", [{"data": i} for i in range(4)]))
+    wait_for(lambda: all(state_of(h, "q", j) == "completed" for j in batch))
     h.stop(w)
     assert threads[last] == "alkstore-fetch-q"
-    assert w.stats()["q"].completed == 6
+    assert {threads[j] for j in batch} == {"alkstore-fetch-q"}
+    assert w.stats()["q"].completed == 10
 
 
 def test_slow_handlers_are_handed_off(h: Harness) -> None:
@@ -82,8 +85,7 @@ def test_an_inline_job_past_its_timeout_is_failed_and_another_loop_takes_over(
         warm(h, w, "q")
         stuck = send(h, "q", "hang")
         wait_for(lambda: stuck in h.started)
-        state: QueueState = w._queues["q"]
-        assert state.inline is not None and state.inline.job.id == stuck
+        assert w._attempts[stuck].inline
         wait_for(lambda: state_of(h, "q", stuck) == "failed", timeout=15)
         # The stuck thread still holds the handler; jobs sent now run anyway.
         after = [send(h, "q") for _ in range(3)]
@@ -105,10 +107,46 @@ def test_an_inline_job_still_running_at_shutdown_is_failed_for_retry(h: Harness)
         warm(h, w, "q")
         stuck = send(h, "q", "hang")
         wait_for(lambda: stuck in h.started)
-        assert w._queues["q"].inline is not None
+        assert w._attempts[stuck].inline
         h.stop(w, 0.2)
     finally:
         release.set()
     job = h.job("q", stuck)
     assert job.state.value == "retry"
     assert job.output["name"] == "WorkerShutdown"
+
+
+def test_a_long_job_on_the_fetch_thread_hands_the_rest_of_its_batch_off(h: Harness) -> None:
+    h.service_tx(lambda q: q.create_queue("q"))
+    release = threading.Event()
+    threads: dict[Any, str] = {}
+
+    def record(job: Job) -> None:
+        threads[job.id] = threading.current_thread().name
+
+    w = h.worker(poll_interval=0.1)
+    w.register(
+        "q",
+        h.handler(record, block=lambda job: release if job.data == "hang" else None),
+        concurrency=5,
+    )
+    h.start(w)
+    try:
+        warm(h, w, "q")
+        # One batch, claimed in this order (one created_on, ascending ids).
+        first, *rest = h.service_tx(
+            lambda q: q.send_many("q", [{"data": d} for d in ["hang", 0, 1, 2, 3]])
+        )
+        wait_for(lambda: first in h.started)
+        # The others run on pool threads while the first one still holds the fetch thread.
+        wait_for(lambda: all(state_of(h, "q", j) == "completed" for j in rest))
+        assert state_of(h, "q", first) == "active"
+        assert all(threads[j] != "alkstore-fetch-q" for j in rest)
+        # And the queue is fetched by a new loop meanwhile.
+        later = send(h, "q")
+        wait_for(lambda: state_of(h, "q", later) == "completed")
+    finally:
+        release.set()
+    wait_for(lambda: state_of(h, "q", first) == "completed")
+    h.stop(w)
+    assert threads[first] == "alkstore-fetch-q"

@@ -73,9 +73,11 @@ def fetch(
 
     ``autocommit``: the caller runs each statement in autocommit; a policy whose
     claim needs a transaction (key locks) raises :class:`NeedsTransaction` before
-    any write. Unreadable rows the claim activated are then failed by the next
-    statement, not in the claim's transaction: a crash in between leaves them
-    active until their lease expires, and the next claim fails them again.
+    any write. The claim then commits without waiting for the WAL flush (see
+    :func:`alkstore_sa.sql._claim.commit_without_flush`). Unreadable rows the
+    claim activated are failed by the next statement, not in the claim's
+    transaction: a crash in between leaves them active until their lease
+    expires, and the next claim fails them again.
     """
     validate_queue(name)
     opt.check_int("batch_size", batch_size, minimum=1, maximum=100_000)
@@ -85,7 +87,9 @@ def fetch(
     policy = yield from _policy(ctx, name)
     if autocommit and _takes_key_locks(ctx, policy):
         raise NeedsTransaction(name)
-    jobs = yield from _claim(ctx, name, policy, batch_size, priority, ignore_start_after)
+    jobs = yield from _claim(
+        ctx, name, policy, batch_size, priority, ignore_start_after, relaxed=autocommit
+    )
     if not jobs and cached:
         # An empty answer from a cached policy: make sure the queue still exists
         # and still has that policy before believing it.
@@ -93,23 +97,37 @@ def fetch(
         if fresh != policy:
             if autocommit and _takes_key_locks(ctx, fresh):
                 raise NeedsTransaction(name)
-            jobs = yield from _claim(ctx, name, fresh, batch_size, priority, ignore_start_after)
+            jobs = yield from _claim(
+                ctx, name, fresh, batch_size, priority, ignore_start_after, relaxed=autocommit
+            )
     return jobs
 
 
 def _claim(
-    ctx: Context, name: str, policy: str, batch_size: int, priority: bool, ignore_start_after: bool
+    ctx: Context,
+    name: str,
+    policy: str,
+    batch_size: int,
+    priority: bool,
+    ignore_start_after: bool,
+    *,
+    relaxed: bool = False,
 ) -> Op[list[Job]]:
     stmt: Executable
     if ctx.version >= 46:
         # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
         # is not an option there.
         aware = policy in fetch46_sql.SINGLETON_POLICIES
-        stmt = fetch46_sql.fetch_jobs(policy=policy, ignore_start_after=ignore_start_after)
+        stmt = fetch46_sql.fetch_jobs(
+            policy=policy, ignore_start_after=ignore_start_after, relaxed=relaxed
+        )
     else:
         aware = policy in fetch_sql.RACY_POLICIES
         stmt = fetch_sql.fetch_jobs(
-            priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
+            priority=priority,
+            ignore_start_after=ignore_start_after,
+            singleton_aware=aware,
+            relaxed=relaxed,
         )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
     jobs: list[Job] = []

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
@@ -66,9 +66,14 @@ FETCH_JOIN_SECONDS = 10.0
 (SKIP LOCKED); the bound is for a database that stopped answering."""
 
 INLINE_SECONDS = 0.001
-"""A runtime that hands jobs to other threads (``Worker``) runs a lone claimed job
-on its fetch thread instead while the queue's handlers take less than this on
-average: waking a pool thread costs about half a millisecond."""
+"""A runtime that hands jobs to other threads (``Worker``) runs the jobs it claimed
+on its fetch thread instead, one after the other, while the queue's handlers take
+less than this on average: waking a pool thread costs about half a millisecond."""
+
+INLINE_OVERDUE = 0.05
+"""A job run on the fetch thread for longer than this is left to that thread as a
+handler thread: a new fetch loop takes over the queue and the batch's other jobs
+are handed off (checked by the keeper, every :data:`TICK`)."""
 
 
 class _Lost(Exception):
@@ -85,8 +90,10 @@ class QueueState:
         self.backlog = False
         self.lock = threading.Lock()
         self.runner: Any = None  # the fetch loop's thread or task
-        self.generation = 0  # which fetch loop is the queue's (see WorkerBase._abandon)
+        self.generation = 0  # which fetch loop is the queue's (see WorkerBase._detaching)
         self.inline: Attempt | None = None  # the job its fetch loop runs itself, if any
+        self.inline_since = 0.0
+        self.pending: deque[Attempt] = deque()  # claimed, to run on the fetch loop next
         self.run_seconds: float | None = None  # moving average of the handlers' run time
 
     def ran(self, seconds: float) -> None:
@@ -96,7 +103,7 @@ class QueueState:
             self.run_seconds = seconds if avg is None else avg + 0.2 * (seconds - avg)
 
     def runs_inline(self) -> bool:
-        """Whether a lone claimed job is cheaper to run on the fetch loop than to hand off."""
+        """Whether claimed jobs are cheaper to run on the fetch loop than to hand off."""
         avg = self.run_seconds
         return avg is not None and avg < INLINE_SECONDS
 
@@ -152,8 +159,8 @@ class WorkerBase(Registry, Generic[B]):
     _supervisor_class: Any = None
     """The supervisor run alongside (``Supervisor`` or ``AsyncSupervisor``)."""
 
-    _inline_lone_jobs = False
-    """Run a lone claimed job of a queue with fast handlers on its fetch loop (see
+    _inline_jobs = False
+    """Run the claimed jobs of a queue with fast handlers on its fetch loop (see
     :data:`INLINE_SECONDS`): for a runtime whose hand-off costs more than that."""
 
     def __init__(
@@ -448,18 +455,14 @@ class WorkerBase(Registry, Generic[B]):
             backoff.reset()
             self._refusals.clear()
             state.claimed(len(jobs), want)
-            if (
-                len(jobs) == 1
-                and self._inline_lone_jobs
-                and state.runs_inline()
-                and not self._stopping.is_set()
-            ):
-                yield from self._inline(state, self._begin(spec, jobs[0], fetched_at))
+            attempts = [self._begin(spec, job, fetched_at) for job in jobs]
+            if attempts and self._inline_jobs and state.runs_inline():
+                yield from self._inline(state, attempts, generation)
                 if state.generation != generation:
-                    return  # abandoned while we ran it: a new loop took over
+                    return  # one ran long: a new loop took over (see _detaching)
             else:
-                for job in jobs:
-                    self._start_job(state, self._begin(spec, job, fetched_at))
+                for attempt in attempts:
+                    self._start_job(state, attempt)
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
 
@@ -480,14 +483,45 @@ class WorkerBase(Registry, Generic[B]):
                 pass
         return (yield from self._op(ops.fetch(self._ctx, spec.queue, want, spec.priority, False)))
 
-    def _inline(self, state: QueueState, attempt: Attempt) -> Steps[None]:
-        """Run ``attempt`` on the fetch loop itself (saves the hand-off)."""
-        attempt.inline = True
-        state.inline = attempt
-        try:
-            yield from self._executing(state, attempt)
-        finally:
+    def _inline(self, state: QueueState, attempts: list[Attempt], generation: int) -> Steps[None]:
+        """Run ``attempts`` on the fetch loop itself, one after the other (saves the
+        hand-offs), until one runs long and the keeper hands the rest off."""
+        with state.lock:
+            state.pending.extend(attempts)
+        while True:
+            with state.lock:
+                if state.generation != generation or not state.pending:
+                    return
+                attempt = state.pending.popleft()
+                attempt.inline = True
+                state.inline, state.inline_since = attempt, monotonic()
+            try:
+                if attempt.status == RUNNING:  # not abandoned while it waited
+                    yield from self._executing(state, attempt)
+            finally:
+                with state.lock:
+                    if state.inline is attempt:
+                        state.inline = None
+
+    def _detaching(self, state: QueueState, now: float) -> None:
+        """The job the fetch loop runs itself has run past :data:`INLINE_OVERDUE`:
+        leave that thread to it, start a new fetch loop, hand the rest off."""
+        with state.lock:
+            if state.inline is None or now - state.inline_since < INLINE_OVERDUE:
+                return
             state.inline = None
+            state.generation += 1
+            generation = state.generation
+            rest = list(state.pending)
+            state.pending.clear()
+        if not self._stopping.is_set():
+            state.runner = self._spawn(
+                self._fetching(state, generation), f"alkstore-fetch-{state.spec.queue}"
+            )
+        for attempt in rest:
+            if attempt.status == RUNNING:
+                attempt.inline = False
+                self._start_job(state, attempt)
 
     # ------------------------------------------------------------ running
 
@@ -619,6 +653,8 @@ class WorkerBase(Registry, Generic[B]):
             if self._listener is not None and self._node_subscription is None:
                 yield from self._watching_version()
             now = monotonic()
+            for state in self._queues.values():
+                self._detaching(state, now)
             due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
             for attempt in self._running():
                 if attempt.deadline is not None and now >= attempt.deadline:
@@ -784,17 +820,8 @@ class WorkerBase(Registry, Generic[B]):
                 extra=self._extra(action, attempt),
             )
             self._inbox.put(Pending("fail", attempt, output, reason))
-        if attempt.inline:
-            # Its fetch loop is stuck in the handler: another one takes over (and
-            # the stuck one ends when the handler returns).
-            if not self._stopping.is_set():
-                with state.lock:
-                    state.generation += 1
-                    generation = state.generation
-                state.runner = self._spawn(
-                    self._fetching(state, generation), f"alkstore-fetch-{state.spec.queue}"
-                )
-        else:
+        if not attempt.inline:
+            # (A job run on a fetch thread is left to it; see _detaching.)
             self._cut_loose(attempt)
         state.wake.set()
         return True

@@ -66,7 +66,7 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
     """
 
     _supervisor_class = Supervisor
-    _inline_lone_jobs = True
+    _inline_jobs = True
     engine: Engine
     sessions: sessionmaker[Session]
 
