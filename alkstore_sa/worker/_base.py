@@ -428,8 +428,8 @@ class WorkerBase(Registry, Generic[B]):
     # ------------------------------------------------------------ fetching
 
     def _fetching(self, state: QueueState, generation: int) -> Steps[None]:
-        """The queue's fetch loop; it ends at shutdown, or when a job it ran itself was
-        abandoned and another loop (``generation``) took over."""
+        """The queue's fetch loop (number ``generation``); it ends at shutdown, or when
+        a job it ran itself ran long and another loop took over (see _detaching)."""
         spec, backoff = state.spec, Backoff()
         while not self._stopping.is_set() and state.generation == generation:
             want = state.want()
@@ -492,6 +492,11 @@ class WorkerBase(Registry, Generic[B]):
             with state.lock:
                 if state.generation != generation or not state.pending:
                     return
+                if self._stopping.is_set():
+                    # Shutdown waits for this loop: the rest run on pool threads.
+                    rest = list(state.pending)
+                    state.pending.clear()
+                    break
                 attempt = state.pending.popleft()
                 attempt.inline = True
                 state.inline, state.inline_since = attempt, monotonic()
@@ -502,6 +507,10 @@ class WorkerBase(Registry, Generic[B]):
                 with state.lock:
                     if state.inline is attempt:
                         state.inline = None
+        for attempt in rest:
+            if attempt.status == RUNNING:
+                attempt.inline = False
+                self._start_job(state, attempt)
 
     def _detaching(self, state: QueueState, now: float) -> None:
         """The job the fetch loop runs itself has run past :data:`INLINE_OVERDUE`:
