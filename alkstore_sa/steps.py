@@ -37,10 +37,13 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Run:
     """Run the operation ``op`` in a transaction of its own, or on ``session``
-    (already in a transaction) when given. Answer: the operation's result."""
+    (already in a transaction) when given, or with ``autocommit`` on a connection
+    in autocommit (each statement its own transaction, see
+    :func:`alkstore_sa.ops.driver.run`). Answer: the operation's result."""
 
     op: Any
     session: Any = None
+    autocommit: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from psycopg import sql
 INPUT_COLUMNS = (
     ("id", "uuid"),
     ("priority", "integer"),
-    ("data", "text"),
+    ("data", "jsonb"),
     ("start_at", "timestamptz"),
     ("start_in", "interval"),
     ("singleton_key", "text"),
@@ -45,7 +45,7 @@ WITH ins AS (
   INSERT INTO {s}.job (id, name, priority, data, retry_limit, retry_delay, retry_backoff,
                        retry_delay_max, expire_seconds, deletion_seconds, singleton_key,
                        singleton_on, start_after, keep_until, dead_letter, policy)
-  SELECT src.id, q.name, coalesce(src.priority, 0), CAST(src.data AS jsonb),
+  SELECT src.id, q.name, coalesce(src.priority, 0), src.data,
          coalesce(src.retry_limit, q.retry_limit),
          coalesce(src.retry_delay, q.retry_delay),
          coalesce(src.retry_backoff, q.retry_backoff, false),
@@ -133,8 +133,16 @@ def unnest_arguments(given: frozenset[str]) -> str:
     alkstore_sa leaves out the inputs no job of a batch uses; so does the ceiling.
     """
     return ", ".join(
-        f"%(in_{n})s::{t}[]" if n in given else f"NULL::{t}[]" for n, t in INPUT_COLUMNS
+        (DATA_ARRAY if n == "data" else f"%(in_{n})s::{t}[]") if n in given else f"NULL::{t}[]"
+        for n, t in INPUT_COLUMNS
     )
+
+
+DATA_ARRAY = (
+    "(SELECT array_agg(nullif(d.e, 'null'::jsonb) ORDER BY d.i)"
+    " FROM jsonb_array_elements(%(in_data)s::jsonb) WITH ORDINALITY AS d(e, i))"
+)
+"""The jobs' data: one JSON array text bound, made a ``jsonb[]`` once per statement."""
 
 
 GIVEN = frozenset({"id", "data"})
@@ -158,10 +166,9 @@ def insert_params(st: Statements, queue: str, datas: Sequence[Any]) -> dict[str,
     as alkstore_sa sends them, so a batch stays first-in first-out) and JSON text."""
     return {
         "in_id": sorted(uuid.uuid4() for _ in datas),
-        "in_data": [
-            None if d is None else json.dumps(d, separators=(",", ":"), ensure_ascii=False)
-            for d in datas
-        ],
+        "in_data": "["
+        + ",".join(json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in datas)
+        + "]",
         "qname": queue,
         "channel": st.channel,
     }

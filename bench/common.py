@@ -50,6 +50,7 @@ class Config:
     reps: int
     mixed_rate: float = 500.0
     mixed_async: bool = False
+    schema_version: int = 26
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,9 +85,9 @@ class Config:
 
 
 def install(cfg: Config) -> None:
-    """A fresh schema with the schema-26 objects and the benchmark queues."""
+    """A fresh schema at ``cfg.schema_version`` (26 or 46) and the benchmark queues."""
     drop(cfg)
-    migrate.upgrade(cfg.engine, cfg.schema)
+    migrate.upgrade(cfg.engine, cfg.schema, schema_version=cfg.schema_version)
     with Session(cfg.engine) as session, session.begin():
         service = QueueService(session, schema=cfg.schema)
         service.create_queue(QUEUE)

@@ -2,7 +2,8 @@
 back into the operation; any other error is raised, and the transaction stays usable.
 
 Run on each kind of target the entry points use: the services' Session and AsyncSession,
-supervision's Connection and AsyncConnection.
+supervision's Connection and AsyncConnection, and the workers' Connection and
+AsyncConnection in autocommit (no savepoint there: a conflict ends its statement only).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def sync_target(engine: Engine, kind: str) -> Iterator[Any]:
     if kind == "session":
         with Session(engine) as session, session.begin():
             yield session
+    elif kind == "autocommit":
+        with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+            yield conn
     else:
         with engine.begin() as conn:
             yield conn
@@ -58,6 +62,10 @@ async def async_target(database_url: str, kind: str) -> AsyncIterator[Any]:
         if kind == "session":
             async with AsyncSession(engine) as session, session.begin():
                 yield session
+        elif kind == "autocommit":
+            autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+            async with autocommit.connect() as conn:
+                yield conn
         else:
             async with engine.begin() as conn:
                 yield conn
@@ -65,7 +73,7 @@ async def async_target(database_url: str, kind: str) -> AsyncIterator[Any]:
         await engine.dispose()
 
 
-KINDS = ["session", "connection"]
+KINDS = ["session", "connection", "autocommit"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -74,7 +82,9 @@ def test_unique_violation_and_deadlock_are_conflicts(
     engine: Engine, kind: str, sqlstate: str
 ) -> None:
     with sync_target(engine, kind) as target:
-        assert run(target, outcome_of(sqlstate), {}) == "conflict"
+        assert run(target, outcome_of(sqlstate), {}, autocommit=kind == "autocommit") == (
+            "conflict"
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -83,7 +93,8 @@ async def test_unique_violation_and_deadlock_are_conflicts_async(
     database_url: str, kind: str, sqlstate: str
 ) -> None:
     async with async_target(database_url, kind) as target:
-        assert await arun(target, outcome_of(sqlstate), {}) == "conflict"
+        auto = kind == "autocommit"
+        assert await arun(target, outcome_of(sqlstate), {}, autocommit=auto) == "conflict"
 
 
 RAISED: list[tuple[str, type[Exception]]] = [
@@ -100,7 +111,7 @@ def test_other_errors_are_raised_and_the_transaction_stays_usable(
 ) -> None:
     with sync_target(engine, kind) as target:
         with pytest.raises(error, match="raised on purpose"):
-            run(target, outcome_of(sqlstate), {})
+            run(target, outcome_of(sqlstate), {}, autocommit=kind == "autocommit")
         assert target.execute(text("SELECT 42")).scalar_one() == 42
 
 
@@ -111,7 +122,7 @@ async def test_other_errors_are_raised_and_the_transaction_stays_usable_async(
 ) -> None:
     async with async_target(database_url, kind) as target:
         with pytest.raises(error, match="raised on purpose"):
-            await arun(target, outcome_of(sqlstate), {})
+            await arun(target, outcome_of(sqlstate), {}, autocommit=kind == "autocommit")
         assert (await target.execute(text("SELECT 42"))).scalar_one() == 42
 
 
@@ -129,3 +140,21 @@ def test_every_entry_point_runs_operations_through_the_one_driver() -> None:
         if "begin_nested()" in path.read_text() and "op.throw(" in path.read_text()
     )
     assert drivers == ["ops/driver.py"]
+
+
+def test_autocommit_runs_a_savepoint_statement_without_a_savepoint(engine: Engine) -> None:
+    # In autocommit there is no transaction to hold a SAVEPOINT (PostgreSQL would
+    # refuse one); each statement commits on its own.
+    def op() -> Op[tuple[int, str]]:
+        yield Call(text("CREATE TEMP TABLE kept (x int PRIMARY KEY)"))
+        yield Call(text("INSERT INTO kept VALUES (1)"), savepoint=True)
+        outcome = "no error"
+        try:
+            yield Call(text("INSERT INTO kept VALUES (1)"), savepoint=True)
+        except Conflict:
+            outcome = "conflict"
+        count = yield Call(text("SELECT count(*) FROM kept"))
+        return int(count.scalar_one()), outcome
+
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        assert run(conn, op(), {}, autocommit=True) == (1, "conflict")

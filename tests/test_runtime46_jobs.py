@@ -566,3 +566,12 @@ def test_a_queue_created_with_notify_announces_sends_on_nodes_channel(
         assert _notices(listener) == []
     finally:
         listener.close()
+
+
+def test_send_many_stores_each_jobs_data_and_none_as_sql_null_at_46(env46: Any) -> None:
+    queue = make_queue(env46)
+    datas: list[Any] = [None, "null", {"q": 'a "b" \\ c', "u": "é ✓"}, [1, None], None]
+    ids = env46.tx(lambda q: q.send_many(queue, [{"data": d} for d in datas]))
+    rows = {r.id: r for r in env46.sql("SELECT id, data, data IS NULL AS n FROM {s}.job")}
+    assert [rows[i].data for i in ids] == datas
+    assert [rows[i].n for i in ids] == [d is None for d in datas]

@@ -306,6 +306,31 @@ def test_send_many_returns_ids_in_input_order(env: Any, queue: str) -> None:
     assert [by_id[i] for i in ids] == [{"n": n} for n in range(20)]
 
 
+def test_send_many_stores_every_kind_of_data_as_given_and_none_as_sql_null(
+    env: Any, queue: str
+) -> None:
+    # The batch's data travel as one JSON array: each element must come back as it
+    # was sent, in its job, and None (no data) must stay SQL NULL, not JSON null.
+    datas: list[Any] = [
+        None,
+        "null",
+        0,
+        False,
+        [],
+        {},
+        {"quote": 'a "b" \\ c', "nl": "x\ny", "uni": "é ✓ 𝄞"},
+        [1, [2, [3, None]]],
+        "[1,2]",
+        None,
+    ]
+    jobs: list[dict[str, Any]] = [{"data": d} for d in datas]
+    jobs[3]["priority"] = 5  # a job with options takes the other path of the same statement
+    ids = env.tx(lambda q: q.send_many(queue, jobs))
+    rows = {r.id: r for r in env.sql("SELECT id, data, data IS NULL AS is_null FROM {s}.job")}
+    assert [rows[i].data for i in ids] == datas
+    assert [rows[i].is_null for i in ids] == [d is None for d in datas]
+
+
 def test_send_many_uses_a_single_statement(env: Any, queue: str) -> None:
     svc = env.service()
     svc.get_queue(queue)  # warm up: the schema check runs once per engine

@@ -5,6 +5,11 @@ through :func:`run` or :func:`arun`, so what counts as a conflict inside a savep
 is decided once, by :func:`~alkstore_sa.ops.is_conflict`: a unique violation or a
 deadlock is sent back into the operation as :class:`~alkstore_sa.ops.Conflict`;
 any other error is raised, and the caller's transaction is left as the error left it.
+
+With ``autocommit=True`` the target is a Connection in autocommit (the workers'
+claims and settlements: one statement, one round trip, no BEGIN/COMMIT). Each
+statement then commits on its own, so a statement marked for a savepoint needs
+none: a conflict ends only that statement, and is sent back as in a transaction.
 """
 
 from __future__ import annotations
@@ -28,15 +33,27 @@ AsyncTarget = AsyncSession | AsyncConnection
 """What an asynchronous operation runs on."""
 
 
-def run(target: Target, op: Op[T], options: Mapping[str, Any]) -> T:
-    """Run ``op`` on ``target``, each statement with the execution ``options``."""
+def run(target: Target, op: Op[T], options: Mapping[str, Any], *, autocommit: bool = False) -> T:
+    """Run ``op`` on ``target``, each statement with the execution ``options``.
+
+    ``autocommit``: ``target`` is a Connection in autocommit (see above).
+    """
+    result: Result[Any]
     try:
         call = next(op)
         while True:
-            if call.savepoint:
+            if call.savepoint and autocommit:
+                try:
+                    result = _execute(target, call, options)
+                except DBAPIError as exc:
+                    if not is_conflict(exc):
+                        raise
+                    call = op.throw(Conflict())
+                    continue
+            elif call.savepoint:
                 try:
                     with target.begin_nested():
-                        result: Result[Any] = _settled(_execute(target, call, options))
+                        result = _settled(_execute(target, call, options))
                 except DBAPIError as exc:
                     if not is_conflict(exc):
                         raise
@@ -49,16 +66,27 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def arun(target: AsyncTarget, op: Op[T], options: Mapping[str, Any]) -> T:
+async def arun(
+    target: AsyncTarget, op: Op[T], options: Mapping[str, Any], *, autocommit: bool = False
+) -> T:
     """:func:`run` for an :class:`AsyncSession` or :class:`AsyncConnection`."""
+    result: Result[Any]
     try:
         call = next(op)
         while True:
-            if call.savepoint:
+            if call.savepoint and autocommit:
+                try:
+                    result = await _aexecute(target, call, options)
+                except DBAPIError as exc:
+                    if not is_conflict(exc):
+                        raise
+                    call = op.throw(Conflict())
+                    continue
+            elif call.savepoint:
                 try:
                     async with target.begin_nested():
                         executed = await _aexecute(target, call, options)
-                        result: Result[Any] = _settled(executed)
+                        result = _settled(executed)
                 except DBAPIError as exc:
                     if not is_conflict(exc):
                         raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -23,11 +24,12 @@ from ._core import Call, Context, Op
 from .queues import queue_policy, require_queue
 
 _DATA_ONLY = frozenset({"data"})
+_BY_INT = operator.attrgetter("int")  # sorts as UUID's own order, without its __lt__
 
 
 def _job_arrays(
     specs: Sequence[Mapping[str, Any]], version: int
-) -> tuple[dict[str, list[Any]], list[uuid.UUID]]:
+) -> tuple[dict[str, Any], list[uuid.UUID]]:
     """The statement's input arrays (``in_<column>``) and the jobs' ids, in input order,
     the options checked for a schema at ``version``.
 
@@ -36,8 +38,8 @@ def _job_arrays(
     n = len(specs)
     # The jobs of one statement share created_on, and fetch breaks that tie by
     # id: ascending ids keep a batch first-in, first-out.
-    fresh = sorted(uuid.uuid4() for _ in specs)
-    arrays: dict[str, list[Any]] = {"in_id": fresh}
+    fresh = sorted((uuid.uuid4() for _ in specs), key=_BY_INT)
+    arrays: dict[str, Any] = {"in_id": fresh}
     ids: list[uuid.UUID] = fresh
     for index, spec in enumerate(specs):
         if spec.keys() <= _DATA_ONLY:
@@ -61,6 +63,11 @@ def _job_arrays(
                 column[index] = value
     if ids is not fresh:
         arrays["in_id"] = ids
+    datas = arrays.get("in_data")
+    if datas is not None:
+        # One JSON array text (see sql/send.py, data_array); each element was
+        # encoded and checked on its own above.
+        arrays["in_data"] = "[" + ",".join("null" if d is None else d for d in datas) + "]"
     return arrays, ids
 
 

@@ -36,38 +36,98 @@ def _policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
     return (yield from queue_policy(ctx, name, refresh=refresh))
 
 
+class NeedsTransaction(Exception):
+    """An autocommit claim (``fetch(..., autocommit=True)``) found its queue's policy
+    to be one whose claim takes key locks: run the fetch again in a transaction."""
+
+
+def _takes_key_locks(ctx: Context, policy: str) -> bool:
+    """Whether a claim of a ``policy`` queue locks its keys first (advisory locks
+    held to the end of its transaction, so it needs one)."""
+    if ctx.version >= 46:
+        return policy in fetch46_sql.SINGLETON_POLICIES
+    return policy in fetch_sql.RACY_POLICIES
+
+
+def claims_in_autocommit(ctx: Context, name: str) -> bool:
+    """Whether a claim of queue ``name`` can run in autocommit (one statement, no
+    transaction around it): its policy is cached and its claim takes no key locks.
+
+    A key_strict_fifo claim can, too: in autocommit its unique violation ends only
+    that statement, as the savepoint does in a transaction.
+    """
+    policy = ctx.policies.get(ctx.schema, name)
+    return policy is not None and not _takes_key_locks(ctx, policy)
+
+
 def fetch(
-    ctx: Context, name: str, batch_size: int, priority: bool, ignore_start_after: bool
+    ctx: Context,
+    name: str,
+    batch_size: int,
+    priority: bool,
+    ignore_start_after: bool,
+    *,
+    autocommit: bool = False,
 ) -> Op[list[Job]]:
+    """Claim up to ``batch_size`` jobs of ``name``.
+
+    ``autocommit``: the caller runs each statement in autocommit; a policy whose
+    claim needs a transaction (key locks) raises :class:`NeedsTransaction` before
+    any write. The claim then commits without waiting for the WAL flush (see
+    :func:`alkstore_sa.sql._claim.commit_without_flush`). Unreadable rows the
+    claim activated are failed by the next statement, not in the claim's
+    transaction: a crash in between leaves them active until their lease
+    expires, and the next claim fails them again.
+    """
     validate_queue(name)
     opt.check_int("batch_size", batch_size, minimum=1, maximum=100_000)
     opt.check_bool("priority", priority)
     opt.check_bool("ignore_start_after", ignore_start_after)
     cached = ctx.policies.get(ctx.schema, name) is not None
     policy = yield from _policy(ctx, name)
-    jobs = yield from _claim(ctx, name, policy, batch_size, priority, ignore_start_after)
+    if autocommit and _takes_key_locks(ctx, policy):
+        raise NeedsTransaction(name)
+    jobs = yield from _claim(
+        ctx, name, policy, batch_size, priority, ignore_start_after, relaxed=autocommit
+    )
     if not jobs and cached:
         # An empty answer from a cached policy: make sure the queue still exists
         # and still has that policy before believing it.
         fresh = yield from _policy(ctx, name, refresh=True)
         if fresh != policy:
-            jobs = yield from _claim(ctx, name, fresh, batch_size, priority, ignore_start_after)
+            if autocommit and _takes_key_locks(ctx, fresh):
+                raise NeedsTransaction(name)
+            jobs = yield from _claim(
+                ctx, name, fresh, batch_size, priority, ignore_start_after, relaxed=autocommit
+            )
     return jobs
 
 
 def _claim(
-    ctx: Context, name: str, policy: str, batch_size: int, priority: bool, ignore_start_after: bool
+    ctx: Context,
+    name: str,
+    policy: str,
+    batch_size: int,
+    priority: bool,
+    ignore_start_after: bool,
+    *,
+    relaxed: bool = False,
 ) -> Op[list[Job]]:
     stmt: Executable
     if ctx.version >= 46:
         # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
         # is not an option there.
         aware = policy in fetch46_sql.SINGLETON_POLICIES
-        stmt = fetch46_sql.fetch_jobs(policy=policy, ignore_start_after=ignore_start_after)
+        stmt = fetch46_sql.fetch_jobs(
+            policy=policy, ignore_start_after=ignore_start_after, relaxed=relaxed
+        )
     else:
         aware = policy in fetch_sql.RACY_POLICIES
         stmt = fetch_sql.fetch_jobs(
-            priority=priority, ignore_start_after=ignore_start_after, singleton_aware=aware
+            priority=priority,
+            ignore_start_after=ignore_start_after,
+            singleton_aware=aware,
+            relaxed=relaxed,
         )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
     jobs: list[Job] = []

@@ -28,6 +28,7 @@ from sqlalchemy import (
     not_,
     or_,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
@@ -173,3 +174,21 @@ def activate(j: Table, chosen: CTE, now: ColumnElement[Any], **stamps: Any) -> C
         .returning(*j.c)
         .cte("claimed")
     )
+
+
+def commit_without_flush(stmt: Select[Any]) -> Select[Any]:
+    """``stmt`` that also sets ``synchronous_commit`` off for its own transaction
+    (``set_config(..., true)``, evaluated once, before the rows).
+
+    Only for a claim run alone in autocommit by a worker (never inside a caller's
+    transaction, which the setting would outlive): its COMMIT then returns without
+    waiting for the WAL flush, the wait that bounds a serial fetch loop. Should the
+    database server crash within the next fraction of a second, the claim may be
+    undone: its jobs are queued again and run again, as after an expired lease; a
+    later durable commit (a completion, say) flushes the claim with it. See
+    docs/concepts/guarantees.md.
+    """
+    setting = literal_column("'synchronous_commit'", Text)
+    value = literal_column("'off'", Text)
+    relaxed = select(func.set_config(setting, value, true())).scalar_subquery()
+    return stmt.where(relaxed.is_not(None))

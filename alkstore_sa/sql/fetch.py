@@ -67,7 +67,9 @@ def lock_keys(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
 
 
 @functools.cache
-def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: bool) -> Select[Any]:
+def fetch_jobs(
+    *, priority: bool, ignore_start_after: bool, singleton_aware: bool, relaxed: bool = False
+) -> Select[Any]:
     """Claim up to ``:limit`` queued jobs of queue ``:qname`` and return them, activated.
 
     Ordering is ``priority DESC`` (unless ``priority`` is false), then FIFO by
@@ -83,6 +85,9 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     ``:cached_policy`` is the policy the caller believes the queue has (it is
     cached on the client side): if the queue row says otherwise, or is gone,
     nothing is claimed, and the caller refreshes its belief and asks again.
+
+    ``relaxed``: for a worker's claim alone in autocommit, see
+    :func:`alkstore_sa.sql._claim.commit_without_flush`.
     """
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=singleton_aware)
@@ -100,7 +105,8 @@ def fetch_jobs(*, priority: bool, ignore_start_after: bool, singleton_aware: boo
     # Returned through readable_columns: a row another client wrote with values
     # Python cannot hold must not make reading the whole batch fail (the caller
     # fails that job instead, see ops/working.py).
-    return select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority))
+    stmt = select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority))
+    return _claim.commit_without_flush(stmt) if relaxed else stmt
 
 
 @functools.cache

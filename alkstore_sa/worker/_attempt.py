@@ -55,6 +55,7 @@ class Attempt:
     status: str = RUNNING
     lost: bool = False
     handle: Any = None
+    inline: bool = False  # run on a fetch thread, not handed off
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     fetched_at: float = field(init=False, repr=False)
 

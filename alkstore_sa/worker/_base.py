@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
@@ -29,6 +29,7 @@ from .._engine_cache import (
 )
 from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
+from ..ops import working
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import FailResult, Job, Settled
@@ -55,6 +56,7 @@ from .listener import Listener, Subscription
 log = logging.getLogger("alkstore_sa.worker")
 
 B = TypeVar("B")
+T = TypeVar("T")
 
 TICK = 0.2
 """Seconds between checks of leases and deadlines."""
@@ -62,6 +64,16 @@ TICK = 0.2
 FETCH_JOIN_SECONDS = 10.0
 """How long shutdown waits for a fetch loop. A fetch never waits on row locks
 (SKIP LOCKED); the bound is for a database that stopped answering."""
+
+INLINE_SECONDS = 0.001
+"""A runtime that hands jobs to other threads (``Worker``) runs the jobs it claimed
+on its fetch thread instead, one after the other, while the queue's handlers take
+less than this on average: waking a pool thread costs about half a millisecond."""
+
+INLINE_OVERDUE = 0.05
+"""A job run on the fetch thread for longer than this is left to that thread as a
+handler thread: a new fetch loop takes over the queue and the batch's other jobs
+are handed off (checked by the keeper, every :data:`TICK`)."""
 
 
 class _Lost(Exception):
@@ -78,6 +90,22 @@ class QueueState:
         self.backlog = False
         self.lock = threading.Lock()
         self.runner: Any = None  # the fetch loop's thread or task
+        self.generation = 0  # which fetch loop is the queue's (see WorkerBase._detaching)
+        self.inline: Attempt | None = None  # the job its fetch loop runs itself, if any
+        self.inline_since = 0.0
+        self.pending: deque[Attempt] = deque()  # claimed, to run on the fetch loop next
+        self.run_seconds: float | None = None  # moving average of the handlers' run time
+
+    def ran(self, seconds: float) -> None:
+        """A handler of the queue ran for ``seconds`` (not abandoned)."""
+        with self.lock:
+            avg = self.run_seconds
+            self.run_seconds = seconds if avg is None else avg + 0.2 * (seconds - avg)
+
+    def runs_inline(self) -> bool:
+        """Whether claimed jobs are cheaper to run on the fetch loop than to hand off."""
+        avg = self.run_seconds
+        return avg is not None and avg < INLINE_SECONDS
 
     def want(self) -> int:
         """Jobs to claim now (0: wait for free slots)."""
@@ -131,6 +159,10 @@ class WorkerBase(Registry, Generic[B]):
     _supervisor_class: Any = None
     """The supervisor run alongside (``Supervisor`` or ``AsyncSupervisor``)."""
 
+    _inline_jobs = False
+    """Run the claimed jobs of a queue with fast handlers on its fetch loop (see
+    :data:`INLINE_SECONDS`): for a runtime whose hand-off costs more than that."""
+
     def __init__(
         self,
         bind: B,
@@ -179,6 +211,9 @@ class WorkerBase(Registry, Generic[B]):
         assert engine_state is not None  # an engine was given
         self._engine_state = engine_state
         self._options = execution_options(self.schema)
+        # Claims and settlements outside a handler's transaction: one statement,
+        # one round trip each, on a pooled connection in autocommit.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._attempts: dict[Any, Attempt] = {}
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self._book = threading.Lock()
@@ -251,7 +286,7 @@ class WorkerBase(Registry, Generic[B]):
                 )
         for spec in self._specs.values():
             state = self._queues[spec.queue] = QueueState(spec, self._event())
-            state.runner = self._spawn(self._fetching(state), f"alkstore-fetch-{spec.queue}")
+            state.runner = self._spawn(self._fetching(state, 0), f"alkstore-fetch-{spec.queue}")
         self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
         if self._supervisor is not None:
             yield Call(self._supervisor.start)
@@ -283,7 +318,9 @@ class WorkerBase(Registry, Generic[B]):
         )
         self._stopping.set()
         self.wake()
-        yield Join([s.runner for s in self._queues.values()], FETCH_JOIN_SECONDS)
+        # A loop running a job itself is waited for as its job is, below.
+        loops = [s.runner for s in self._queues.values() if s.inline is None]
+        yield Join(loops, FETCH_JOIN_SECONDS)
         deadline = monotonic() + timeout
         while self._running() and monotonic() < deadline and not self._force.is_set():
             yield Wait(self._force, min(0.05, max(0.0, deadline - monotonic())))
@@ -334,8 +371,9 @@ class WorkerBase(Registry, Generic[B]):
 
     # ------------------------------------------------------------ operations
 
-    def _op(self, op: ops.Op[Any], session: Any = None) -> Steps[Any]:
-        """Run ``op`` in the installed schema version's statements.
+    def _op(self, op: ops.Op[T], session: Any = None, *, autocommit: bool = False) -> Steps[T]:
+        """Run ``op`` in the installed schema version's statements: on ``session``,
+        or with ``autocommit`` each statement on its own, or in a transaction.
 
         The version is read as the services read it (once per engine, again every
         SCHEMA_RECHECK_SECONDS). A statement failing as a changed schema makes it
@@ -349,7 +387,8 @@ class WorkerBase(Registry, Generic[B]):
         if self._ctx.version >= 46 and self._node_subscription is None:
             yield from self._listening_to_node()
         try:
-            return (yield Run(op, session))
+            result: T = yield Run(op, session, autocommit)
+            return result
         except Exception as exc:
             if may_be_schema_change(exc):
                 self._engine_state.expire(self.schema)
@@ -388,9 +427,11 @@ class WorkerBase(Registry, Generic[B]):
 
     # ------------------------------------------------------------ fetching
 
-    def _fetching(self, state: QueueState) -> Steps[None]:
+    def _fetching(self, state: QueueState, generation: int) -> Steps[None]:
+        """The queue's fetch loop (number ``generation``); it ends at shutdown, or when
+        a job it ran itself ran long and another loop took over (see _detaching)."""
         spec, backoff = state.spec, Backoff()
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and state.generation == generation:
             want = state.want()
             if not want:
                 yield Wait(state.wake, spec.poll_interval)
@@ -399,9 +440,7 @@ class WorkerBase(Registry, Generic[B]):
             state.wake.clear()
             fetched_at = monotonic()
             try:
-                jobs = yield from self._op(
-                    ops.fetch(self._ctx, spec.queue, want, spec.priority, False)
-                )
+                jobs = yield from self._claiming(spec, want)
             except SchemaVersionError as exc:
                 # The schema is (now) at a version this release does not speak:
                 # claim nothing and look again later (no crash loop; queued jobs
@@ -416,16 +455,89 @@ class WorkerBase(Registry, Generic[B]):
             backoff.reset()
             self._refusals.clear()
             state.claimed(len(jobs), want)
-            for job in jobs:
-                self._start_job(state, self._begin(spec, job, fetched_at))
+            attempts = [self._begin(spec, job, fetched_at) for job in jobs]
+            if attempts and self._inline_jobs and state.runs_inline():
+                yield from self._inline(state, attempts, generation)
+                if state.generation != generation:
+                    return  # one ran long: a new loop took over (see _detaching)
+            else:
+                for attempt in attempts:
+                    self._start_job(state, attempt)
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
+
+    def _claiming(self, spec: HandlerSpec, want: int) -> Steps[list[Job]]:
+        """One claim: in autocommit (one round trip) unless the queue's policy
+        locks keys, which needs a transaction (as does a first, uncached claim)."""
+        if working.claims_in_autocommit(self._ctx, spec.queue):
+            try:
+                return (
+                    yield from self._op(
+                        ops.fetch(
+                            self._ctx, spec.queue, want, spec.priority, False, autocommit=True
+                        ),
+                        autocommit=True,
+                    )
+                )
+            except working.NeedsTransaction:
+                pass
+        return (yield from self._op(ops.fetch(self._ctx, spec.queue, want, spec.priority, False)))
+
+    def _inline(self, state: QueueState, attempts: list[Attempt], generation: int) -> Steps[None]:
+        """Run ``attempts`` on the fetch loop itself, one after the other (saves the
+        hand-offs), until one runs long and the keeper hands the rest off."""
+        with state.lock:
+            state.pending.extend(attempts)
+        while True:
+            with state.lock:
+                if state.generation != generation or not state.pending:
+                    return
+                if self._stopping.is_set():
+                    # Shutdown waits for this loop: the rest run on pool threads.
+                    rest = list(state.pending)
+                    state.pending.clear()
+                    break
+                attempt = state.pending.popleft()
+                attempt.inline = True
+                state.inline, state.inline_since = attempt, monotonic()
+            try:
+                if attempt.status == RUNNING:  # not abandoned while it waited
+                    yield from self._executing(state, attempt)
+            finally:
+                with state.lock:
+                    if state.inline is attempt:
+                        state.inline = None
+        for attempt in rest:
+            if attempt.status == RUNNING:
+                attempt.inline = False
+                self._start_job(state, attempt)
+
+    def _detaching(self, state: QueueState, now: float) -> None:
+        """The job the fetch loop runs itself has run past :data:`INLINE_OVERDUE`:
+        leave that thread to it, start a new fetch loop, hand the rest off."""
+        with state.lock:
+            if state.inline is None or now - state.inline_since < INLINE_OVERDUE:
+                return
+            state.inline = None
+            state.generation += 1
+            generation = state.generation
+            rest = list(state.pending)
+            state.pending.clear()
+        if not self._stopping.is_set():
+            state.runner = self._spawn(
+                self._fetching(state, generation), f"alkstore-fetch-{state.spec.queue}"
+            )
+        for attempt in rest:
+            if attempt.status == RUNNING:
+                attempt.inline = False
+                self._start_job(state, attempt)
 
     # ------------------------------------------------------------ running
 
     def _executing(self, state: QueueState, attempt: Attempt) -> Steps[bool]:
         """Run one job's handler; ``True`` when it was abandoned (its thread may retire)."""
         try:
+            started = monotonic()
             if attempt.spec.transactional:
                 pending = yield from self._transactional(attempt)
             else:
@@ -437,6 +549,8 @@ class WorkerBase(Registry, Generic[B]):
                     pending = self._finished(attempt, "fail", exc)
                 else:
                     pending = self._finished(attempt, "complete", result)
+            if attempt.status != ABANDONED:
+                state.ran(monotonic() - started)
             if pending is not None:
                 self._inbox.put(pending)
         finally:
@@ -527,7 +641,7 @@ class WorkerBase(Registry, Generic[B]):
                 op: ops.Op[Any] = ops.complete_many(self._ctx, queue, settlements)
             else:
                 op = ops.fail_many(self._ctx, queue, settlements)
-            result = yield from self._op(op)
+            result = yield from self._op(op, autocommit=True)
             # Written: never write these again, even if a later group fails.
             done = set(map(id, items))
             batch[:] = [p for p in batch if id(p) not in done]
@@ -548,6 +662,8 @@ class WorkerBase(Registry, Generic[B]):
             if self._listener is not None and self._node_subscription is None:
                 yield from self._watching_version()
             now = monotonic()
+            for state in self._queues.values():
+                self._detaching(state, now)
             due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
             for attempt in self._running():
                 if attempt.deadline is not None and now >= attempt.deadline:
@@ -580,7 +696,13 @@ class WorkerBase(Registry, Generic[B]):
         started = monotonic()
         items = [a.settlement() for a in attempts]
         try:
-            kept = set((yield from self._op(ops.extend_leases(self._ctx, queue, items, extend_by))))
+            kept = set(
+                (
+                    yield from self._op(
+                        ops.extend_leases(self._ctx, queue, items, extend_by), autocommit=True
+                    )
+                )
+            )
         except Exception as exc:
             self._loop_error("lease", queue, exc, TICK)
             return
@@ -707,7 +829,9 @@ class WorkerBase(Registry, Generic[B]):
                 extra=self._extra(action, attempt),
             )
             self._inbox.put(Pending("fail", attempt, output, reason))
-        self._cut_loose(attempt)
+        if not attempt.inline:
+            # (A job run on a fetch thread is left to it; see _detaching.)
+            self._cut_loose(attempt)
         state.wake.set()
         return True
 

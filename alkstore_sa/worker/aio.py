@@ -131,6 +131,9 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
         if type(step) is Run:
             if step.session is not None:
                 return await driver.arun(step.session, step.op, self._options)
+            if step.autocommit:
+                async with self._autocommit.connect() as conn:
+                    return await driver.arun(conn, step.op, self._options, autocommit=True)
             async with self.sessions.begin() as session:
                 return await driver.arun(session, step.op, self._options)
         if type(step) is Join:

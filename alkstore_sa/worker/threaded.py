@@ -66,6 +66,7 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
     """
 
     _supervisor_class = Supervisor
+    _inline_jobs = True
     engine: Engine
     sessions: sessionmaker[Session]
 
@@ -135,6 +136,9 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         if type(step) is Run:
             if step.session is not None:
                 return driver.run(step.session, step.op, self._options)
+            if step.autocommit:
+                with self._autocommit.connect() as conn:
+                    return driver.run(conn, step.op, self._options, autocommit=True)
             with self.sessions.begin() as session:
                 return driver.run(session, step.op, self._options)
         if type(step) is Join:

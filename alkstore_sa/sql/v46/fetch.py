@@ -127,7 +127,7 @@ def lock_keys(*, policy: str, ignore_start_after: bool) -> Select[Any]:
 
 
 @functools.cache
-def fetch_jobs(*, policy: str, ignore_start_after: bool) -> Select[Any]:
+def fetch_jobs(*, policy: str, ignore_start_after: bool, relaxed: bool = False) -> Select[Any]:
     """Claim up to ``:limit`` jobs of queue ``:qname`` (policy ``policy``, also
     bound as ``:cached_policy``) and return them activated, every schema-46 column
     read through ``readable_columns``.
@@ -135,6 +135,9 @@ def fetch_jobs(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     Singleton and stately queues also bind ``:keys`` (from :func:`lock_keys`) and
     get at most one job per key. A key_strict_fifo claim may raise a unique
     violation (a Node fetcher activated the key first): run it in a savepoint.
+
+    ``relaxed``: for a worker's claim alone in autocommit, see
+    :func:`alkstore_sa.sql._claim.commit_without_flush`.
     """
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
@@ -156,7 +159,8 @@ def fetch_jobs(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     # Activation also stamps heartbeat_on: Node's monitor measures a job's
     # heartbeat from it.
     claimed = _claim.activate(j, chosen, job_now(), heartbeat_on=job_now())
-    return select(*readable_columns(claimed.c, JOB)).order_by(*_order(claimed.c), claimed.c.id)
+    stmt = select(*readable_columns(claimed.c, JOB)).order_by(*_order(claimed.c), claimed.c.id)
+    return _claim.commit_without_flush(stmt) if relaxed else stmt
 
 
 @functools.cache

@@ -30,23 +30,20 @@ from sqlalchemy import (
     Text,
     bindparam,
     case,
-    cast,
-    column,
     exists,
     false,
     func,
     literal,
     literal_column,
-    null,
     or_,
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import insert
 
 from ...options import OPTION, OPTIONS, OptionSpec
 from .._common import seconds
-from ..send import ALL_INPUTS, INPUT_COLUMNS
+from ..send import ALL_INPUTS, job_source
 from ..tables46 import JOB, QUEUE
 from . import job_now
 
@@ -79,15 +76,7 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
     workers); whatever ``notify``, it announces them on ``:node_channel`` when the
     queue has ``notify`` set, as pg-boss's own sends do, so Node workers wake.
     """
-    arrays = [
-        bindparam(f"in_{n}", type_=ARRAY(t)) if n in given else cast(null(), ARRAY(t))
-        for n, t in INPUT_COLUMNS
-    ]
-    src = (
-        func.unnest(*arrays)
-        .table_valued(*[column(n, t) for n, t in INPUT_COLUMNS], name="src")
-        .render_derived()
-    )
+    src = job_source(given)
     q = QUEUE.alias("q")
     now = job_now()
 
@@ -115,7 +104,7 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
     }
     values.update(
         name=q.c.name,
-        data=cast(src.c.data, JSONB),
+        data=src.c.data,
         singleton_on=singleton_on,
         start_after=start_after,
         created_on=now,
