@@ -365,6 +365,55 @@ def interop_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert (job.priority, job.retry_limit, job.state) == (5, 3, "created")
 
 
+def upgrade_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    ctx.service(lambda jobs: jobs.create_queue("emails"))
+    return {}
+
+
+def upgrade_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    from psycopg.errors import DeadlockDetected
+    from sqlalchemy.exc import OperationalError
+
+    from alkstore_sa import SchemaVersionChangedError
+
+    [job] = ctx.jobs("emails")
+    assert (str(job.id), job.data) == (str(ns["job_id"]), {"to": "a@example.com"})
+
+    # The page's helper runs the whole transaction again after each transient failure,
+    # and the failed attempt's send is rolled back with it: one job per success.
+    transient = [
+        SchemaVersionChangedError("pgboss", 26, 46),
+        OperationalError("INSERT ...", {}, DeadlockDetected("deadlock detected")),
+    ]
+    attempts: list[int] = []
+
+    def flaky(session: Session, jobs: QueueService) -> Any:
+        attempts.append(1)
+        sent = jobs.send("emails", {"attempt": len(attempts)})
+        if transient:
+            raise transient.pop(0)
+        return sent
+
+    again = ns["in_transaction"](flaky)
+    assert len(attempts) == 3
+    assert [j.data for j in ctx.jobs("emails")][1:] == [{"attempt": 3}]
+    assert str(ctx.jobs("emails")[1].id) == str(again)
+
+    # Anything else is raised at once, and two transient failures in two attempts end it.
+    def broken(session: Session, jobs: QueueService) -> Any:
+        raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+    with pytest.raises(OperationalError):
+        ns["in_transaction"](broken)
+
+    def always_moved(session: Session, jobs: QueueService) -> Any:
+        raise SchemaVersionChangedError("pgboss", 26, 46)
+
+    with pytest.raises(SchemaVersionChangedError):
+        ns["in_transaction"](always_moved, attempts=2)
+
+
 def limits_prelude(ctx: Ctx) -> dict[str, Any]:
     import alkstore_sa.limits
 
@@ -465,6 +514,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/workers.md": Page(workers_prelude, workers_check),
     "docs/how-to/supervision.md": Page(supervision_prelude, supervision_check),
     "docs/how-to/node-interop.md": Page(interop_prelude, interop_check),
+    "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
     "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
 }
