@@ -409,13 +409,17 @@ def downgrade(
 
     With neither, everything :func:`upgrade` created goes (jobs included); down to the
     base, this also drops the revision table and then the schema itself, unless
-    something else still lives in it.
+    something else still lives in it. Holds pg-boss's migration lock throughout, as
+    :func:`upgrade` does.
 
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
     """
     revision = _target(revision, schema_version, BASE)
     cfg = _checked_config(schema, target=revision)
-    with _connection(bind) as conn:
+    own = not isinstance(bind, Connection)
+    # pg-boss's migration lock, as upgrade() holds it: a Node start() (which would
+    # migrate the schema straight back) or an upgrade waits until this is done.
+    with _connection(bind) as conn, schema_health.migration_lock(conn, schema, own=own):
         _refuse_wrong_direction(conn, schema, revision, "downgrade")
         _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn

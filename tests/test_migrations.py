@@ -810,3 +810,34 @@ def test_the_revision_hook_chains_the_users_hook_first() -> None:
     context = MigrationContext.configure(dialect_name="postgresql")
     opts["process_revision_directives"](context, "heads", [])
     assert seen == ["heads"]
+
+
+def test_downgrade_waits_for_pgboss_migration_lock(engine: Engine, fresh: str) -> None:
+    # A Node start() or another upgrade holding the lock is waited for, as by upgrade().
+    import threading
+
+    from alkstore_sa.schema_health import lock_key_sql
+
+    migrate.upgrade(engine, fresh)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def go_back() -> None:
+        try:
+            migrate.downgrade(engine, fresh, schema_version=26)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        done.set()
+
+    with engine.connect() as holder:
+        holder.execute(text(f"SELECT pg_advisory_lock({lock_key_sql(fresh)})"))
+        holder.commit()
+        worker = threading.Thread(target=go_back)
+        worker.start()
+        assert not done.wait(2), "downgrade ran while pg-boss's migration lock was held"
+        assert migrate.check(engine, fresh) == 46
+        holder.execute(text(f"SELECT pg_advisory_unlock({lock_key_sql(fresh)})"))
+        holder.commit()
+    worker.join(60)
+    assert done.is_set() and not failures
+    assert migrate.check(engine, fresh) == 26
