@@ -286,7 +286,8 @@ class UpgradeResult:
     revision: str | None
     """Our revision recorded afterwards."""
     healed: tuple[str, ...] = ()
-    """One line per index healed, or per Node migration recorded (usually none)."""
+    """One line per index healed, per Node migration recorded, or for a schema Node made
+    that was adopted (usually none)."""
 
 
 def upgrade(

@@ -226,7 +226,10 @@ def test_a_schema_node_made_at_an_earlier_version_is_adopted_and_upgraded_to_46(
 
 
 def test_a_schema_node_made_at_40_is_adopted_at_40_and_refused_below_it(
-    engine: Engine, database_url: str, node_at: Callable[[int], str]
+    engine: Engine,
+    database_url: str,
+    node_at: Callable[[int], str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     schema = node_at(40)
     before = catalog.snapshot(engine, schema)
@@ -236,6 +239,10 @@ def test_a_schema_node_made_at_40_is_adopted_at_40_and_refused_below_it(
     assert "is at pg-boss schema version 40, which Node pg-boss made" in message
     assert "upgrade cannot go down to 38. Nothing was changed" in message
     assert "`alkstore db downgrade --schema-version 38`" in message
+    code, err = _cli(
+        capsys, database_url, "db", "upgrade", "--schema-version", "38", "--schema", schema
+    )
+    assert code == 2 and "upgrade cannot go down to 38" in err
     catalog.assert_same(before, catalog.snapshot(engine, schema), ("before", "after refusal"))
     assert not _revision_table(engine, schema)
 
