@@ -3,7 +3,7 @@
 //   node boss.mjs plan SCHEMA
 //       prints getConstructionPlans(SCHEMA): the SQL of a fresh install at 46
 //   node boss.mjs migration-plan SCHEMA VERSION
-//       prints getMigrationPlans(SCHEMA, VERSION): the SQL that migrates VERSION-1 to VERSION
+//       prints getMigrationPlans(SCHEMA, VERSION): the SQL that migrates VERSION to 46
 //   node boss.mjs rollback-plan SCHEMA VERSION
 //       prints getRollbackPlans(SCHEMA, V) for V from 46 down to VERSION + 1, one transaction
 //       each: the SQL that takes a schema at 46 back to VERSION
