@@ -286,7 +286,8 @@ class UpgradeResult:
     revision: str | None
     """Our revision recorded afterwards."""
     healed: tuple[str, ...] = ()
-    """One line per index healed, or per Node migration recorded (usually none)."""
+    """One line per index healed, per Node migration recorded, or for a schema Node made
+    that was adopted (usually none)."""
 
 
 def upgrade(
@@ -308,13 +309,18 @@ def upgrade(
     (:mod:`alkstore_sa.schema_health`). Afterwards, unfinished index builds (INVALID
     indexes, job-table indexes a background build never made, unfinished ``bam`` rows)
     are finished, even when the schema was already at the target. A schema Node pg-boss
-    migrated past our recorded revision is recorded at its version first.
+    made at version N (26 to 46) with no revision of ours recorded is adopted: when its
+    catalog is version N's (unfinished index builds aside), revision ``alkstore_00NN`` is
+    recorded and the upgrade goes on from there. A schema Node pg-boss migrated past our
+    recorded revision is recorded at its version first.
 
     Returns what it found and did (:class:`UpgradeResult`); a second upgrade that waited
     for the lock finds ``before == revision``.
 
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
     :raises SchemaCatalogError: if the catalog is not the version row's, before any write.
+    :raises InvalidOptionsError: if the target is below the version of a schema Node
+        pg-boss made (nothing recorded): going back is an explicit :func:`downgrade`.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
@@ -359,43 +365,59 @@ def _refuse_or_record(
     bind: Bind, conn: Connection, cfg: Config, schema: str, target: str
 ) -> list[str]:
     # Under the migration lock, before any write of ours: a catalog that is not the
-    # version row's is refused; a schema that Node pg-boss migrated past our recorded
-    # revision is recorded at its version (what our revisions would have built, but for
-    # index builds, which heal() finishes). One version ahead of our record is left to
-    # Alembic: that is also our own revision interrupted after its transaction, which
-    # the revision finishes itself.
+    # version row's is refused. A schema Node pg-boss made at a version we know, with no
+    # revision of ours recorded, is adopted: its revision is recorded and the upgrade goes
+    # on from there (26 is left to revision alkstore_0001, which adopts it itself). A
+    # schema Node pg-boss migrated past our recorded revision is recorded at its version
+    # (what our revisions would have built, but for index builds, which heal() finishes).
+    # One version ahead of our record is left to Alembic: that is also our own revision
+    # interrupted after its transaction, which the revision finishes itself.
     found = schema_health.diagnose(conn, schema)
     wanted = version_of(target)
     if found.version is None or found.version < 0:
         return []
+    unrecorded = found.recorded is None and found.version in SCHEMA_VERSIONS
     if wanted is not None and found.version > wanted:
+        if unrecorded:
+            raise _below_a_node_schema(schema, found.version, wanted)
         return []  # not an upgrade: the revisions refuse it with their own advice
     if found.refusals:
         raise SchemaCatalogError(
             schema, found.version, [str(f) for f in found.refusals], found.closest
         )
-    if (
-        found.version > OLDEST_SCHEMA_VERSION
-        and found.version in SCHEMA_VERSIONS
-        and (found.recorded is None or found.recorded < found.version - 1)
-        and (wanted is None or found.version <= wanted)
-    ):
-        _end_own_transaction(bind, conn)
-        cfg.attributes["connection"] = conn
-        command.stamp(cfg, revision_for(found.version))
-        before = "nothing" if found.recorded is None else f"schema {found.recorded}"
+    if found.version <= OLDEST_SCHEMA_VERSION or found.version not in SCHEMA_VERSIONS:
+        return []
+    if unrecorded:
+        action = "adopt_node_schema"
+        line = (
+            f"adopted schema {found.version}, which Node pg-boss made without our revisions: "
+            f"recorded revision {revision_for(found.version)} (its catalog is version "
+            f"{found.version}'s)"
+        )
+    elif found.recorded is not None and found.recorded < found.version - 1:
+        action = "record_node_migration"
         line = (
             f"recorded schema {found.version}, which Node pg-boss migrated the schema to "
-            f"(our revision had recorded {before})"
+            f"(our revision had recorded schema {found.recorded})"
         )
-        log.warning(
-            "schema %s: %s",
-            schema,
-            line,
-            extra={"action": "record_node_migration", "schema": schema},
-        )
-        return [line]
-    return []
+    else:
+        return []
+    _end_own_transaction(bind, conn)
+    cfg.attributes["connection"] = conn
+    command.stamp(cfg, revision_for(found.version))
+    log.warning("schema %s: %s", schema, line, extra={"action": action, "schema": schema})
+    return [line]
+
+
+def _below_a_node_schema(schema: str, found: int, wanted: int) -> InvalidOptionsError:
+    return InvalidOptionsError(
+        "schema_version",
+        f"schema {schema!r} is at pg-boss schema version {found}, which Node pg-boss made "
+        f"without alkstore_sa's revisions (none is recorded); upgrade cannot go down to "
+        f"{wanted}. Nothing was changed. `alkstore db upgrade --schema-version {found}` "
+        f"adopts it as it is; going back to {wanted} after that is an explicit `alkstore db "
+        f"downgrade --schema-version {wanted}` (docs/concepts/compatibility.md)",
+    )
 
 
 def downgrade(

@@ -469,7 +469,8 @@ def test_upgrade_adopts_a_node_schema_without_touching_it(
     [
         (24, "no upgrade path"),
         (25, "start Node pg-boss 11.1.x once"),
-        # A schema-26 catalog under a row of 27 or 46: the row is refused for its catalog.
+        # A schema-26 catalog under a row of 27 or 46: the row is refused for its catalog
+        # (a schema Node really made at 27 to 46 is adopted: test_interop46_adoption.py).
         (27, "says pg-boss schema version 27 but its catalog is not version 27's"),
         (46, "says pg-boss schema version 46 but its catalog is not version 46's"),
         (47, "newer than this alkstore_sa knows (up to 46); upgrade alkstore_sa"),

@@ -89,9 +89,9 @@ def _upgrade(args: argparse.Namespace) -> int:
         status, message = "unchanged", _already(version, revision)
         if healed:
             status, message = "healed", f"at {_at(version, revision)}; healed: " + "; ".join(healed)
-    elif before is None and found == SCHEMA_VERSION:
-        status, message = "adopted", f"adopted the schema {SCHEMA_VERSION} Node pg-boss created"
-        if version is not None and version != SCHEMA_VERSION:
+    elif before is None and found in migrate.SCHEMA_VERSIONS:
+        status, message = "adopted", f"adopted the schema {found} Node pg-boss created"
+        if version is not None and version != found:
             message += f", then upgraded it to schema {version}"
     else:
         status, message = "upgraded", f"upgraded to {_at(version, revision)}"

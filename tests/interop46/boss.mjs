@@ -3,7 +3,10 @@
 //   node boss.mjs plan SCHEMA
 //       prints getConstructionPlans(SCHEMA): the SQL of a fresh install at 46
 //   node boss.mjs migration-plan SCHEMA VERSION
-//       prints getMigrationPlans(SCHEMA, VERSION): the SQL that migrates VERSION-1 to VERSION
+//       prints getMigrationPlans(SCHEMA, VERSION): the SQL that migrates VERSION to 46
+//   node boss.mjs rollback-plan SCHEMA VERSION
+//       prints getRollbackPlans(SCHEMA, V) for V from 46 down to VERSION + 1, one transaction
+//       each: the SQL that takes a schema at 46 back to VERSION
 //   node boss.mjs rpc '<config JSON>'
 //       one PgBoss instance driven over stdin/stdout, as tests/interop/rpc.js does for 11.1.2:
 //       config: { connectionString, schema, options: {...PgBoss constructor options}, start: true }
@@ -20,7 +23,7 @@
 // Migrating a database with background builds inline is pg-boss's own command line:
 //   node node_modules/pg-boss/dist/cli.js migrate --connection-string URL --schema SCHEMA
 import readline from 'node:readline'
-import { PgBoss, getConstructionPlans, getMigrationPlans } from 'pg-boss'
+import { PgBoss, getConstructionPlans, getMigrationPlans, getRollbackPlans } from 'pg-boss'
 
 function write (message) {
   process.stdout.write(JSON.stringify(message) + '\n')
@@ -125,9 +128,13 @@ if (command === 'plan' && args.length === 1) {
   process.stdout.write(getConstructionPlans(args[0]))
 } else if (command === 'migration-plan' && args.length === 2) {
   process.stdout.write(getMigrationPlans(args[0], Number(args[1])))
+} else if (command === 'rollback-plan' && args.length === 2) {
+  for (let version = 46; version > Number(args[1]); version--) {
+    process.stdout.write(getRollbackPlans(args[0], version) + '\n')
+  }
 } else if (command === 'rpc' && args.length === 1) {
   await rpc(JSON.parse(args[0]))
 } else {
-  console.error('usage: node boss.mjs plan SCHEMA | migration-plan SCHEMA VERSION | rpc CONFIG_JSON')
+  console.error('usage: node boss.mjs plan SCHEMA | migration-plan SCHEMA VERSION | rollback-plan SCHEMA VERSION | rpc CONFIG_JSON')
   process.exit(2)
 }

@@ -67,6 +67,24 @@ def make_schema46(engine: Engine, database_url: str, maker: str, prefix: str = "
     return name
 
 
+def node_rollback_plan(schema: str, version: int) -> str:
+    """Node pg-boss 12.38.0's ``getRollbackPlans(schema, V)`` for each V from 46 down to
+    ``version + 1``: its own SQL taking a schema at 46 back to ``version``."""
+    return run_node46("boss.mjs", "rollback-plan", schema, str(version))
+
+
+def make_node_schema_at(
+    engine: Engine, database_url: str, version: int, prefix: str = "i46_"
+) -> str:
+    """A fresh schema at ``version`` (27 to 46) made by Node pg-boss 12.38.0 alone: its
+    construction plan at 46, then its own rollback plans down to ``version``. No revision
+    of ours is recorded in it."""
+    name = make_schema46(engine, database_url, "node", prefix)
+    if version < 46:
+        run_script(database_url, node_rollback_plan(name, version))
+    return name
+
+
 @pytest.fixture(params=MAKERS)
 def schema46_by(
     request: pytest.FixtureRequest,

@@ -88,5 +88,5 @@ def construction_plan46(schema: str) -> str:
 
 @functools.cache
 def migration_plan46(schema: str, version: int) -> str:
-    """pg-boss 12.38.0's ``getMigrationPlans(schema, version)``: ``version - 1`` to ``version``."""
+    """pg-boss 12.38.0's ``getMigrationPlans(schema, version)``: ``version`` to 46."""
     return run_node46(str(BOSS46_SCRIPT), "migration-plan", schema, str(version))

@@ -5,7 +5,9 @@ Revises:
 Create Date: 2026-12-01
 
 Upgrading a schema that Node pg-boss already created at version 26 adopts it and
-changes nothing. A schema at any other pg-boss version is refused.
+changes nothing. A schema at any other pg-boss version is refused here; one Node pg-boss
+made at 27 to 46 is adopted by ``alkstore db upgrade`` before this revision runs
+(alkstore_sa.migrate), and the refusal says so.
 """
 
 from __future__ import annotations
@@ -43,18 +45,22 @@ def _install_lock(schema: str) -> sa.TextClause:
 
 
 class _NotAdopted(SchemaVersionError):
-    """A pg-boss schema at 27 to 46 that our revisions did not build: not adopted."""
+    """A pg-boss schema at 27 to 46 that our revisions did not build, reached without
+    ``alkstore db upgrade`` (which adopts it): an application's own ``alembic upgrade``."""
 
     def __init__(self, schema: str, found: int) -> None:
         self.schema, self.found, self.expected = schema, found, VERSION
+        adopt = f"alkstore_{found:04d}"
         # Bypass SchemaVersionError's advice, which is about a runtime meeting the schema.
         Exception.__init__(
             self,
             f"schema {schema!r} is at pg-boss schema version {found}, built by Node pg-boss "
-            f"(12.6 or later) without alkstore_sa's revisions, which adopt only a schema at "
-            f"{VERSION}. Nothing was changed. Let alkstore_sa install the schema "
-            "(`alkstore db upgrade`) and Node start on it, or use another schema for "
-            "alkstore_sa (docs/concepts/compatibility.md)",
+            f"(12.6 or later) without alkstore_sa's revisions; this revision installs "
+            f"{VERSION} and adopts only a schema at {VERSION}. Nothing was changed. Adopt it "
+            f"with `alkstore db upgrade --schema-version {found}` once (it compares the "
+            f"catalog with version {found}'s and records revision {adopt}), or record it "
+            f"yourself with `alembic stamp alkstore@{adopt}`, then upgrade again "
+            "(docs/concepts/compatibility.md)",
         )
 
 
