@@ -145,10 +145,18 @@ def test_both_supervisors_on_timers_leave_a_history_row_for_every_counted_turn(
     )
     supervisor.start()
     try:
-        for _ in range(20):
+        # At least 10 s of sends, and on until both sides have counted a turn (a busy
+        # machine can starve one side's timer for a while; 60 s at most).
+        for rounds in range(120):
             boss.call("send", "busy", {"by": "node"})
             in_tx(engine, schema, lambda q: q.send("busy", {"by": "python"}))
             time.sleep(0.5)
+            if rounds >= 20:
+                seen = sql(
+                    engine, schema, "SELECT DISTINCT left(app, 6) AS a FROM {s}.test_counted"
+                )
+                if len(seen) >= 2:  # "pgboss..." and ours
+                    break
     finally:
         supervisor.stop(10)
         boss.close()
