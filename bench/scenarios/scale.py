@@ -221,7 +221,12 @@ def transactional_variants(cfg: Config) -> list[Variant]:
             # A diagnostic: the same drain on an engine whose commits do not wait
             # for the WAL flush, to see how much of the cost is that wait.
             engine = (
-                create_engine(sa_url(c.url), connect_args={"options": "-c synchronous_commit=off"})
+                create_engine(
+                    sa_url(c.url),
+                    pool_size=24,  # as the shared engine's: no connection churn
+                    max_overflow=8,
+                    connect_args={"options": "-c synchronous_commit=off"},
+                )
                 if no_flush
                 else None
             )
