@@ -51,6 +51,7 @@ class Config:
     mixed_rate: float = 500.0
     mixed_async: bool = False
     schema_version: int = 26
+    scale_max: int = 1_000_000
     engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:

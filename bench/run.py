@@ -28,10 +28,12 @@ from .common import (
     percentile,
     spread,
 )
-from .scenarios import Variant, drain, latency, mixed, send
+from .scenarios import Variant, drain, latency, mixed, scale, send
 from .scenarios import peers as peer_scenarios
 
 SCENARIO_MODULES = {"send": send, "drain": drain, "latency": latency, "mixed": mixed}
+# Run only when an --only names them: they load up to a million jobs.
+OPT_IN_MODULES = {"scale": scale}
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -78,6 +80,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="pg-boss schema version of our bench schema (default %(default)s; pg-boss "
         "12.38 always runs at 46)",
     )
+    p.add_argument(
+        "--scale-max",
+        type=int,
+        default=1_000_000,
+        help="largest ready backlog of the opt-in scale scenario (default %(default)s)",
+    )
     p.add_argument("--keep-schema", action="store_true", help="do not drop the bench schema")
     return p.parse_args(argv)
 
@@ -91,6 +99,8 @@ def collect(cfg: Config, only: list[str], with_peers: bool = False) -> list[Vari
             for v in module.variants(cfg):
                 if not only or any(o in v.scenario for o in only):
                     out.append(v)
+        for module in OPT_IN_MODULES.values():
+            out += [v for v in module.variants(cfg) if any(o in v.scenario for o in own)]
     if with_peers:
         named = [o for o in only if o.startswith("peers:")]
         out += [
@@ -292,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         mixed_rate=args.mixed_rate,
         mixed_async=args.mixed_async,
         schema_version=args.schema_version,
+        scale_max=args.scale_max,
     )
     started = time.perf_counter()
     install(cfg)
