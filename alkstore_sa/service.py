@@ -24,6 +24,7 @@ from ._engine_cache import (
     MIGRATION_GRACE,
     MIGRATION_WAIT,
     backend_pid,
+    ensure_version,
     execution_options,
     make_context,
     migration_under_way,
@@ -76,6 +77,7 @@ class QueueService:
         self._engine = engine
         self._ctx, self._state = make_context(schema, notify, engine)
         self._options = execution_options(schema)
+        self._savepoint_reads = True
 
     @property
     def schema(self) -> str:
@@ -88,18 +90,7 @@ class QueueService:
         # The schema's version (read at most every SCHEMA_RECHECK_SECONDS per
         # engine) chooses the statements; ``op`` has not started yet, so it
         # sees the version set here.
-        since = time.monotonic()
-        while True:
-            try:
-                self._drive(version_unlocked(self._ctx, self._state))
-                break
-            except SchemaVersionError as refused:
-                # Met mid-migration (a version between two spoken ones, pg-boss's
-                # migration lock held): wait for it rather than refuse, as long as the
-                # migration does not wait for this transaction, MIGRATION_GRACE at most.
-                if not self._migrating(refused, since):
-                    raise
-            time.sleep(MIGRATION_WAIT)
+        self._check_version()
         try:
             return self._drive(op)
         except DBAPIError as exc:
@@ -113,6 +104,34 @@ class QueueService:
             if after == before:
                 raise
             raise SchemaVersionChangedError(self._ctx.schema, before, after) from exc
+
+    def _check_version(self) -> None:
+        # Met mid-migration (a version between two spoken ones, pg-boss's migration
+        # lock held): wait for it rather than refuse, as long as the migration does
+        # not wait for this transaction, MIGRATION_GRACE at most.
+        since = time.monotonic()
+        while True:
+            try:
+                self._read_version()
+                return
+            except SchemaVersionError as refused:
+                if not self._migrating(refused, since):
+                    raise
+            time.sleep(MIGRATION_WAIT)
+
+    def _read_version(self) -> None:
+        assert self._state is not None  # only called with the engine's caches
+        if self._savepoint_reads:
+            try:
+                self._drive(version_unlocked(self._ctx, self._state))
+                return
+            except DBAPIError as exc:
+                # 25P01: an AUTOCOMMIT session has no transaction for a savepoint, and
+                # keeps no lock from a read either: read plainly from now on.
+                if getattr(exc.orig, "sqlstate", None) != "25P01":
+                    raise
+                self._savepoint_reads = False
+        self._drive(ensure_version(self._ctx, self._state))
 
     def _migrating(self, refused: SchemaVersionError, since: float) -> bool:
         """Whether the refused version is one a migration under way passes through,

@@ -21,6 +21,7 @@ from ._engine_cache import (
     MIGRATION_GRACE,
     MIGRATION_WAIT,
     backend_pid,
+    ensure_version,
     execution_options,
     make_context,
     migration_under_way,
@@ -73,6 +74,7 @@ class AsyncQueueService:
         self._engine = engine
         self._ctx, self._state = make_context(schema, notify, engine)
         self._options = execution_options(schema)
+        self._savepoint_reads = True
 
     @property
     def schema(self) -> str:
@@ -85,18 +87,7 @@ class AsyncQueueService:
         # The schema's version (read at most every SCHEMA_RECHECK_SECONDS per
         # engine) chooses the statements; ``op`` has not started yet, so it
         # sees the version set here.
-        since = time.monotonic()
-        while True:
-            try:
-                await self._drive(version_unlocked(self._ctx, self._state))
-                break
-            except SchemaVersionError as refused:
-                # Met mid-migration (a version between two spoken ones, pg-boss's
-                # migration lock held): wait for it rather than refuse, as long as the
-                # migration does not wait for this transaction, MIGRATION_GRACE at most.
-                if not await self._migrating(refused, since):
-                    raise
-            await asyncio.sleep(MIGRATION_WAIT)
+        await self._check_version()
         try:
             return await self._drive(op)
         except DBAPIError as exc:
@@ -110,6 +101,34 @@ class AsyncQueueService:
             if after == before:
                 raise
             raise SchemaVersionChangedError(self._ctx.schema, before, after) from exc
+
+    async def _check_version(self) -> None:
+        # Met mid-migration (a version between two spoken ones, pg-boss's migration
+        # lock held): wait for it rather than refuse, as long as the migration does
+        # not wait for this transaction, MIGRATION_GRACE at most.
+        since = time.monotonic()
+        while True:
+            try:
+                await self._read_version()
+                return
+            except SchemaVersionError as refused:
+                if not await self._migrating(refused, since):
+                    raise
+            await asyncio.sleep(MIGRATION_WAIT)
+
+    async def _read_version(self) -> None:
+        assert self._state is not None  # only called with the engine's caches
+        if self._savepoint_reads:
+            try:
+                await self._drive(version_unlocked(self._ctx, self._state))
+                return
+            except DBAPIError as exc:
+                # 25P01: an AUTOCOMMIT session has no transaction for a savepoint, and
+                # keeps no lock from a read either: read plainly from now on.
+                if getattr(exc.orig, "sqlstate", None) != "25P01":
+                    raise
+                self._savepoint_reads = False
+        await self._drive(ensure_version(self._ctx, self._state))
 
     async def _migrating(self, refused: SchemaVersionError, since: float) -> bool:
         """Whether the refused version is one a migration under way passes through,

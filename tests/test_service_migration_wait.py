@@ -162,3 +162,20 @@ def test_a_migration_waiting_for_the_callers_locks_is_not_waited_for(
     locker.join(10)
     assert not locker.is_alive() and not blocked
     set_version(migrator, schema46, 46)
+
+
+def test_a_service_on_an_autocommit_session_reads_the_version_without_a_savepoint(
+    database_url: str, schema46: str
+) -> None:
+    # An AUTOCOMMIT session has no transaction to put a savepoint in (and keeps no lock).
+    auto = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with Session(auto) as session:
+            service = QueueService(session, schema=schema46)
+            service.create_queue("auto")
+            engine_state(auto).expire(schema46)
+            job_id = service.send("auto", {"n": 1})
+            assert job_id is not None
+            assert service.get_job("auto", job_id) is not None
+    finally:
+        auto.dispose()

@@ -41,6 +41,11 @@ def convert(source: str) -> str:
     )
     body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
     body = body.replace("self._drive(version_unlocked(", "await self._drive(version_unlocked(")
+    body = body.replace("self._drive(ensure_version(", "await self._drive(ensure_version(")
+    body = body.replace("def _check_version(", "async def _check_version(")
+    body = body.replace("self._check_version()", "await self._check_version()")
+    body = body.replace("def _read_version(", "async def _read_version(")
+    body = body.replace("self._read_version()", "await self._read_version()")
     body = body.replace(
         "pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())"
     )
