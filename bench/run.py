@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from . import peers, shapes
+from . import peers, shapes, soak
 from .common import (
     DEFAULT_URL,
     Config,
@@ -87,6 +87,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="largest ready backlog of the opt-in scale scenario (default %(default)s)",
     )
     p.add_argument("--keep-schema", action="store_true", help="do not drop the bench schema")
+    soak.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         schema_version=args.schema_version,
         scale_max=args.scale_max,
     )
+    if args.soak:
+        return _soak(cfg, args)
     started = time.perf_counter()
     install(cfg)
     try:
@@ -345,4 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.write_text(dumps(doc))
     print(f"results written to {out}")
+    return 0
+
+
+def _soak(cfg: Config, args: argparse.Namespace) -> int:
+    """``--soak``: install, run the memory soak, report, drop."""
+    install(cfg)
+    try:
+        record = soak.run(cfg, args)
+    finally:
+        if not args.keep_schema:
+            drop(cfg)
+        cfg.close()
+    record["schema_version"] = cfg.schema_version
+    record["machine"] = machine()
+    soak.report(record, args.json)
     return 0

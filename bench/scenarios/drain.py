@@ -158,6 +158,7 @@ def worker_sync(
     settings: dict[str, Any],
     prepare: Callable[[], None],
     cap: float | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> float:
     """Jobs/s of a ``Worker`` draining ``n`` jobs; with ``cap``, of its first ``cap`` seconds.
 
@@ -166,7 +167,7 @@ def worker_sync(
     """
     from alkstore_sa.worker import Worker
 
-    worker = Worker(cfg.engine, schema=cfg.schema, concurrency=CONCURRENCY, **settings)
+    worker = Worker(cfg.engine, schema=cfg.schema, concurrency=concurrency, **settings)
     worker.register(QUEUE, _noop)
     worker.start()
     try:
@@ -189,12 +190,13 @@ async def worker_async(
     settings: dict[str, Any],
     prepare: Callable[[], None],
     cap: float | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> float:
     """:func:`worker_sync` for the ``AsyncWorker``."""
     from alkstore_sa.worker import AsyncWorker
 
     engine = cfg.async_engine()
-    worker = AsyncWorker(engine, schema=cfg.schema, concurrency=CONCURRENCY, **settings)
+    worker = AsyncWorker(engine, schema=cfg.schema, concurrency=concurrency, **settings)
     worker.register(QUEUE, _anoop)
     await worker.start()
     try:

@@ -34,6 +34,10 @@ from . import Variant, drain, latency, send
 CEILING = "ceiling"
 DRAIN = "peers: drain c=10"
 PICKUP = "peers: pickup latency"
+PGBOSS_IN_FLIGHT = 100
+"""Jobs pg-boss's worker here holds at once: localConcurrency 10 x batchSize 10."""
+IN_FLIGHT_SYNC = f"Worker c={PGBOSS_IN_FLIGHT}"
+IN_FLIGHT_ASYNC = f"AsyncWorker c={PGBOSS_IN_FLIGHT}"
 SEND1 = "peers: send 1 job/tx"
 SEND1000 = "peers: send_many 1000/tx"
 
@@ -67,7 +71,9 @@ def _drain_ceiling(n: int) -> Callable[[Config], float]:
     return run
 
 
-def _drain_worker(n: int, *, asynchronous: bool) -> Callable[[Config], float]:
+def _drain_worker(
+    n: int, *, asynchronous: bool, concurrency: int = drain.CONCURRENCY
+) -> Callable[[Config], float]:
     def run(cfg: Config) -> float:
         import asyncio
 
@@ -77,9 +83,9 @@ def _drain_worker(n: int, *, asynchronous: bool) -> Callable[[Config], float]:
             preload(cfg, QUEUE, n)
 
         if asynchronous:
-            rate = asyncio.run(drain.worker_async(cfg, n, {}, prepare))
+            rate = asyncio.run(drain.worker_async(cfg, n, {}, prepare, None, concurrency))
         else:
-            rate = drain.worker_sync(cfg, n, {}, prepare)
+            rate = drain.worker_sync(cfg, n, {}, prepare, None, concurrency)
         drain._check(cfg, n)
         return rate
 
@@ -184,6 +190,11 @@ def variants(cfg: Config) -> list[Variant]:
             drain_goal,
         ),
     ]
+    # pg-boss's worker here holds 100 jobs in flight (10 loops, each handed a batch
+    # of 10); ours at the same number in flight, per-job handlers still:
+    for name, asynchronous in ((IN_FLIGHT_SYNC, False), (IN_FLIGHT_ASYNC, True)):
+        fn = _drain_worker(n_drain, asynchronous=asynchronous, concurrency=PGBOSS_IN_FLIGHT)
+        out.append(ours(DRAIN, name, _jobs(DRAIN, name, fn), drain_goal))
     out += [peer(DRAIN, p, _jobs(DRAIN, p, _peer_jobs(p, "drain", n=n_drain))) for p in names]
 
     out += [
