@@ -385,9 +385,10 @@ class UpsertResult(UpdateResult):
 
     :ivar inserted: 1 when a new job was inserted, else 0.
     :ivar rejected: neither happened: the queue's policy refused a new job (say an
-        ``exclusive`` queue whose key is active) or, at REPEATABLE READ and above,
-        a concurrent upsert's job is not visible to this transaction. Nothing was
-        written; the transaction stays usable.
+        ``exclusive`` queue whose key is active), the upsert deadlocked with another
+        transaction, or, at REPEATABLE READ and above, a concurrent upsert's job is
+        not visible to this transaction. Nothing was written; the transaction stays
+        usable.
     """
 
     inserted: int = 0

@@ -302,7 +302,8 @@ class AsyncQueueService:
         (omit it to keep the jobs' data) and the options of
         :class:`~alkstore_sa.options.UpdateOptions`. A job a worker has already
         activated is never edited. Returns an :class:`~alkstore_sa.UpdateResult`
-        (``updated == 0``: no such job).
+        (``updated == 0``: no such job, or the edit deadlocked with another
+        transaction and was undone; the caller's transaction stays usable).
 
         :raises SchemaFeatureError: below schema 46, before any SQL.
         :raises QueueNotFoundError: if the queue does not exist.
@@ -315,7 +316,7 @@ class AsyncQueueService:
     async def upsert(
         self,
         name: str,
-        data: Any = None,
+        data: Any = KEEP_DATA,
         *,
         singleton_key: str | None = None,
         id: uuid.UUID | str | None = None,
@@ -330,11 +331,13 @@ class AsyncQueueService:
         matches (``match`` as in :meth:`update`), it is edited in place and
         ``result.updated`` counts it; otherwise one job is inserted with ``data`` and
         the options (the queue's values for the rest) and ``result.inserted`` is 1.
+        Without ``data`` an edit keeps the job's data (an insert stores none).
         A job inserted by key is marked ``upsert_by_key``: the schema keeps one such
         created job per key, so concurrent upserts of one key end on a single job
         (the loser edits the winner's job). A conflict is never an exception: if the
-        queue's policy refuses a new job, ``result.rejected`` is true and nothing was
-        written. Returns an :class:`~alkstore_sa.UpsertResult`.
+        queue's policy refuses a new job, or the upsert deadlocks with another
+        transaction, ``result.rejected`` is true, nothing was written and the
+        transaction stays usable. Returns an :class:`~alkstore_sa.UpsertResult`.
 
         :raises SchemaFeatureError: below schema 46, before any SQL.
         :raises QueueNotFoundError: if the queue does not exist.

@@ -185,6 +185,81 @@ def test_a_concurrent_upsert_of_the_key_is_waited_for_and_edited_in_the_callers_
     assert row(env46, earlier, "data").data == "written first"
 
 
+def test_two_transactions_upserting_two_keys_in_opposite_orders_both_commit(
+    schema46: str, engine: Engine
+) -> None:
+    """A deadlock between two upserting transactions: the victim's upsert is ``rejected``
+    (its savepoint undone), its transaction commits what it wrote before, and the other
+    upsert then edits the victim's job."""
+    from sqlalchemy.orm import Session
+
+    from alkstore_sa import QueueService
+
+    with Session(engine) as session, session.begin():
+        setup = QueueService(session, schema=schema46)
+        setup.create_queue("u")
+        setup.create_queue("other")
+    a_session, b_session = Session(engine), Session(engine)
+    a_session.begin()
+    b_session.begin()
+    a, b = QueueService(a_session, schema=schema46), QueueService(b_session, schema=schema46)
+    a.send("other", "a wrote first")
+    b.send("other", "b wrote first")
+    assert a.upsert("u", "a1", singleton_key="k1").inserted == 1
+    assert b.upsert("u", "b2", singleton_key="k2").inserted == 1
+    a_pid = a_session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    outcome: dict[str, Any] = {}
+
+    def a_second() -> None:
+        try:
+            outcome["a"] = a.upsert("u", "a2", singleton_key="k2")
+            a_session.commit()
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=a_second)
+    thread.start()
+    blocked = 0
+    try:
+        with engine.connect() as probe:
+            for _ in range(400):
+                blocked = probe.exec_driver_sql(
+                    f"SELECT cardinality(pg_blocking_pids({int(a_pid)}))"
+                ).scalar_one()
+                if blocked or not thread.is_alive():
+                    break
+                time.sleep(0.025)
+        assert blocked, "a's second upsert never waited on b's job_i13 entry"
+        outcome["b"] = b.upsert("u", "b1", singleton_key="k1")  # closes the cycle
+        b_session.commit()
+        thread.join(60)
+    finally:
+        thread.join(60)
+        a_session.close()
+        b_session.close()
+    assert "error" not in outcome, outcome
+    results = {outcome["a"].rejected, outcome["b"].rejected}
+    assert results == {True, False}, outcome  # exactly one victim
+    winner = outcome["a"] if not outcome["a"].rejected else outcome["b"]
+    assert (winner.updated, winner.inserted) == (1, 0)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            f'SELECT name, singleton_key, data FROM "{schema46}".job ORDER BY 1, 2, 3'
+        ).all()
+    keyed = [(k, d) for n, k, d in rows if n == "u"]
+    assert [k for k, _ in keyed] == ["k1", "k2"]  # one job per key
+    assert sorted(d for n, _, d in rows if n == "other") == ["a wrote first", "b wrote first"]
+
+
+def test_upsert_without_data_keeps_the_jobs_data_and_inserts_none(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("u"))
+    [job_id] = env46.tx(lambda q: q.upsert("u", {"v": 1}, singleton_key="k")).jobs
+    assert env46.tx(lambda q: q.upsert("u", singleton_key="k", priority=2)).updated == 1
+    assert tuple(row(env46, job_id, "data, priority")) == ({"v": 1}, 2)
+    [new_id] = env46.tx(lambda q: q.upsert("u", singleton_key="other")).jobs
+    assert row(env46, new_id, "data").data is None
+
+
 # ------------------------------------------------------------------ update
 
 

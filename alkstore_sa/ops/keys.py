@@ -18,7 +18,7 @@ from ..records import UpdateResult, UpsertResult
 from ..sql.v46 import keys as keys_sql
 from ..sql.v46 import node_channel
 from ..sql.v46 import send as send46_sql
-from ._core import Call, Context, Op
+from ._core import Call, Conflict, Context, Op
 from .queues import queue_policy, require_queue
 from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed
 
@@ -109,7 +109,9 @@ def _update_call(
         given=frozenset(given),
         notify=ctx.notify,
     )
-    return Call(stmt, params)
+    # In a savepoint: a row lock can deadlock with another transaction editing the
+    # same keys in the other order, which must not abort the caller's transaction.
+    return Call(stmt, params, savepoint=True)
 
 
 def _edited(result: Any) -> tuple[uuid.UUID, ...]:
@@ -133,7 +135,11 @@ def update(
     call = _update_call(ctx, name, target, data, checked)
     yield from _check_dead_letters(name, [checked])
     yield from require_queue(ctx, name)
-    jobs = _edited((yield call))
+    try:
+        jobs = _edited((yield call))
+    except Conflict:
+        # Deadlocked with another transaction: nothing was edited.
+        return UpdateResult((), 0)
     return UpdateResult(jobs, len(jobs))
 
 
@@ -152,7 +158,7 @@ def upsert(
     target = _Target("upsert", id, singleton_key, match)
     checked = _checked_options(options, "upsert", ctx.version)
     update_call = _update_call(ctx, name, target, data, checked)
-    spec: dict[str, Any] = {**options, "data": data}
+    spec: dict[str, Any] = {**options, "data": None if data is KEEP_DATA else data}
     if target.id is not None:
         spec["id"] = target.id
     else:
@@ -177,10 +183,15 @@ def upsert(
         **arrays,
     }
     for _ in range(UPSERT_ROUNDS):
-        jobs = _edited((yield update_call))
-        if jobs:
-            return UpsertResult(jobs, len(jobs), 0)
-        result = yield Call(insert, insert_params)
+        try:
+            jobs = _edited((yield update_call))
+            if jobs:
+                return UpsertResult(jobs, len(jobs), 0)
+            result = yield Call(insert, insert_params, savepoint=True)
+        except Conflict:
+            # Deadlocked with another transaction (say, one upserting the same keys in
+            # the other order): waiting again would deadlock again. Nothing was written.
+            break
         rows = result.all()
         if not rows[0].found:
             ctx.policies.drop(ctx.schema, name)
