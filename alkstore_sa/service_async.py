@@ -169,7 +169,8 @@ class AsyncQueueService:
     ) -> QueueInfo:
         """Create a queue (idempotent unless ``exist_ok=False``) and return it.
 
-        Options: ``policy`` (standard, short, singleton, stately, exclusive),
+        Options: ``policy`` (standard, short, singleton, stately, exclusive, and
+        key_strict_fifo on a schema at 46: docs/how-to/key-strict-fifo.md),
         ``partition`` (a dedicated partition table), ``dead_letter``,
         ``retry_limit`` (2), ``retry_delay`` (0 s), ``retry_backoff`` (False),
         ``retry_delay_max``, ``expire_seconds`` (900), ``retention_seconds``
