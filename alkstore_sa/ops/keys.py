@@ -37,14 +37,15 @@ UPSERT_ROUNDS = 3
 
 
 class _Keep:
-    """The default ``data`` of ``update``: keep the job's data."""
+    """The default ``data`` of ``update`` and ``upsert``: keep the job's data."""
 
     def __repr__(self) -> str:
         return "KEEP_DATA"
 
 
 KEEP_DATA: Any = _Keep()
-"""``update``'s default ``data``: the jobs keep theirs (only options change)."""
+"""The default ``data`` of ``update`` and ``upsert``: an edited job keeps its data (only
+options change); a job an upsert inserts gets none."""
 
 
 def _require_version(ctx: Context, feature: str) -> None:
