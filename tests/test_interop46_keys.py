@@ -2,7 +2,8 @@
 
 Node's ``getBlockedKeys`` and our ``get_blocked_keys`` list the same keys, whoever failed
 the jobs; a job Node upserted by key is edited by our ``upsert`` and the other way round,
-with one job per key throughout (docs/how-to/upserts.md, docs/how-to/key-strict-fifo.md).
+with one job per key throughout, also when both sides upsert the same keys at once
+(docs/how-to/upserts.md, docs/how-to/key-strict-fifo.md).
 """
 
 from __future__ import annotations
@@ -124,4 +125,41 @@ def test_node_update_and_our_update_edit_the_same_jobs(engine: Engine, on46: Sha
     assert [str(j) for j in ours.jobs] == theirs["jobs"] == [ids[0]]
     rows = sql(engine, schema, "SELECT data, priority FROM {s}.job WHERE id = :i", i=ids[0])
     assert rows == [(None, 5)]  # Node's update given null data clears it, as ours does
+    assert boss.errors() == []
+
+
+def test_node_and_python_upserting_the_same_keys_at_once_end_on_one_job_per_key(
+    engine: Engine, on46: Shared46
+) -> None:
+    import threading
+
+    boss, schema, name = on46.boss, on46.schema, on46.queue()
+    in_tx(engine, schema, lambda q: q.create_queue(name))
+    keys = ["a", "b", "c"]
+    errors: list[BaseException] = []
+
+    def python_side() -> None:
+        try:
+            for i in range(20):
+                for key in keys:
+                    r = in_tx(
+                        engine,
+                        schema,
+                        lambda q, k=key, i=i: q.upsert(name, f"py{i}", singleton_key=k),
+                    )
+                    assert not r.rejected
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=python_side)
+    thread.start()
+    for i in range(20):
+        for key in keys:
+            result = boss.call("upsert", name, f"js{i}", {"singletonKey": key})
+            assert result["updated"] + result["inserted"] == 1
+    thread.join(120)
+    assert errors == []
+    rows = _jobs(engine, schema, name)
+    assert sorted(r["singleton_key"] for r in rows) == keys  # one job per key, no duplicate
+    assert all(r["data"] in ("py19", "js19") for r in rows)  # each key's last write wins
     assert boss.errors() == []
