@@ -16,6 +16,7 @@ from .errors import (
     QueueExistsError,
     QueueNotFoundError,
     SchemaCatalogError,
+    SchemaFeatureError,
     SchemaHealthError,
     SchemaNotInstalledError,
     SchemaVersionChangedError,
@@ -24,7 +25,7 @@ from .errors import (
 )
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
     Job,
@@ -36,6 +37,8 @@ from .records import (
     Settlement,
     SupervisionReport,
     UnreadableJob,
+    UpdateResult,
+    UpsertResult,
 )
 from .service import QueueService
 from .service_async import AsyncQueueService
@@ -71,6 +74,7 @@ __all__ = [
     "QueueWarning",
     "ScheduleInfo",
     "SchemaCatalogError",
+    "SchemaFeatureError",
     "SchemaHealthError",
     "SchemaNotInstalledError",
     "SchemaVersionChangedError",
@@ -83,5 +87,8 @@ __all__ = [
     "TimedSendOptions",
     "UnfinishedIndexBuildError",
     "UnreadableJob",
+    "UpdateOptions",
+    "UpdateResult",
+    "UpsertResult",
     "Worker",
 ]

@@ -249,3 +249,21 @@ class UnfinishedIndexBuildError(SchemaHealthError):
             f"builds; run `alkstore db upgrade --schema-version {version} --schema {schema}` "
             "to finish them",
         )
+
+
+class SchemaFeatureError(AlkstoreError):
+    """The call needs a pg-boss schema version newer than the installed one.
+
+    Raised before any SQL is sent, so the caller's transaction is untouched. The
+    message names the feature, the version it needs and the version found.
+    """
+
+    def __init__(self, feature: str, schema: str, found: int, needed: int) -> None:
+        self.feature = feature
+        self.schema = schema
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f"{feature} needs a pg-boss schema at version {needed} or later (pg-boss 12); "
+            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema {schema}`"
+        )

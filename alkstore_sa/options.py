@@ -74,6 +74,23 @@ class SendOptions(TimedSendOptions, total=False):
     start_after: dt.datetime | dt.timedelta | int | float | str
 
 
+class UpdateOptions(TypedDict, total=False):
+    """Options :meth:`~alkstore_sa.QueueService.update` and
+    :meth:`~alkstore_sa.QueueService.upsert` may set on a job (all optional)."""
+
+    priority: int
+    start_after: dt.datetime | dt.timedelta | int | float | str
+    retention_seconds: int
+    expire_seconds: int
+    deletion_seconds: int
+    retry_limit: int
+    retry_delay: int
+    retry_backoff: bool
+    retry_delay_max: int | None
+    dead_letter: str | None
+    heartbeat_seconds: int | None
+
+
 class JobSpec(SendOptions, total=False):
     """One job of :meth:`~alkstore_sa.QueueService.send_many`: its data plus options."""
 

@@ -363,3 +363,37 @@ class SupervisionReport:
             or self.bam
             or self.reindexed
         )
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateResult:
+    """What ``QueueService.update`` edited (pg-boss's UpdateResponse).
+
+    :ivar jobs: ids of the jobs edited in place.
+    :ivar updated: how many (``len(jobs)``); 0 when no job that has not started
+        matched.
+    """
+
+    jobs: tuple[uuid.UUID, ...] = ()
+    updated: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertResult(UpdateResult):
+    """What ``QueueService.upsert`` did (pg-boss's UpsertResponse): it either edited
+    the matching job(s) in place (``updated``) or inserted one (``inserted``).
+
+    :ivar inserted: 1 when a new job was inserted, else 0.
+    :ivar rejected: neither happened: the queue's policy refused a new job (say an
+        ``exclusive`` queue whose key is active), the upsert deadlocked with another
+        transaction, or, at REPEATABLE READ and above, a concurrent upsert's job is
+        not visible to this transaction. Nothing was written; the transaction stays
+        usable.
+    """
+
+    inserted: int = 0
+
+    @property
+    def rejected(self) -> bool:
+        """No job was edited and none inserted."""
+        return self.updated == 0 and self.inserted == 0

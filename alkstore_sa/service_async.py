@@ -33,7 +33,8 @@ from .errors import SchemaVersionChangedError, SchemaVersionError
 from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .ops._core import may_be_schema_change
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
+from .ops.keys import KEEP_DATA
+from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
     Job,
@@ -43,6 +44,8 @@ from .records import (
     Settled,
     Settlement,
     SupervisionReport,
+    UpdateResult,
+    UpsertResult,
 )
 
 T = TypeVar("T")
@@ -166,7 +169,8 @@ class AsyncQueueService:
     ) -> QueueInfo:
         """Create a queue (idempotent unless ``exist_ok=False``) and return it.
 
-        Options: ``policy`` (standard, short, singleton, stately, exclusive),
+        Options: ``policy`` (standard, short, singleton, stately, exclusive, and
+        key_strict_fifo on a schema at 46: docs/how-to/key-strict-fifo.md),
         ``partition`` (a dedicated partition table), ``dead_letter``,
         ``retry_limit`` (2), ``retry_delay`` (0 s), ``retry_backoff`` (False),
         ``retry_delay_max``, ``expire_seconds`` (900), ``retention_seconds``
@@ -277,6 +281,90 @@ class AsyncQueueService:
     async def unsubscribe(self, event: str, name: str) -> bool:
         """Stop delivering ``event`` to ``name``; ``False`` if it was not subscribed."""
         return await self._run(ops.unsubscribe(self._ctx, event, name))
+
+    # ------------------------------------------------------------ by key (schema 46)
+
+    async def update(
+        self,
+        name: str,
+        data: Any = KEEP_DATA,
+        *,
+        id: uuid.UUID | str | None = None,
+        singleton_key: str | None = None,
+        match: str | None = None,
+        **options: Unpack[UpdateOptions],
+    ) -> UpdateResult:
+        """Edit jobs that have not started (``created`` or ``retry``) in place, in the
+        caller's transaction (pg-boss's ``update``).
+
+        Name the jobs by exactly one of ``id`` or ``singleton_key``; by key,
+        ``match`` picks the ``"newest"`` (default), the ``"oldest"`` or ``"all"`` of
+        that key's jobs that have not started. Only what is given changes: ``data``
+        (omit it to keep the jobs' data) and the options of
+        :class:`~alkstore_sa.options.UpdateOptions`. A job a worker has already
+        activated is never edited. Returns an :class:`~alkstore_sa.UpdateResult`
+        (``updated == 0``: no such job, or the edit deadlocked with another
+        transaction and was undone; the caller's transaction stays usable).
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises InvalidOptionsError: for a bad option or target, before any write.
+        """
+        return await self._run(
+            ops.keys.update(self._ctx, name, data, id, singleton_key, match, options)
+        )
+
+    async def upsert(
+        self,
+        name: str,
+        data: Any = KEEP_DATA,
+        *,
+        singleton_key: str | None = None,
+        id: uuid.UUID | str | None = None,
+        match: str | None = None,
+        **options: Unpack[UpdateOptions],
+    ) -> UpsertResult:
+        """Replace the data (and given options) of the job with this key that has not
+        started yet, or send a new one: pg-boss's ``upsert``, in the caller's transaction.
+
+        Name the job by ``singleton_key`` (the usual way; required on
+        ``key_strict_fifo`` queues) or by ``id``. If a ``created`` or ``retry`` job
+        matches (``match`` as in :meth:`update`), it is edited in place and
+        ``result.updated`` counts it; otherwise one job is inserted with ``data`` and
+        the options (the queue's values for the rest) and ``result.inserted`` is 1.
+        Without ``data`` an edit keeps the job's data (an insert stores none).
+        A job inserted by key is marked ``upsert_by_key``: the schema keeps one such
+        created job per key, so concurrent upserts of one key end on a single job
+        (the loser edits the winner's job). A conflict is never an exception: if the
+        queue's policy refuses a new job, or the upsert deadlocks with another
+        transaction, ``result.rejected`` is true, nothing was written and the
+        transaction stays usable. Returns an :class:`~alkstore_sa.UpsertResult`.
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises InvalidOptionsError: for a bad option or target, or no
+            ``singleton_key`` on a key_strict_fifo queue, before any write.
+        """
+        return await self._run(
+            ops.keys.upsert(self._ctx, name, data, id, singleton_key, match, options)
+        )
+
+    async def get_blocked_keys(
+        self, name: str, *, limit: int | None = None, after: str | None = None
+    ) -> list[str]:
+        """The keys of a ``key_strict_fifo`` queue that a ``failed`` job blocks, in
+        order (pg-boss's ``getBlockedKeys``).
+
+        Such a key runs no more jobs until its failed job is retried
+        (:meth:`retry`) or deleted. At most ``limit`` keys (1 to 100,000, default
+        1,000); ``after``: only keys after this one (the last key of the previous page).
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises InvalidOptionsError: if the queue's policy is not key_strict_fifo, or
+            for a bad ``limit`` or ``after``.
+        """
+        return await self._run(ops.keys.get_blocked_keys(self._ctx, name, limit, after))
 
     # ------------------------------------------------------------ working
 

@@ -135,6 +135,9 @@ EVERY_NAMED_CALL: dict[str, Call] = {
     "get_schedules": lambda q, n: q.get_schedules(n),
     "subscribe": lambda q, n: q.subscribe("event", n),
     "unsubscribe": lambda q, n: q.unsubscribe("event", n),
+    "update": lambda q, n: q.update(n, 1, singleton_key="k"),
+    "upsert": lambda q, n: q.upsert(n, 1, singleton_key="k"),
+    "get_blocked_keys": lambda q, n: q.get_blocked_keys(n),
 }
 
 BAD_NAMES: list[Any] = [

@@ -507,6 +507,34 @@ def apptests_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert [row.shipped for row in ctx.sql("SELECT shipped FROM orders")] == [True]
 
 
+def keys_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def fifo_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    states = {(j.singleton_key, j.data["amount"]): j.state for j in ctx.jobs("ledger")}
+    assert states == {
+        ("account-7", 100): "active",
+        ("account-7", -30): "created",
+        ("account-7", 5): "created",
+        ("account-8", 1): "active",
+    }
+
+
+def upserts_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    jobs = ctx.jobs("reports")
+    assert [(j.state, j.data, j.singleton_key) for j in jobs] == [
+        ("active", {"since": "2026-02-01"}, "acme"),
+        ("created", {"since": "2026-03-01"}, "acme"),
+    ]
+    [waiting] = ctx.sql(
+        "SELECT start_after - created_on AS wait FROM pgboss.job"
+        " WHERE name = 'reports' AND state = 'created'"
+    )
+    assert dt.timedelta(hours=1) <= waiting.wait < dt.timedelta(hours=2)
+
+
 PAGES: dict[str, Page] = {
     "README.md": Page(readme_prelude, readme_check, before_block={1: readme_five_minutes_pass}),
     "docs/quickstart.md": Page(quickstart_prelude, quickstart_check),
@@ -517,6 +545,8 @@ PAGES: dict[str, Page] = {
     "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
     "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
+    "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),
+    "docs/how-to/upserts.md": Page(keys_prelude, upserts_check),
 }
 
 

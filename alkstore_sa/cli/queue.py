@@ -1,4 +1,4 @@
-"""``alkstore queue create|update|list|stats|delete``."""
+"""``alkstore queue create|update|list|stats|blocked-keys|delete``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ def register(sub: Any) -> None:
     stats.add_argument("name", nargs="?")
     stats.set_defaults(handler=_stats)
 
+    blocked = leaf(
+        actions,
+        "blocked-keys",
+        "keys of a key_strict_fifo queue held by a failed job (schema 46)",
+    )
+    blocked.add_argument("name")
+    blocked.add_argument(
+        "--limit", type=int, default=1000, help="at most this many (default 1000, at most 100000)"
+    )
+    blocked.add_argument("--after", metavar="KEY", help="only keys after this one (next page)")
+    blocked.set_defaults(handler=_blocked_keys)
+
     delete = leaf(actions, "delete", "delete a queue with its jobs and schedules")
     delete.add_argument("name")
     delete.set_defaults(handler=_delete)
@@ -82,6 +94,14 @@ def _stats(args: argparse.Namespace) -> int:
         emit(args, rows, columns=STATS_COLUMNS)
     else:
         emit(args, in_transaction(args, lambda q: q.get_queue_stats(args.name)))
+    return 0
+
+
+def _blocked_keys(args: argparse.Namespace) -> int:
+    keys = in_transaction(
+        args, lambda q: q.get_blocked_keys(args.name, limit=args.limit, after=args.after)
+    )
+    emit(args, keys)
     return 0
 
 

@@ -9,7 +9,8 @@ arrays that ``unnest`` turns into rows), written for the columns of 46:
   ``dead_letter`` and the retry options do (a queue default new since 26);
 * ``policy`` is the queue's; ``blocked``, ``blocking`` and
   ``pending_dependencies`` are written explicitly as a plain send's (no flow);
-  ``upsert_by_key``, ``group_*``, ``source_*`` and ``trace_context`` stay NULL;
+  ``upsert_by_key`` (but for an upsert), ``group_*``, ``source_*`` and
+  ``trace_context`` stay NULL;
 * a key_strict_fifo queue refuses a job without ``singleton_key`` (its CHECK
   would abort the transaction): the statement then inserts nothing and reports
   the queue's policy, so the operation can raise a clear error;
@@ -62,7 +63,9 @@ def _job_value(src: Any, q: Any, spec: OptionSpec) -> ColumnElement[Any]:
 
 
 @functools.cache
-def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[Any]:
+def insert_jobs(
+    *, notify: bool, given: frozenset[str] = ALL_INPUTS, upsert_by_key: bool = False
+) -> Select[Any]:
     """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
 
     Inputs as :func:`alkstore_sa.sql.send.insert_jobs`, plus ``:all_keyed`` (every
@@ -75,6 +78,10 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
     With ``notify`` the statement announces ready jobs on ``:channel`` (our
     workers); whatever ``notify``, it announces them on ``:node_channel`` when the
     queue has ``notify`` set, as pg-boss's own sends do, so Node workers wake.
+
+    ``upsert_by_key``: the insert of an upsert by key (see
+    :mod:`alkstore_sa.sql.v46.keys`): the jobs are marked ``upsert_by_key``, so
+    ``job_i13`` keeps one created job per key among them.
     """
     src = job_source(given)
     q = QUEUE.alias("q")
@@ -115,6 +122,8 @@ def insert_jobs(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
         blocking=false(),
         pending_dependencies=literal(0),
     )
+    if upsert_by_key:
+        values["upsert_by_key"] = true()
     all_keyed = bindparam("all_keyed", type_=Boolean)
     rows = (
         select(*values.values())
