@@ -249,3 +249,27 @@ class UnfinishedIndexBuildError(SchemaHealthError):
             f"builds; run `alkstore db upgrade --schema-version {version} --schema {schema}` "
             "to finish them",
         )
+
+
+class SchemaFeatureError(AlkstoreError):
+    """A call needs a newer pg-boss schema version than the schema is at.
+
+    Raised before any statement (the caller's transaction is untouched), for
+    example by ``QueueService.touch`` on a schema at 26: heartbeats came with
+    pg-boss 12 (schema 46). Upgrade the schema (``alkstore db upgrade``) to use it.
+
+    :ivar feature: what was asked for (``"touch"``...).
+    :ivar needed: the first schema version that has it.
+    :ivar found: the schema's version.
+    """
+
+    def __init__(self, schema: str, feature: str, needed: int, found: int) -> None:
+        self.schema = schema
+        self.feature = feature
+        self.needed = needed
+        self.found = found
+        super().__init__(
+            f"{feature} needs a schema at pg-boss schema version {needed} (pg-boss 12); "
+            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema-version {needed} "
+            f"--schema {schema}`"
+        )
