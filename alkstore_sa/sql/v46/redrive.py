@@ -51,7 +51,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, distinct_on, insert
 
 from ...models.enums import JobState
 from .._common import qname, seconds, state, state_text
@@ -245,7 +245,7 @@ def _fail_conflicts(settled: Any) -> Any:
         select(m.c.id)
         .where(m.c.name == qname(), m.c.id.in_(skipped), m.c.policy == KEY_STRICT_FIFO)
         .order_by(m.c.singleton_key, m.c.created_on, m.c.id)
-        .distinct(m.c.singleton_key)
+        .ext(distinct_on(m.c.singleton_key))
     )
     return (
         update(j)
@@ -274,5 +274,9 @@ def announce() -> Select[Any]:
     """``pg_notify(:channel, queue)`` once per queue of ``:queues``: wake our
     listening workers for the jobs a redrive created (pg-boss's redrive sends no
     notification; Node workers find them at their next poll)."""
-    queues = func.unnest(bindparam("queues", type_=ARRAY(Text))).table_valued("queue")
+    queues = (
+        func.unnest(bindparam("queues", type_=ARRAY(Text)))
+        .table_valued("queue", name="dest")
+        .render_derived()
+    )
     return select(func.pg_notify(bindparam("channel", type_=Text), queues.c.queue)).where(true())
