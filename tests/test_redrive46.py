@@ -173,6 +173,36 @@ def test_a_copy_its_queue_refuses_is_failed_in_place_with_the_reason(
     assert env46.tx(lambda q: q.redrive("dlq")) == []
 
 
+def test_two_copies_with_one_key_in_one_batch_move_the_oldest_and_fail_the_other(
+    env46: Any,
+) -> None:
+    queues(env46, policy="short")
+    first = dead_lettered(env46, singleton_key="k1")
+    dead_lettered(env46, singleton_key="k1")
+    [moved] = env46.tx(lambda q: q.redrive("dlq"))
+    assert env46.tx(lambda q: q.get_job("orders", moved)).source_root_id == first
+    [left] = env46.sql(
+        "SELECT state::text, output->>'reason' AS why FROM {s}.job WHERE name = 'dlq'"
+    )
+    assert (left.state, left.why) == ("failed", "redrive_conflict")
+
+
+def test_key_strict_fifo_conflicts_fail_only_the_oldest_of_a_key(env46: Any) -> None:
+    # Jobs sent to a key_strict_fifo dead letter queue by hand carry its policy; its unique
+    # index allows one failed job per key, so only the oldest refused one is failed.
+    env46.tx(lambda q: q.create_queue("kq", policy="key_strict_fifo"))
+    env46.tx(lambda q: q.create_queue("orders", policy="short"))
+    older = env46.tx(lambda q: q.send("kq", {"n": 1}, singleton_key="k"))
+    newer = env46.tx(lambda q: q.send("kq", {"n": 2}, singleton_key="k"))
+    env46.tx(lambda q: q.send("orders", {"holds": "k"}, singleton_key="k"))
+    assert env46.tx(lambda q: q.redrive("kq", "orders")) == []
+    states = dict(env46.sql("SELECT id, state::text FROM {s}.job WHERE name = 'kq'"))
+    assert states == {older: "failed", newer: "created"}
+    # The key is held by the failed one: the newer waits behind it, as a fetch would.
+    assert env46.tx(lambda q: q.redrive("kq", "orders")) == []
+    assert row(env46, newer).state == "created"
+
+
 def test_a_copy_without_a_source_stays_unless_a_queue_is_named(env46: Any) -> None:
     queues(env46)
     sent = env46.tx(lambda q: q.send("dlq", {"by": "hand"}))
