@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
@@ -498,10 +499,16 @@ class AsyncQueueService:
         ids: uuid.UUID | str | Sequence[uuid.UUID | str] | None = None,
         *,
         limit: int = 1000,
+        source_name: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        created_before: datetime | None = None,
     ) -> list[uuid.UUID]:
         """Move jobs out of ``dead_letter``, each as a new job; returns the new ids.
 
-        Oldest first, at most ``limit``, only ``ids`` when given.
+        Oldest first, at most ``limit``, only ``ids`` when given. At schema 46
+        these filters narrow them too, as pg-boss's: ``source_name`` (the queue
+        a job failed in), ``data`` (a JSON object its data contains, ``@>``) and
+        ``created_before`` (an aware datetime: jobs dead-lettered before it).
 
         At schema 46, as pg-boss 12.38's ``redrive``: jobs waiting in
         ``dead_letter`` (``created`` or ``retry``) go back to ``to``, or, with
@@ -520,8 +527,10 @@ class AsyncQueueService:
 
         :raises QueueNotFoundError: if ``dead_letter`` or ``to`` does not exist.
         :raises InvalidOptionsError: for a bad argument (``to=None`` at 26).
+        :raises SchemaFeatureError: for a filter other than ``ids`` at 26.
         """
-        return await self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit))
+        filters = {"source_name": source_name, "data": data, "created_before": created_before}
+        return await self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit, filters))
 
     # ------------------------------------------------------------ schedules
 

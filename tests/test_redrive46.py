@@ -10,6 +10,7 @@ redrive each other's dead letters alike.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import pytest
 from sqlalchemy import text
 from support.node import NodeBoss46, node46, node46_modules, node_url
 
-from alkstore_sa import InvalidOptionsError, Job, JobState, QueueNotFoundError
+from alkstore_sa import InvalidOptionsError, Job, JobState, QueueNotFoundError, SchemaFeatureError
 from alkstore_sa.names import notify_channel
 
 __all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
@@ -148,6 +149,45 @@ def test_redrive_moves_the_oldest_first_at_most_limit_and_only_ids_given(env46: 
     assert [r.id for r in left] == [copies[1].id]
 
 
+def test_redrive_filters_by_source_queue_data_and_creation_time(env46: Any) -> None:
+    queues(env46)
+    env46.tx(lambda q: q.create_queue("invoices", retry_limit=0, dead_letter="dlq"))
+    dead_lettered(env46, "orders")
+    env46.tx(lambda q: q.send("invoices", {"invoice": 7, "region": "eu"}))
+    [job] = env46.tx(lambda q: q.fetch("invoices"))
+    env46.tx(lambda q: q.fail("invoices", job))
+    [(cut,)] = env46.sql("SELECT max(created_on) + interval '1 microsecond' FROM {s}.job")
+    assert env46.tx(lambda q: q.redrive("dlq", created_before=cut - dt.timedelta(days=1))) == []
+    assert env46.tx(lambda q: q.redrive("dlq", data={"region": "us"})) == []
+    [moved] = env46.tx(lambda q: q.redrive("dlq", data={"region": "eu"}, created_before=cut))
+    assert env46.tx(lambda q: q.get_job("invoices", moved)).data["invoice"] == 7
+    [moved] = env46.tx(lambda q: q.redrive("dlq", source_name="orders"))
+    assert env46.tx(lambda q: q.get_job("orders", moved)).data == {"order": 1}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"source_name": ""},
+        {"data": ["not", "an", "object"]},
+        {"data": {"bad": float("nan")}},
+        {"created_before": dt.datetime(2030, 1, 1)},  # naive
+        {"created_before": "2030-01-01"},
+    ],
+    ids=["empty-source", "data-list", "data-nan", "naive-time", "text-time"],
+)
+def test_bad_redrive_filters_are_refused_before_any_statement(
+    env46: Any, bad: dict[str, Any]
+) -> None:
+    queues(env46)
+    dead_lettered(env46)
+    svc = env46.service()
+    with pytest.raises(InvalidOptionsError, match=next(iter(bad))):
+        svc.redrive("dlq", **bad)
+    assert len(svc.redrive("dlq")) == 1  # the transaction is intact
+    env46.commit()
+
+
 def test_a_copy_its_queue_refuses_is_failed_in_place_with_the_reason(
     env46: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -244,9 +284,12 @@ def test_redrive_bad_input_is_refused_before_any_statement(env46: Any) -> None:
 
 def test_redrive_without_a_destination_at_schema_26_is_refused(env: Any) -> None:
     env.tx(lambda q: q.create_queue("dlq"))
+    env.tx(lambda q: q.create_queue("orders"))
     svc = env.service()
     with pytest.raises(InvalidOptionsError, match="required at schema 26"):
         svc.redrive("dlq")
+    with pytest.raises(SchemaFeatureError, match="redrive by source_name"):
+        svc.redrive("dlq", "orders", source_name="orders")
     assert svc.send("dlq", {}) is not None  # transaction intact
     env.commit()
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..records import FailResult as FailResult  # re-exported: the workers read it
@@ -519,7 +519,12 @@ def extend_leases(
 
 
 def redrive(
-    ctx: Context, dead_letter: str, to: str | None, ids: object | None, limit: int
+    ctx: Context,
+    dead_letter: str,
+    to: str | None,
+    ids: object | None,
+    limit: int,
+    filters: Mapping[str, Any] | None = None,
 ) -> Op[list[uuid.UUID]]:
     """Move jobs out of ``dead_letter`` as new jobs.
 
@@ -535,9 +540,13 @@ def redrive(
     are logged, once per redrive.
     """
     from ..sql import redrive as redrive_sql
-    from .redrive46 import redrive46
+    from .redrive46 import check_filters, redrive46
 
     validate_queue(dead_letter, "dead_letter")
+    given = {k: v for k, v in (filters or {}).items() if v is not None}
+    if given and ctx.version < 46:
+        raise SchemaFeatureError(ctx.schema, f"redrive by {sorted(given)[0]}", 46, ctx.version)
+    checked = check_filters(given)
     if to is None:
         if ctx.version < 46:
             raise InvalidOptionsError(
@@ -557,7 +566,7 @@ def redrive(
         yield from require_queue(ctx, to)
     yield from require_queue(ctx, dead_letter)
     if ctx.version >= 46:
-        return (yield from redrive46(ctx, dead_letter, to, params.get("ids"), limit))
+        return (yield from redrive46(ctx, dead_letter, to, params.get("ids"), limit, checked))
     assert to is not None  # refused above below 46
     result = yield Call(redrive_sql.pick(by_id=ids is not None), params)
     picked = result.all()

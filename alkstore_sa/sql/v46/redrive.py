@@ -51,7 +51,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, distinct_on, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, distinct_on, insert
 
 from ...models.enums import JobState
 from .._common import qname, seconds, state, state_text
@@ -70,7 +70,10 @@ def _destination(source_name: Any) -> Any:
 
 
 def _candidate(j: Any) -> list[Any]:
-    """The copies of ``:qname`` that may move (``:ids`` narrows them when not NULL)."""
+    """The copies of ``:qname`` that may move; each filter that is not NULL narrows
+    them: ``:ids``, ``:from_source`` (not ``:source_name``, which an UPDATE would take
+    for a value of that column), ``:contains`` (JSON text the data must contain,
+    ``@>``) and ``:created_before`` (copies created before it)."""
     k = JOB.alias("k")
     held = exists(
         select(k.c.id).where(
@@ -87,11 +90,17 @@ def _candidate(j: Any) -> list[Any]:
         )
     )
     wanted = bindparam("ids", type_=ARRAY(Uuid()))
+    source = bindparam("from_source", type_=Text)
+    contains = bindparam("contains", type_=Text)
+    before = bindparam("created_before", type_=TIMESTAMP(timezone=True))
     return [
         j.c.name == qname(),
         j.c.state < state_text(JobState.ACTIVE),
         ~and_(j.c.policy == KEY_STRICT_FIFO, held),
         or_(wanted.is_(None), j.c.id == func.any(wanted)),
+        or_(source.is_(None), j.c.source_name == source),
+        or_(contains.is_(None), j.c.data.op("@>")(cast(contains, JSONB))),
+        or_(before.is_(None), j.c.created_on < before),
     ]
 
 
@@ -127,8 +136,8 @@ def _conflict_output(j: Any, q: Any) -> Any:
 @functools.cache
 def redrive_jobs() -> Select[Any]:
     """Move up to ``:limit`` waiting copies of dead letter queue ``:qname``, oldest
-    first, to ``:to`` (NULL: each copy's ``source_name``); ``:ids`` (NULL: any)
-    narrows them.
+    first, to ``:to`` (NULL: each copy's ``source_name``); the filters of
+    :func:`_candidate` narrow them.
 
     One row per copy considered, oldest first: ``(new_id, destination,
     inserted)``; ``inserted`` is false for a copy failed in place (conflict).
