@@ -118,6 +118,7 @@ EVERY_NAMED_CALL: dict[str, Call] = {
     "complete_many": lambda q, n: q.complete_many(n, [Settlement(uuid.uuid4())]),
     "fail_many": lambda q, n: q.fail_many(n, [Settlement(uuid.uuid4())]),
     "extend_leases": lambda q, n: q.extend_leases(n, [Settlement(uuid.uuid4())], 60),
+    "touch": lambda q, n: q.touch(n, uuid.uuid4()),
     "cancel": lambda q, n: q.cancel(n, uuid.uuid4()),
     "resume": lambda q, n: q.resume(n, uuid.uuid4()),
     "retry": lambda q, n: q.retry(n, uuid.uuid4()),

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidOptionsError, SchemaFeatureError
+from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..records import FailResult as FailResult  # re-exported: the workers read it
@@ -549,7 +549,8 @@ def redrive(
     checked = check_filters(given)
     if to is None:
         if ctx.version < 46:
-            raise InvalidOptionsError(
+            # A name argument left out: the name error, as for any unusable queue name.
+            raise InvalidNameError(
                 "to",
                 f"is required at schema {ctx.version}: dead letters record their source "
                 "queue from schema 46 (pg-boss 12) on",
