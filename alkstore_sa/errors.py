@@ -252,18 +252,25 @@ class UnfinishedIndexBuildError(SchemaHealthError):
 
 
 class SchemaFeatureError(AlkstoreError):
-    """The call needs a pg-boss schema version newer than the installed one.
+    """A call needs a newer pg-boss schema version than the schema is at.
 
-    Raised before any SQL is sent, so the caller's transaction is untouched. The
-    message names the feature, the version it needs and the version found.
+    Raised before any statement is sent, so the caller's transaction is untouched;
+    for example ``QueueService.touch`` or ``upsert`` on a schema at 26 (both came
+    with pg-boss 12, schema 46). Upgrade the schema (``alkstore db upgrade``) to use it.
+
+    :ivar schema: the schema.
+    :ivar feature: what was asked for (``"touch"``...).
+    :ivar needed: the first schema version that has it.
+    :ivar found: the schema's version.
     """
 
-    def __init__(self, feature: str, schema: str, found: int, needed: int) -> None:
-        self.feature = feature
+    def __init__(self, schema: str, feature: str, needed: int, found: int) -> None:
         self.schema = schema
-        self.found = found
+        self.feature = feature
         self.needed = needed
+        self.found = found
         super().__init__(
             f"{feature} needs a pg-boss schema at version {needed} or later (pg-boss 12); "
-            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema {schema}`"
+            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema-version {needed} "
+            f"--schema {schema}`"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import re
 import uuid
@@ -243,6 +244,44 @@ class Settlement:
     started_on: dt.datetime | None = None
 
 
+class NotSettled(enum.StrEnum):
+    """Why a job named in a settle call was left as it was (see :class:`JobOutcome`)."""
+
+    NOT_FOUND = "not_found"
+    """No job with that id, in any queue."""
+    WRONG_QUEUE = "wrong_queue"
+    """The id is a job of another queue (:attr:`JobOutcome.queue` names it)."""
+    NOT_ACTIVE = "not_active"
+    """The job is in a state the call does not apply to: not ``active`` for
+    ``complete`` and for a fetched Job, finished for an unfenced ``fail`` (by id)."""
+    NOT_OURS = "not_ours"
+    """The job is ``active`` again, in another attempt than the fetched Job's
+    (its lease lapsed and it was fetched again): the fence refused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What a settle call did to one job it was given (``per_job=True``).
+
+    One per item, in the order given. ``reason`` is ``None`` when the job was
+    settled, else why not; ``state`` is the job's state after the call (the new
+    one when settled; ``None`` when there is no such job); ``queue`` is the queue
+    the job was found in (another than the call's for ``wrong_queue``).
+
+    :ivar id: the job's id.
+    :ivar settled: whether the call changed the job.
+    :ivar reason: a :class:`NotSettled` member, or ``None``.
+    :ivar state: the job's state after the call, or ``None``.
+    :ivar queue: the queue holding the job, or ``None``.
+    """
+
+    id: uuid.UUID
+    settled: bool
+    reason: NotSettled | None
+    state: JobState | None
+    queue: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Settled:
     """What a call that changes jobs by id (or by fetched :class:`Job`) did.
@@ -256,10 +295,14 @@ class Settled:
 
     :ivar requested: how many jobs the call named.
     :ivar affected: the ids of the jobs it changed.
+    :ivar outcomes: per job, whether it changed and why not (``per_job=True``).
     """
 
     requested: int
     affected: list[uuid.UUID]
+    outcomes: list[JobOutcome] | None = field(default=None, kw_only=True)
+    """With ``per_job=True`` (``complete_many``, ``fail_many``): one
+    :class:`JobOutcome` per item, in the order given; else ``None``."""
 
     @property
     def count(self) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
@@ -439,6 +440,8 @@ class QueueService:
         self,
         name: str,
         items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | Settlement],
+        *,
+        per_job: bool = False,
     ) -> Settled:
         """Complete jobs with per-job outputs in one statement.
 
@@ -446,21 +449,60 @@ class QueueService:
         ``None``), ``(job, output)``, or an id or ``(id, output)`` (UNFENCED,
         for administration), as :meth:`complete` describes, or a
         :class:`~alkstore_sa.Settlement`. Returns a :class:`~alkstore_sa.Settled`.
+
+        With ``per_job=True`` its ``outcomes`` holds one
+        :class:`~alkstore_sa.JobOutcome` per item, in order: completed, or why
+        not (:class:`~alkstore_sa.NotSettled`: not found, a job of another
+        queue, not active, or active in another attempt than the Job's). That
+        costs one more read, of the jobs left alone only
+        (docs/how-to/batch-results.md).
         """
-        return self._run(ops.complete_many(self._ctx, name, items))
+        return self._run(ops.complete_many(self._ctx, name, items, per_job))
 
     def fail_many(
         self,
         name: str,
         items: Sequence[Job | uuid.UUID | str | tuple[Job | uuid.UUID | str, Any] | Settlement],
+        *,
+        per_job: bool = False,
     ) -> FailResult:
         """Fail jobs with per-job outputs in one statement.
 
         Items as in :meth:`complete_many`: a Job or ``(job, output)`` is fenced
         (see :meth:`fail`); an id or ``(id, output)`` is UNFENCED. Returns a
-        :class:`~alkstore_sa.FailResult`, as :meth:`fail` does.
+        :class:`~alkstore_sa.FailResult`, as :meth:`fail` does; ``per_job=True``
+        fills its ``outcomes`` as for :meth:`complete_many` (a failed job's
+        ``state`` is ``retry`` or ``failed``).
         """
-        return self._run(ops.fail_many(self._ctx, name, items))
+        return self._run(ops.fail_many(self._ctx, name, items, per_job))
+
+    def touch(
+        self,
+        name: str,
+        jobs: Job | uuid.UUID | str | Sequence[Job | uuid.UUID | str],
+    ) -> Settled:
+        """Refresh the heartbeat (``heartbeat_on``) of active jobs, pg-boss's ``touch``.
+
+        A job with ``heartbeat_seconds`` whose heartbeat is older than that is
+        failed by supervision (ours or Node pg-boss's) with the output
+        ``{"value": {"message": "job heartbeat timeout"}}``; workers touch their
+        jobs themselves, so call this only for a job you fetched and run
+        yourself (docs/how-to/heartbeats.md). The lease (``expire_seconds``)
+        does not move: see :meth:`extend_leases`.
+
+        Given the fetched :class:`~alkstore_sa.Job` the touch is fenced on its
+        ``started_on``: only while the job is still ``active`` in that attempt;
+        a job that is not ours any more (expired, fetched again, settled) is
+        left alone and not in ``affected``. An id is UNFENCED: any active job
+        with it, as pg-boss's ``touch`` by id.
+
+        Returns a :class:`~alkstore_sa.Settled`: the jobs named and those touched.
+
+        :raises SchemaFeatureError: on a schema below 46 (no heartbeats there).
+        :raises InvalidOptionsError: for a Job of another queue or one never
+            fetched, before any SQL.
+        """
+        return self._run(ops.heartbeats.touch(self._ctx, name, jobs))
 
     def extend_leases(
         self, name: str, items: Sequence[Job | Settlement], extend_by: int
@@ -532,18 +574,42 @@ class QueueService:
     def redrive(
         self,
         dead_letter: str,
-        to: str,
+        to: str | None = None,
         ids: uuid.UUID | str | Sequence[uuid.UUID | str] | None = None,
         *,
         limit: int = 1000,
+        source_name: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        created_before: datetime | None = None,
     ) -> list[uuid.UUID]:
-        """Move waiting or failed jobs out of ``dead_letter`` into queue ``to``.
+        """Move jobs out of ``dead_letter``, each as a new job; returns the new ids.
 
-        Each becomes a new job of ``to`` (with ``to``'s settings and its original
-        data); returns the new ids. Oldest first, at most ``limit``. A job ``to``
-        refuses, or whose data cannot be read or sent again, stays where it is.
+        Oldest first, at most ``limit``, only ``ids`` when given. At schema 46
+        these filters narrow them too, as pg-boss's: ``source_name`` (the queue
+        a job failed in), ``data`` (a JSON object its data contains, ``@>``) and
+        ``created_before`` (an aware datetime: jobs dead-lettered before it).
+
+        At schema 46, as pg-boss 12.38's ``redrive``: jobs waiting in
+        ``dead_letter`` (``created`` or ``retry``) go back to ``to``, or, with
+        ``to=None``, each to the queue it failed in (its ``source_name``). The
+        new job keeps the data, priority, singleton key, group and trace
+        context, and records the first job of its chain in ``source_root_id``;
+        it takes its settings (retries, expiry, policy, heartbeat, dead letter)
+        from its queue. A job its queue refuses (policy or key conflict) is
+        failed in place with output ``reason: "redrive_conflict"``; one with no
+        source and no ``to`` stays (docs/how-to/dead-letters.md).
+
+        At schema 26 ``to`` is required (dead letters record no source there)
+        and waiting or failed jobs move, each a new job of ``to`` with its
+        data; a job ``to`` refuses, or whose data cannot be read or sent
+        again, stays where it is.
+
+        :raises QueueNotFoundError: if ``dead_letter`` or ``to`` does not exist.
+        :raises InvalidOptionsError: for a bad argument (``to=None`` at 26).
+        :raises SchemaFeatureError: for a filter other than ``ids`` at 26.
         """
-        return self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit))
+        filters = {"source_name": source_name, "data": data, "created_before": created_before}
+        return self._run(ops.redrive(self._ctx, dead_letter, to, ids, limit, filters))
 
     # ------------------------------------------------------------ schedules
 

@@ -118,6 +118,7 @@ EVERY_NAMED_CALL: dict[str, Call] = {
     "complete_many": lambda q, n: q.complete_many(n, [Settlement(uuid.uuid4())]),
     "fail_many": lambda q, n: q.fail_many(n, [Settlement(uuid.uuid4())]),
     "extend_leases": lambda q, n: q.extend_leases(n, [Settlement(uuid.uuid4())], 60),
+    "touch": lambda q, n: q.touch(n, uuid.uuid4()),
     "cancel": lambda q, n: q.cancel(n, uuid.uuid4()),
     "resume": lambda q, n: q.resume(n, uuid.uuid4()),
     "retry": lambda q, n: q.retry(n, uuid.uuid4()),
@@ -236,11 +237,16 @@ def test_every_accepted_queue_name_works_end_to_end(env: Any, name: str) -> None
 
 # ------------------------------------------------------------------ unknown queue
 
+SCHEMA46_ONLY = ("touch", "update", "upsert", "get_blocked_keys")
+
 UNKNOWN_QUEUE_CALLS = {
     k: v
     for k, v in EVERY_NAMED_CALL.items()
     if k not in ("create_queue", "delete_queue", "get_queue", "get_queues", "get_schedules")
     and k not in ("unschedule", "unsubscribe")
+    # At schema 26 (this module's schema) these are refused for the version first
+    # (SchemaFeatureError); their unknown queue at 46 is tested with each feature.
+    and k not in SCHEMA46_ONLY
 }
 
 

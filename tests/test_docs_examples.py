@@ -507,6 +507,53 @@ def apptests_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert [row.shipped for row in ctx.sql("SELECT shipped FROM orders")] == [True]
 
 
+def heartbeats_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    parts: list[Any] = []
+    ctx.notes["parts"] = parts
+    return {"build_part": lambda data, part: parts.append((data["month"], part))}
+
+
+def heartbeats_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert ctx.notes["parts"] == [("2026-11", 0), ("2026-11", 1), ("2026-11", 2)]
+    [job] = ctx.jobs("reports")
+    assert (job.state, job.output) == ("completed", {"parts": 3})
+    [(seconds, beat_after_start)] = ctx.sql(
+        "SELECT heartbeat_seconds, heartbeat_on > started_on FROM pgboss.job"
+    )
+    assert (seconds, beat_after_start) == (30, True)  # touched after the fetch
+
+
+def batch_results_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+
+    def setup(jobs: QueueService) -> None:
+        jobs.create_queue("thumbnails", retry_limit=0)
+        jobs.send_many("thumbnails", [{"data": {"file": f}} for f in ("a", "b", "")])
+
+    ctx.service(setup)
+    lost: list[Any] = []
+    ctx.notes["lost"] = lost
+    return {"log_lost": lost.append}
+
+
+def batch_results_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    states = sorted((j.data["file"], j.state, j.output) for j in ctx.jobs("thumbnails"))
+    assert states == [
+        ("", "failed", {"error": "no file"}),
+        ("a", "completed", {"thumb": "a.png"}),
+        ("b", "completed", {"thumb": "b.png"}),
+    ]
+    outcomes = ns["done"].outcomes + ns["failed"].outcomes
+    assert [o.settled for o in outcomes] == [True, True, True]
+    assert ctx.notes["lost"] == []
+
+
+def dead_letters_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
 def keys_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
@@ -535,6 +582,12 @@ def upserts_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert dt.timedelta(hours=1) <= waiting.wait < dt.timedelta(hours=2)
 
 
+def dead_letters_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert ctx.jobs("orders-dlq") == []
+    states = sorted(j.state for j in ctx.jobs("orders"))
+    assert states == ["created", "failed"]  # the original failed, the redriven job waits
+
+
 PAGES: dict[str, Page] = {
     "README.md": Page(readme_prelude, readme_check, before_block={1: readme_five_minutes_pass}),
     "docs/quickstart.md": Page(quickstart_prelude, quickstart_check),
@@ -547,6 +600,9 @@ PAGES: dict[str, Page] = {
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),
     "docs/how-to/upserts.md": Page(keys_prelude, upserts_check),
+    "docs/how-to/heartbeats.md": Page(heartbeats_prelude, heartbeats_check),
+    "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
+    "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
 }
 
 

@@ -43,7 +43,11 @@ def register(sub: Any) -> None:
 
     redrive = leaf(actions, "redrive", "move dead-lettered jobs back into a queue")
     redrive.add_argument("dead_letter", metavar="DEAD_LETTER_QUEUE")
-    redrive.add_argument("--to", required=True, metavar="QUEUE", help="the queue to send them to")
+    redrive.add_argument(
+        "--to",
+        metavar="QUEUE",
+        help="the queue to send them to (default, schema 46 only: each to the queue it failed in)",
+    )
     redrive.add_argument("--id", dest="ids", action="append", metavar="ID", help="only these")
     redrive.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
     redrive.set_defaults(handler=_redrive)

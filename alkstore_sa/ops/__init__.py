@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import inspect, keys, supervision
+from . import heartbeats, inspect, keys, supervision
 from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
@@ -57,6 +57,7 @@ __all__ = [
     "get_queue_stats",
     "get_queues",
     "get_schedules",
+    "heartbeats",
     "inspect",
     "is_conflict",
     "keys",

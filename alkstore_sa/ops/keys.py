@@ -50,7 +50,7 @@ options change); a job an upsert inserts gets none."""
 
 def _require_version(ctx: Context, feature: str) -> None:
     if ctx.version < KEYS_SINCE:
-        raise SchemaFeatureError(feature, ctx.schema, ctx.version, KEYS_SINCE)
+        raise SchemaFeatureError(ctx.schema, feature, KEYS_SINCE, ctx.version)
 
 
 class _Target:

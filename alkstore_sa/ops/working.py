@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidOptionsError
+from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..records import FailResult as FailResult  # re-exported: the workers read it
@@ -25,6 +25,7 @@ from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
 from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Conflict, Context, Op
+from .outcomes import outcomes
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import queue_policy, require_queue
 from .sending import send_many
@@ -296,35 +297,50 @@ def _found_or_missing(ctx: Context, name: str, affected: Sequence[object]) -> Op
         yield from require_queue(ctx, name)
 
 
-def complete_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[Settled]:
+def complete_many(
+    ctx: Context, name: str, items: Sequence[SettleItem], per_job: bool = False
+) -> Op[Settled]:
     """Complete jobs: fenced items only while ``active`` in their attempt, unfenced
-    ones while ``active`` (pg-boss's complete by id)."""
+    ones while ``active`` (pg-boss's complete by id). ``per_job``: also say, per
+    item, whether it was completed and why not (:mod:`.outcomes`)."""
     settled = settlement_items(name, items)
+    opt.check_bool("per_job", per_job)
     if not settled:
-        return Settled(0, [])
+        return Settled(0, [], outcomes=[] if per_job else None)
     stmt = settle46_sql.complete_jobs() if ctx.version >= 46 else settle_sql.complete_jobs()
     result = yield Call(stmt, _settle_params(name, settled))
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
-    return Settled(len(settled), affected)
+    if not per_job:
+        return Settled(len(settled), affected)
+    done = dict.fromkeys(affected, JobState.COMPLETED)
+    each = yield from outcomes(ctx, name, settled, done)
+    return Settled(len(settled), affected, outcomes=each)
 
 
-def fail_many(ctx: Context, name: str, items: Sequence[SettleItem]) -> Op[FailResult]:
+def fail_many(
+    ctx: Context, name: str, items: Sequence[SettleItem], per_job: bool = False
+) -> Op[FailResult]:
     """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
-    ones while not finished (pg-boss's fail by id)."""
+    ones while not finished (pg-boss's fail by id). ``per_job`` as for
+    :func:`complete_many`."""
     settled = settlement_items(name, items)
+    opt.check_bool("per_job", per_job)
     if not settled:
-        return FailResult(0, [], {}, 0)
+        return FailResult(0, [], {}, 0, outcomes=[] if per_job else None)
     # At 46 the fail carries every column and backs off as pg-boss 12.38 does.
     stmt = fail46_sql.fail_jobs() if ctx.version >= 46 else fail_sql.fail_jobs()
     result = yield Call(stmt, _settle_params(name, settled))
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
+    states = {r.id: JobState(r.state) for r in rows}
+    each = (yield from outcomes(ctx, name, settled, states)) if per_job else None
     return FailResult(
         len(settled),
         [r.id for r in rows],
-        {r.id: JobState(r.state) for r in rows},
+        states,
         int(rows[0].dead_lettered) if rows else 0,
+        outcomes=each,
     )
 
 
@@ -503,26 +519,56 @@ def extend_leases(
 
 
 def redrive(
-    ctx: Context, dead_letter: str, to: str, ids: object | None, limit: int
+    ctx: Context,
+    dead_letter: str,
+    to: str | None,
+    ids: object | None,
+    limit: int,
+    filters: Mapping[str, Any] | None = None,
 ) -> Op[list[uuid.UUID]]:
-    """Move jobs waiting or failed in ``dead_letter`` into queue ``to`` as new jobs.
+    """Move jobs out of ``dead_letter`` as new jobs.
 
-    Jobs that ``to`` refuses (its policy or a taken id) stay in ``dead_letter``, and
-    so do jobs whose data cannot be read or sent again (another client wrote it past
-    the limits of docs/concepts/limits.md): those are logged, once per redrive.
+    At 46 (:mod:`.redrive46`), as pg-boss 12.38: waiting copies go to ``to`` or,
+    when ``to`` is ``None``, each to the queue it failed in (``source_name``),
+    keeping their identity columns and root; a copy its queue refuses is failed
+    in place with a ``redrive_conflict`` output.
+
+    At 26 ``to`` is required (copies there record no source), and waiting or
+    failed jobs move: jobs that ``to`` refuses (its policy or a taken id) stay in
+    ``dead_letter``, and so do jobs whose data cannot be read or sent again
+    (another client wrote it past the limits of docs/concepts/limits.md): those
+    are logged, once per redrive.
     """
     from ..sql import redrive as redrive_sql
+    from .redrive46 import check_filters, redrive46
 
     validate_queue(dead_letter, "dead_letter")
-    validate_queue(to, "to")
+    given = {k: v for k, v in (filters or {}).items() if v is not None}
+    if given and ctx.version < 46:
+        raise SchemaFeatureError(ctx.schema, f"redrive by {sorted(given)[0]}", 46, ctx.version)
+    checked = check_filters(given)
+    if to is None:
+        if ctx.version < 46:
+            # A name argument left out: the name error, as for any unusable queue name.
+            raise InvalidNameError(
+                "to",
+                f"is required at schema {ctx.version}: dead letters record their source "
+                "queue from schema 46 (pg-boss 12) on",
+            )
+    else:
+        validate_queue(to, "to")
     if to == dead_letter:
         raise InvalidOptionsError("to", "must differ from the dead letter queue")
     opt.check_int("limit", limit, minimum=1)
     params: dict[str, Any] = {"qname": dead_letter, "limit": limit}
     if ids is not None:
         params["ids"] = opt.job_ids(ids)
-    yield from require_queue(ctx, to)
+    if to is not None:
+        yield from require_queue(ctx, to)
     yield from require_queue(ctx, dead_letter)
+    if ctx.version >= 46:
+        return (yield from redrive46(ctx, dead_letter, to, params.get("ids"), limit, checked))
+    assert to is not None  # refused above below 46
     result = yield Call(redrive_sql.pick(by_id=ids is not None), params)
     picked = result.all()
     if not picked:

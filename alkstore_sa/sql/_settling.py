@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Table, Update, Uuid, bindparam, column, func, or_
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    Table,
+    Update,
+    Uuid,
+    bindparam,
+    column,
+    func,
+    or_,
+    select,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 
 from ..models.enums import JobState
@@ -127,3 +139,14 @@ def of_state(job: Table, which: str) -> list[ColumnElement[bool]]:
     elif which != "all":
         raise ValueError(which)
     return conditions
+
+
+def locate(job: Table) -> Select[Any]:
+    """``(id, name, state, started_on)`` of the jobs ``:ids``, in whichever queue.
+
+    Read after a settle with ``per_job=True``, for the jobs it left as they were,
+    to say why. Not limited to ``:qname``, so an id of another queue is told from
+    an unknown one; the job table's primary key starts with ``name``, so this
+    reads every queue's rows (or index): only the settle's leftovers pay for it.
+    """
+    return select(job.c.id, job.c.name, job.c.state, job.c.started_on).where(job.c.id == ids())

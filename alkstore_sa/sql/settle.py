@@ -68,3 +68,10 @@ def extend_lease() -> Update:
     """Push an active job's expiry out to ``now() + :extend_by`` seconds, fenced on
     ``started_on`` (see :func:`alkstore_sa.sql._settling.extend_lease`)."""
     return _settling.extend_lease(JOB, func.now())
+
+
+@functools.cache
+def locate_jobs() -> Select[Any]:
+    """``(id, name, state, started_on)`` of jobs ``:ids`` in any queue (see
+    :func:`alkstore_sa.sql._settling.locate`)."""
+    return _settling.locate(JOB)

@@ -25,13 +25,17 @@ from sqlalchemy import (
     Integer,
     Select,
     Update,
+    Uuid,
     and_,
     bindparam,
     case,
+    column,
     delete,
     func,
+    or_,
     select,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from ...models.enums import JobState
 from .. import _settling
@@ -197,3 +201,42 @@ def extend_lease() -> Update:
     this is its heartbeat too (pg-boss's touch).
     """
     return _settling.extend_lease(JOB, job_now(), heartbeat_on=job_now())
+
+
+@functools.cache
+def locate_jobs() -> Select[Any]:
+    """``(id, name, state, started_on)`` of jobs ``:ids`` in any queue (see
+    :func:`alkstore_sa.sql._settling.locate`)."""
+    return _settling.locate(JOB)
+
+
+@functools.cache
+def touch_jobs() -> Update:
+    """Stamp ``heartbeat_on = job_now()`` on the active jobs ``:ids`` of ``:qname``
+    (pg-boss 12.38's ``touch``); returns the ids touched.
+
+    ``:fences`` (one per id, NULL for none) as for the settles: a fenced item
+    touches the job only while it is ``active`` in the attempt that started at its
+    fence, so a worker whose claim lapsed cannot keep a newer attempt's heartbeat
+    fresh (pg-boss fences its touch on ``retry_count`` for the same reason). The
+    lease (``expire_seconds``) is not moved: that is :func:`extend_lease`.
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
+        )
+        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
+        .render_derived()
+    )
+    return (
+        JOB.update()
+        .where(
+            JOB.c.name == qname(),
+            JOB.c.id == src.c.id,
+            JOB.c.state == state_text(JobState.ACTIVE),
+            or_(src.c.fence.is_(None), JOB.c.started_on == src.c.fence),
+        )
+        .values(heartbeat_on=job_now())
+        .returning(JOB.c.id)
+    )

@@ -1,0 +1,39 @@
+"""Heartbeats (schema 46): refresh ``heartbeat_on`` of running jobs, pg-boss's ``touch``.
+
+A job with ``heartbeat_seconds`` must have its ``heartbeat_on`` moved at least
+that often while it is ``active``, or supervision (ours, or Node pg-boss's
+monitor) fails it with ``{"value": {"message": "job heartbeat timeout"}}``. Our
+workers do it themselves (docs/how-to/heartbeats.md); :func:`touch` is for code
+that runs a fetched job by itself.
+"""
+
+from __future__ import annotations
+
+from ..errors import SchemaFeatureError
+from ..records import Settled
+from ..sql.v46 import settle as settle46_sql
+from ._core import Call, Context, Op
+from .working import _found_or_missing, _settle_params, settlements
+
+HEARTBEATS_SINCE = 46
+"""The first pg-boss schema version with job heartbeats (pg-boss 12.12's v30)."""
+
+
+def touch(ctx: Context, name: str, jobs: object) -> Op[Settled]:
+    """Stamp ``heartbeat_on`` on active jobs of ``name``: fenced for a fetched
+    :class:`~alkstore_sa.Job` (only the attempt it was fetched in), unfenced for
+    an id (any active job with it), as pg-boss's ``touch``.
+
+    Every input is checked, and the schema version too, before any statement.
+    """
+    items = settlements(name, jobs)
+    if ctx.version < HEARTBEATS_SINCE:
+        raise SchemaFeatureError(ctx.schema, "touch", HEARTBEATS_SINCE, ctx.version)
+    if not items:
+        return Settled(0, [])
+    params = _settle_params(name, items)
+    del params["outputs"]
+    result = yield Call(settle46_sql.touch_jobs(), params)
+    affected = list(result.scalars().all())
+    yield from _found_or_missing(ctx, name, affected)
+    return Settled(len(items), affected)

@@ -1,0 +1,84 @@
+"""Redrive at schema 46: dead-letter copies back to their source queue, as pg-boss
+12.38 does (:mod:`alkstore_sa.sql.v46.redrive` says what moves and how)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .. import options as opt
+from ..errors import InvalidOptionsError
+from ..names import validate_queue
+from ..sql.v46 import redrive as redrive46_sql
+from ._core import Call, Context, Op
+
+_log = logging.getLogger(__name__)
+
+
+FILTERS = ("source_name", "data", "created_before")
+"""The redrive filters of schema 46 (pg-boss 12.38's ``sourceName``, ``data``,
+``createdBefore``), on top of ``ids``."""
+
+
+def check_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
+    """The filters given (not ``None``) as statement parameters, checked before any
+    statement: ``source_name`` a queue name, ``data`` a JSON object the copy's data
+    must contain, ``created_before`` an aware datetime."""
+    params: dict[str, Any] = {"from_source": None, "contains": None, "created_before": None}
+    source = filters.get("source_name")
+    if source is not None:
+        params["from_source"] = validate_queue(source, "source_name")
+    data = filters.get("data")
+    if data is not None:
+        if not isinstance(data, Mapping):
+            raise InvalidOptionsError("data", f"must be a JSON object (a mapping), not {data!r}")
+        params["contains"] = opt.encode_json("data", dict(data))
+    before = filters.get("created_before")
+    if before is not None:
+        if not isinstance(before, datetime) or before.tzinfo is None:
+            raise InvalidOptionsError(
+                "created_before", f"must be an aware datetime, not {before!r}"
+            )
+        params["created_before"] = before
+    return params
+
+
+def redrive46(
+    ctx: Context,
+    dead_letter: str,
+    to: str | None,
+    ids: list[uuid.UUID] | None,
+    limit: int,
+    filters: Mapping[str, Any],
+) -> Op[list[uuid.UUID]]:
+    """Move up to ``limit`` waiting copies of ``dead_letter`` (narrowed by ``ids`` and
+    the checked ``filters`` of :func:`check_filters`) to ``to``, or each to its
+    ``source_name``; returns the new ids, oldest copy first. The caller has checked
+    the arguments and that the queues exist.
+    """
+    params: dict[str, Any] = {
+        "qname": dead_letter,
+        "to": to,
+        "ids": ids,
+        "limit": limit,
+        **filters,
+    }
+    result = yield Call(redrive46_sql.redrive_jobs(), params)
+    rows = result.all()
+    moved = [r.new_id for r in rows if r.inserted]
+    conflicted = sum(1 for r in rows if not r.inserted)
+    if conflicted:
+        _log.warning(
+            "%d job(s) of %s not redriven: their queue refused them (failed in place, "
+            "output reason redrive_conflict)",
+            conflicted,
+            dead_letter,
+            extra={"action": "redrive_conflict", "queue": dead_letter, "count": conflicted},
+        )
+    queues = sorted({r.destination for r in rows if r.inserted})
+    if ctx.notify and queues:
+        yield Call(redrive46_sql.announce(), {"channel": ctx.channel, "queues": queues})
+    return moved
