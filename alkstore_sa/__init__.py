@@ -22,6 +22,7 @@ from .errors import (
     SchemaVersionError,
     UnfinishedIndexBuildError,
 )
+from .groups import GroupConcurrencyConfig
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions
@@ -52,6 +53,7 @@ __all__ = [
     "AsyncWorker",
     "FailResult",
     "ForeignRevisionError",
+    "GroupConcurrencyConfig",
     "HandlerSpec",
     "InvalidNameError",
     "InvalidOptionsError",
