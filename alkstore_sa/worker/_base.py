@@ -50,7 +50,7 @@ from ._attempt import (
     timeout_output,
 )
 from ._backoff import Backoff
-from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry
+from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry, spec_group_limits
 from .listener import Listener, Subscription
 
 log = logging.getLogger("alkstore_sa.worker")
@@ -499,7 +499,7 @@ class WorkerBase(Registry, Generic[B]):
         locks keys, or its ``group_concurrency`` groups, which needs a transaction
         (as does a first, uncached claim). ``group_counts``: our running jobs per
         group, for a ``local_group_concurrency``."""
-        groups = spec.group_limits
+        groups = spec_group_limits(spec)
         options: dict[str, Any] = {}
         if groups is not None:
             options = {"group_concurrency": groups, "group_counts": group_counts}

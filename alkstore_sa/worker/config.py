@@ -84,7 +84,7 @@ class HandlerSpec:
                 raise InvalidOptionsError(flag, f"must be True or False, not {value!r}")
         if self.timeout is not None:
             _positive_float("timeout", self.timeout)
-        _ = self.group_limits  # checked at registration, not at the first fetch
+        spec_group_limits(self)  # checked at registration, not at the first fetch
         if self.local_group_concurrency is not None:
             if self.group_concurrency is not None:
                 raise InvalidOptionsError(
@@ -97,15 +97,6 @@ class HandlerSpec:
                     "local_group_concurrency",
                     f"a limit of {most} cannot exceed the concurrency ({self.concurrency})",
                 )
-
-    @property
-    def group_limits(self) -> GroupLimits | None:
-        """The checked group limits (global or local), or None."""
-        if self.group_concurrency is not None:
-            return group_limits(self.group_concurrency)
-        if self.local_group_concurrency is not None:
-            return group_limits(self.local_group_concurrency, "local_group_concurrency")
-        return None
 
     @property
     def fetch_size(self) -> int:
@@ -133,6 +124,15 @@ class HandlerSpec:
     def is_async(self) -> bool:
         """Whether calling ``fn`` gives an awaitable."""
         return is_async_callable(self.fn)
+
+
+def spec_group_limits(spec: HandlerSpec) -> GroupLimits | None:
+    """``spec``'s checked group limits (global or local), or None."""
+    if spec.group_concurrency is not None:
+        return group_limits(spec.group_concurrency)
+    if spec.local_group_concurrency is not None:
+        return group_limits(spec.local_group_concurrency, "local_group_concurrency")
+    return None
 
 
 def is_async_callable(fn: object) -> bool:
