@@ -606,6 +606,13 @@ class WorkerBase(Registry, Generic[B]):
             abandoned = attempt.status == ABANDONED
             if not abandoned and state.free():
                 state.wake.set()
+            elif (
+                not abandoned
+                and attempt.job.group_id is not None
+                and spec_group_limits(attempt.spec)
+            ):
+                # A place of a limited group freed up: a claim may take its next job.
+                state.wake.set()
         return abandoned
 
     def _transactional(self, attempt: Attempt) -> Steps[Pending | None]:
@@ -696,6 +703,10 @@ class WorkerBase(Registry, Generic[B]):
             self._settled(items, result)
             if kind == "fail" and "retry" in result.states.values():
                 self.wake(queue)  # a retry without delay is due at once
+            elif any(p.attempt.job.group_id is not None for p in items) and spec_group_limits(
+                items[0].attempt.spec
+            ):
+                self.wake(queue)  # places of limited groups are free now
 
     # ------------------------------------------------------------ leases
 
