@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from support.worker import Harness, wait_for
 
 from alkstore_sa import HandlerSpec, InvalidOptionsError, Job, QueueService, limits
+from alkstore_sa import options as opt
 from alkstore_sa.groups import GroupLimits, group_limits
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -76,6 +77,32 @@ def test_send_and_send_many_store_the_group_and_its_tier(env46: Any) -> None:
     assert rows == {one: ("acme", "gold"), two: ("beta", None), three: (None, None)}
     job = env46.tx(lambda q: q.get_job("q", one))
     assert (job.group_id, job.group_tier) == ("acme", "gold")
+
+
+def test_a_schedule_stores_the_group_where_node_reads_it(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("q"))
+    env46.tx(lambda q: q.schedule("q", "* * * * *", None, group_id="acme", group_tier="gold"))
+    [(options,)] = env46.sql("SELECT options FROM {s}.schedule WHERE name = 'q'")
+    assert options["group"] == {"id": "acme", "tier": "gold"}
+    [info] = env46.tx(lambda q: q.get_schedules("q"))
+    assert opt.from_pgboss_send_options(info.options) == {"group_id": "acme", "group_tier": "gold"}
+
+
+def test_a_failed_job_keeps_its_group_and_still_counts_when_retried(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("q", retry_limit=1))
+    send_grouped(env46, "q", {"a": 2}, tier=lambda g: "gold")
+    [first] = env46.tx(lambda q: q.fetch("q", 5, group_concurrency=1))
+    env46.tx(lambda q: q.fail("q", first))
+    [(group, tier, state)] = env46.sql(
+        "SELECT group_id, group_tier, state::text FROM {s}.job WHERE id = :i", i=first.id
+    )
+    assert (group, tier, state) == ("a", "gold", "retry")
+    [again] = env46.tx(lambda q: q.fetch("q", 5, group_concurrency=1))
+    assert again.group_id == "a"
+    assert env46.tx(lambda q: q.fetch("q", 5, group_concurrency=1)) == []
+    env46.tx(lambda q: q.complete("q", again))
+    [last] = env46.tx(lambda q: q.fetch("q", 5, group_concurrency=1))
+    assert first.id in {again.id, last.id} and again.id != last.id  # the retry ran too
 
 
 BAD_SENDS: list[tuple[dict[str, Any], str, str]] = [
