@@ -105,6 +105,23 @@ def test_a_failed_job_keeps_its_group_and_still_counts_when_retried(env46: Any) 
     assert first.id in {again.id, last.id} and again.id != last.id  # the retry ran too
 
 
+def test_a_group_too_large_for_its_index_does_not_stop_the_queue(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("q"))
+    ok = env46.tx(lambda q: q.send("q", {"ok": True}, group_id="g"))
+    # Written by another client, older than ours and incompressible: activating it
+    # would overflow job_i7 and fail every claim of the queue.
+    big = os.urandom(3000).hex()
+    env46.sql(
+        "INSERT INTO {s}.job (name, data, group_id, created_on) "
+        "VALUES ('q', '{}', :g, now() - interval '1 hour')",
+        g=big,
+    )
+    assert [j.id for j in env46.tx(lambda q: q.fetch("q", 5))] == [ok]
+    assert env46.tx(lambda q: q.fetch("q", 5, group_concurrency=1)) == []
+    [(state,)] = env46.sql("SELECT state::text FROM {s}.job WHERE group_id = :g", g=big)
+    assert state == "created"
+
+
 BAD_SENDS: list[tuple[dict[str, Any], str, str]] = [
     ({"group_id": ""}, "group_id", "non-empty"),
     ({"group_id": 7}, "group_id", "must be a string"),

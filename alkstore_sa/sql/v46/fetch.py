@@ -57,6 +57,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, distinct_on
 
+from ...limits import MAX_GROUP_ID_BYTES
 from ...models.enums import JobState
 from .. import _claim
 from .._claim import in_keys, policy_literal
@@ -298,6 +299,12 @@ def fetch_jobs(
     if policy == KEY_STRICT_FIFO:
         heads = _heads(ignore_start_after=ignore_start_after)
         conditions.append(j.c.id.in_(select(heads.c.id)))
+    # A group past MAX_GROUP_ID_BYTES (written by another client; ours are refused)
+    # may not fit job_i7, which activation enters: the whole claim would fail at
+    # every fetch. Such a job is left queued (docs/concepts/limits.md).
+    conditions.append(
+        or_(j.c.group_id.is_(None), func.octet_length(j.c.group_id) <= MAX_GROUP_ID_BYTES)
+    )
     columns = [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on]
     counts = None if groups is None else _counts(groups)
     if counts is not None:
