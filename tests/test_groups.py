@@ -27,7 +27,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from support.worker import Harness, wait_for
 
-from alkstore_sa import HandlerSpec, InvalidOptionsError, Job, QueueService, limits
+from alkstore_sa import HandlerSpec, InvalidOptionsError, Job, JobSpec, QueueService, limits
 from alkstore_sa import options as opt
 from alkstore_sa.groups import GroupLimits, group_limits
 
@@ -164,11 +164,12 @@ def test_schema_26_refuses_groups_without_touching_the_transaction(env: Any) -> 
 
     def attempt(q: Any) -> list[str]:
         caught = []
-        for call in (
+        calls: list[Callable[[], Any]] = [
             lambda: q.send("q", None, group_id="g"),
             lambda: q.send_many("q", [{"group_id": "g", "group_tier": "t"}]),
             lambda: q.fetch("q", 1, group_concurrency=2),
-        ):
+        ]
+        for call in calls:
             with pytest.raises(InvalidOptionsError, match="needs pg-boss schema 46") as caught_:
                 call()
             assert "this schema is at 26" in str(caught_.value)
@@ -303,7 +304,8 @@ def test_two_open_transactions_never_exceed_a_limit_together(engine: Engine, sch
     with Session(engine) as s, s.begin():
         q = QueueService(s, schema=schema46)
         q.create_queue("q")
-        q.send_many("q", [{"group_id": "a"} for _ in range(3)] + [{"group_id": "b"}])
+        jobs: list[JobSpec] = [{"group_id": "a"} for _ in range(3)]
+        q.send_many("q", [*jobs, {"group_id": "b"}])
     first = Session(engine)
     second = Session(engine)
     try:
@@ -460,8 +462,10 @@ class GroupTracker:
 def test_a_worker_runs_no_more_of_a_group_than_its_limit(harness46: Harness, option: str) -> None:
     h = harness46
     h.service_tx(lambda q: q.create_queue("q"))
-    jobs = [
-        {"data": i, "group_id": g, **({"group_tier": "gold"} if g == "gold" else {})}
+    jobs: list[JobSpec] = [
+        {"data": i, "group_id": g, "group_tier": "gold"}
+        if g == "gold"
+        else {"data": i, "group_id": g}
         for i in range(6)
         for g in ("gold", "a", "b")
     ]

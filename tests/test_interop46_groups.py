@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from support.interop46 import Shared46, on46, schema46_by, shared46_by, sql, states, wait_until
 from support.node import in_tx, node46, node46_modules, node_url
 
-from alkstore_sa import Job
+from alkstore_sa import GroupConcurrencyConfig, Job, JobSpec
 from alkstore_sa.worker import Worker
 
 __all__ = ["node46", "node46_modules", "node_url", "on46", "schema46_by", "shared46_by"]
@@ -66,7 +66,7 @@ def test_python_fetch_counts_the_jobs_node_holds_active(engine: Engine, on46: Sh
     boss.call("insert", q, [{"data": {"n": 9}, "group": {"id": "h", "tier": "gold"}}])
     taken = boss.call("fetch", q, {"batchSize": 10, "groupConcurrency": 2})
     assert Counter(j["groupId"] for j in taken) == {"g": 2, "h": 1}
-    limits = {"default": 2, "tiers": {"gold": 1}}
+    limits: GroupConcurrencyConfig = {"default": 2, "tiers": {"gold": 1}}
     assert in_tx(engine, schema, lambda s: s.fetch(q, 10, group_concurrency=limits)) == []
     more = in_tx(engine, schema, lambda s: s.fetch(q, 10, group_concurrency=3))
     assert [j.group_id for j in more] == ["g"]
@@ -75,9 +75,9 @@ def test_python_fetch_counts_the_jobs_node_holds_active(engine: Engine, on46: Sh
 def test_node_fetch_counts_the_jobs_python_holds_active(engine: Engine, on46: Shared46) -> None:
     schema, boss, q = on46.schema, on46.boss, on46.queue()
     in_tx(engine, schema, lambda s: s.create_queue(q))
-    jobs = [{"data": n, "group_id": "g", "group_tier": "gold"} for n in range(4)]
+    jobs: list[JobSpec] = [{"data": n, "group_id": "g", "group_tier": "gold"} for n in range(4)]
     in_tx(engine, schema, lambda s: s.send_many(q, [*jobs, {"data": 9, "group_id": "h"}]))
-    limits = {"default": 1, "tiers": {"gold": 2}}
+    limits: GroupConcurrencyConfig = {"default": 1, "tiers": {"gold": 2}}
     taken = in_tx(engine, schema, lambda s: s.fetch(q, 10, group_concurrency=limits))
     assert Counter(j.group_id for j in taken) == {"g": 2, "h": 1}
     assert boss.call("fetch", q, {"batchSize": 10, "groupConcurrency": limits}) == []
@@ -104,7 +104,7 @@ def test_node_and_python_workers_share_each_groups_limit(
         boss.call("insert", "work", jobs)
 
     node_sends(range(LIMIT))
-    python_jobs = [
+    python_jobs: list[JobSpec] = [
         {"data": {"n": n}, "group_id": f"g{g}"}
         for g in range(GROUPS)
         for n in range(LIMIT, PER_GROUP // 2 + LIMIT)
@@ -155,7 +155,7 @@ def test_a_node_worker_takes_nothing_of_groups_a_python_worker_holds_full(
     schema = schema46_by
     boss = node46(schema)
     in_tx(engine, schema, lambda s: s.create_queue("work"))
-    jobs = [
+    jobs: list[JobSpec] = [
         {"data": {"n": n}, "group_id": f"g{g}"} for g in range(GROUPS) for n in range(PER_GROUP)
     ]
     in_tx(engine, schema, lambda s: s.send_many("work", jobs))
