@@ -118,7 +118,7 @@ def test_node_and_python_workers_share_each_groups_limit(
         "batchSize": GROUPS * LIMIT,
         "pollingIntervalSeconds": 0.5,
     }
-    boss.call("work", "work", options, {"sleepMs": 2500})
+    boss.call("work", "work", options, {"sleepMs": 6000})
     full = {f"g{g}": LIMIT for g in range(GROUPS)}
     assert wait_until(lambda: active_per_group(engine, schema, "work") == full, timeout=15)
 
