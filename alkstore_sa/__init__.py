@@ -23,6 +23,7 @@ from .errors import (
     SchemaVersionError,
     UnfinishedIndexBuildError,
 )
+from .groups import GroupConcurrencyConfig
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
 from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
@@ -57,6 +58,7 @@ __all__ = [
     "AsyncWorker",
     "FailResult",
     "ForeignRevisionError",
+    "GroupConcurrencyConfig",
     "HandlerSpec",
     "InvalidNameError",
     "InvalidOptionsError",

@@ -30,6 +30,16 @@ MAX_SINGLETON_KEY_BYTES = 2048
 #: for the longest queue name and the two underscores.
 MAX_SCHEDULE_KEY_BYTES = MAX_SINGLETON_KEY_BYTES - 202
 
+#: Largest ``group_id`` (schema 46), in bytes of UTF-8. The group enters the index of
+#: active jobs per group (``job_i7``, with the queue name) when its job is claimed, under
+#: the same btree limit as :data:`MAX_SINGLETON_KEY_BYTES`.
+MAX_GROUP_ID_BYTES = MAX_SINGLETON_KEY_BYTES
+
+#: Largest ``group_tier`` (schema 46), in bytes of UTF-8, and largest tier name in a
+#: ``group_concurrency`` mapping. No index holds it; it is kept to the group's limit so
+#: the two read alike.
+MAX_GROUP_TIER_BYTES = MAX_SINGLETON_KEY_BYTES
+
 #: Largest published event name, in bytes of UTF-8. It is part of the primary key of
 #: the subscription table, with the queue name, under the same btree limit as
 #: :data:`MAX_SINGLETON_KEY_BYTES`.

@@ -63,6 +63,8 @@ class TimedSendOptions(TypedDict, total=False):
     retry_delay_max: int
     dead_letter: str
     heartbeat_seconds: int
+    group_id: str
+    group_tier: str
 
 
 class SendOptions(TimedSendOptions, total=False):
@@ -139,6 +141,7 @@ class OptionSpec:
         (a value whose meaning is new at 46, like ``deletion_seconds=0``).
     :param metavar: the command line's placeholder for the value.
     :param help: the command line's help.
+    :param allow_empty: a ``text`` value may be the empty string.
     """
 
     name: str
@@ -161,6 +164,7 @@ class OptionSpec:
     minimum_26: int | None = None
     metavar: str | None = None
     help: str = ""
+    allow_empty: bool = True
 
     @property
     def python_types(self) -> tuple[type, ...]:
@@ -406,6 +410,36 @@ OPTIONS: tuple[OptionSpec, ...] = (
         since=46,
         help="wake listening workers on each send (schema 46 only)",
     ),
+    # pg-boss 12: the job's concurrency group (its send option group.id), which a
+    # worker's group_concurrency limits; pg-boss refuses an empty one.
+    OptionSpec(
+        "group_id",
+        "text",
+        send=True,
+        nullable=True,
+        allow_empty=False,
+        max_bytes=limits.MAX_GROUP_ID_BYTES,
+        pgboss="group.id",
+        job_column="group_id",
+        since=46,
+        metavar="GROUP",
+        help="concurrency group of the job (schema 46 only)",
+    ),
+    # pg-boss 12: group.tier picks the group's limit among a worker's tiers; only
+    # given with a group.
+    OptionSpec(
+        "group_tier",
+        "text",
+        send=True,
+        nullable=True,
+        allow_empty=False,
+        max_bytes=limits.MAX_GROUP_TIER_BYTES,
+        pgboss="group.tier",
+        job_column="group_tier",
+        since=46,
+        metavar="TIER",
+        help="tier of the job's group, with --group-id (schema 46 only)",
+    ),
 )
 """Every queue and send option, once; see :class:`OptionSpec`."""
 
@@ -491,7 +525,9 @@ def _checker(spec: OptionSpec) -> Callable[[object], Any]:
     elif spec.kind == "bool":
         check = functools.partial(check_bool, name)
     elif spec.kind == "text":
-        check = functools.partial(check_text, name, max_bytes=spec.max_bytes)
+        check = functools.partial(
+            check_text, name, allow_empty=spec.allow_empty, max_bytes=spec.max_bytes
+        )
     elif spec.kind == "queue":
         check = functools.partial(validate_queue, option=name)
     elif spec.kind == "policy":
@@ -590,6 +626,9 @@ def send_options(opts: Mapping[str, Any], *, version: int | None = None) -> dict
     :class:`StartAfter`, ``id`` as a UUID)."""
     out = check_options(opts, ACCEPTED_SEND_OPTIONS, "send")
     check_requirements(out)
+    if out.get("group_tier") is not None and out.get("group_id") is None:
+        # pg-boss's tier lives inside its group object: no group, no tier.
+        raise InvalidOptionsError("group_tier", "is only allowed with a group_id")
     check_version(out, version, "send")
     return out
 
@@ -782,7 +821,9 @@ def job_ids(ids: object) -> list[uuid.UUID]:
 
 
 PGBOSS_SEND_KEYS = {o.pgboss: o.name for o in OPTIONS if o.send and o.public}
-"""pg-boss's send option keys and ours, for options stored where Node reads them."""
+"""pg-boss's send option keys and ours, for options stored where Node reads them.
+
+A dotted key (``group.id``) is a field of an object option of pg-boss's (``group``)."""
 
 
 def pgboss_start_after(value: object) -> str | int | float | None:
@@ -813,15 +854,27 @@ def to_pgboss_send_options(opts: Mapping[str, Any]) -> dict[str, Any]:
                 continue
         elif spec.kind == "uuid":
             value = str(value)
-        out[spec.pgboss] = value
+        outer, _, inner = spec.pgboss.partition(".")
+        if inner:
+            if value is not None:
+                out.setdefault(outer, {})[inner] = value
+        else:
+            out[spec.pgboss] = value
     return out
 
 
 def from_pgboss_send_options(opts: Mapping[str, Any] | None) -> dict[str, Any]:
     """Send options stored by Node pg-boss or by us, in our names (unknown keys dropped)."""
+    flat: dict[str, Any] = {}
+    for key, value in (opts or {}).items():
+        if isinstance(value, Mapping):
+            # pg-boss's object options (group: {id, tier}) as their dotted keys.
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
     return {
         PGBOSS_SEND_KEYS[key]: value
-        for key, value in (opts or {}).items()
+        for key, value in flat.items()
         if key in PGBOSS_SEND_KEYS and value is not None
     }
 

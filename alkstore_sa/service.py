@@ -34,6 +34,7 @@ from ._engine_cache import (
     version_unlocked,
 )
 from .errors import SchemaVersionChangedError, SchemaVersionError
+from .groups import GroupConcurrencyConfig
 from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .ops._core import may_be_schema_change
@@ -371,17 +372,28 @@ class QueueService:
         *,
         priority: bool = True,
         ignore_start_after: bool = False,
+        group_concurrency: int | GroupConcurrencyConfig | None = None,
     ) -> list[Job]:
         """Claim up to ``batch_size`` jobs (``FOR UPDATE SKIP LOCKED``) and return them active.
 
         Order: highest ``priority`` first (unless ``priority=False``), then oldest.
         On singleton and stately queues at most one job per key is activated.
 
+        ``group_concurrency`` (schema 46): activate a job of a group (its
+        ``group_id``) only while the group has fewer active jobs in the queue than
+        its limit: an integer, or ``{"default": n, "tiers": {tier: n}}`` (see
+        docs/how-to/group-concurrency.md). The group locks it takes are held until
+        the transaction ends.
+
         A row that cannot be activated or read (written past the limits of
         docs/concepts/limits.md by another client) is failed on its own, with an
         output saying why and one WARNING log, and the rest of the batch is returned.
+
+        :raises InvalidOptionsError: for a bad ``group_concurrency``, or one at
+            schema 26, before any SQL.
         """
-        return self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after))
+        g: dict[str, Any] = {"group_concurrency": group_concurrency}
+        return self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after, **g))
 
     def complete(
         self,

@@ -353,6 +353,27 @@ def supervision_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert isinstance(ns["clock"].now(), dt.datetime)
 
 
+def groups_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    ctx.service(lambda jobs: jobs.create_queue("exports"))
+    return {}
+
+
+def groups_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    rows = ctx.sql(
+        "SELECT group_id, group_tier, state::text AS state, output FROM pgboss.job"
+        " WHERE name = 'exports' ORDER BY group_id, created_on"
+    )
+    by_group: dict[str, list[Any]] = {}
+    for row in rows:
+        by_group.setdefault(row.group_id, []).append(row)
+    assert [r.state for r in by_group["acme"]] == ["completed"] * 3
+    assert {r.group_tier for r in by_group["globex"]} == {"enterprise"}
+    assert sorted(r.output["exported"] for r in by_group["globex"]) == [0, 1, 2]
+    assert sorted(r.state for r in by_group["initech"]) == ["completed"] * 2 + ["created"] * 3
+    assert ns["local"].specs["exports"].local_group_concurrency == 1
+
+
 def interop_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     ctx.service(lambda jobs: jobs.create_queue("emails"))
@@ -595,6 +616,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/workers.md": Page(workers_prelude, workers_check),
     "docs/how-to/supervision.md": Page(supervision_prelude, supervision_check),
     "docs/how-to/node-interop.md": Page(interop_prelude, interop_check),
+    "docs/how-to/group-concurrency.md": Page(groups_prelude, groups_check),
     "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
     "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),

@@ -57,6 +57,8 @@ PGBOSS_SAMPLES: dict[str, Any] = {
     "retention_seconds": 80,
     "deletion_seconds": 90,
     "heartbeat_seconds": 30,
+    "group_id": "acme",
+    "group_tier": "gold",
 }
 
 # The options every schema has (the others need pg-boss schema 46).
@@ -147,7 +149,9 @@ def test_command_line_values_reach_the_service_in_the_tables_types() -> None:
 def test_every_send_option_round_trips_through_pgboss_json() -> None:
     assert set(PGBOSS_SAMPLES) == PUBLIC_SEND
     stored = opt.to_pgboss_send_options(PGBOSS_SAMPLES)
-    assert set(stored) == {opt.OPTION[n].pgboss for n in PUBLIC_SEND}
+    # A dotted key is a field of one of pg-boss's object options (group: {id, tier}).
+    assert set(stored) == {opt.OPTION[n].pgboss.split(".")[0] for n in PUBLIC_SEND}
+    assert stored["group"] == {"id": "acme", "tier": "gold"}
     assert opt.from_pgboss_send_options(stored) == PGBOSS_SAMPLES
     assert opt.to_pgboss_send_options(opt.from_pgboss_send_options(stored)) == stored
 
@@ -246,7 +250,12 @@ def test_every_requirement_names_an_option_of_the_table() -> None:
 
 
 def test_options_new_at_46_are_declared_with_their_version() -> None:
-    assert {o.name for o in opt.OPTIONS if o.since == 46} == {"heartbeat_seconds", "notify"}
+    assert {o.name for o in opt.OPTIONS if o.since == 46} == {
+        "heartbeat_seconds",
+        "notify",
+        "group_id",
+        "group_tier",
+    }
     assert {o.name for o in opt.OPTIONS if o.since not in (26, 46)} == set()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,7 @@ from sqlalchemy import Executable
 
 from .. import options as opt
 from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError
+from ..groups import GroupLimits, group_limits
 from ..models.enums import JobState
 from ..names import validate_queue
 from ..records import FailResult as FailResult  # re-exported: the workers read it
@@ -50,15 +52,60 @@ def _takes_key_locks(ctx: Context, policy: str) -> bool:
     return policy in fetch_sql.RACY_POLICIES
 
 
-def claims_in_autocommit(ctx: Context, name: str) -> bool:
+def claims_in_autocommit(ctx: Context, name: str, *, group_locks: bool = False) -> bool:
     """Whether a claim of queue ``name`` can run in autocommit (one statement, no
-    transaction around it): its policy is cached and its claim takes no key locks.
+    transaction around it): its policy is cached and its claim takes no key locks,
+    nor group locks (``group_locks``: a global ``group_concurrency``).
 
     A key_strict_fifo claim can, too: in autocommit its unique violation ends only
     that statement, as the savepoint does in a transaction.
     """
     policy = ctx.policies.get(ctx.schema, name)
-    return policy is not None and not _takes_key_locks(ctx, policy)
+    return policy is not None and not group_locks and not _takes_key_locks(ctx, policy)
+
+
+class _Groups:
+    """A claim's group concurrency: the limits, and the running jobs per group when
+    they are the caller's own (``local``) rather than the database's."""
+
+    def __init__(self, limits: GroupLimits, counts: Mapping[str, int] | None) -> None:
+        self.limits = limits
+        self.counts = None if counts is None else dict(counts)
+
+    @property
+    def mode(self) -> str:
+        return fetch46_sql.LOCAL if self.counts is not None else fetch46_sql.GLOBAL
+
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "group_default": self.limits.default,
+            "group_tiers": self.limits.tiers_json,
+        }
+        if self.counts is not None:
+            params["group_counts"] = json.dumps(self.counts, separators=(",", ":"))
+        return params
+
+    def took(self, jobs: Sequence[Job]) -> None:
+        """Count ``jobs`` (claimed by an earlier round of the same fetch) as running."""
+        if self.counts is not None:
+            for job in jobs:
+                if job.group_id is not None:
+                    self.counts[job.group_id] = self.counts.get(job.group_id, 0) + 1
+
+
+def _check_groups(
+    ctx: Context, group_concurrency: object, group_counts: Mapping[str, int] | None
+) -> _Groups | None:
+    if group_concurrency is None:
+        return None
+    limits = group_limits(group_concurrency)
+    if ctx.version < 46:
+        raise InvalidOptionsError(
+            "group_concurrency",
+            "needs pg-boss schema 46 (a fetch option of pg-boss 12); "
+            f"this schema is at {ctx.version}",
+        )
+    return _Groups(limits, group_counts)
 
 
 def fetch(
@@ -69,8 +116,16 @@ def fetch(
     ignore_start_after: bool,
     *,
     autocommit: bool = False,
+    group_concurrency: object = None,
+    group_counts: Mapping[str, int] | None = None,
 ) -> Op[list[Job]]:
     """Claim up to ``batch_size`` jobs of ``name``.
+
+    ``group_concurrency`` (schema 46, see :mod:`alkstore_sa.groups`) limits the
+    active jobs of each group: those in the database, or with ``group_counts`` the
+    caller's own running jobs per group (a worker's ``local_group_concurrency``).
+    The database-wide limit takes group locks and so needs a transaction (as key
+    locks do, below).
 
     ``autocommit``: the caller runs each statement in autocommit; a policy whose
     claim needs a transaction (key locks) raises :class:`NeedsTransaction` before
@@ -84,12 +139,22 @@ def fetch(
     opt.check_int("batch_size", batch_size, minimum=1, maximum=100_000)
     opt.check_bool("priority", priority)
     opt.check_bool("ignore_start_after", ignore_start_after)
+    groups = _check_groups(ctx, group_concurrency, group_counts)
+    if autocommit and groups is not None and groups.counts is None:
+        raise NeedsTransaction(name)
     cached = ctx.policies.get(ctx.schema, name) is not None
     policy = yield from _policy(ctx, name)
     if autocommit and _takes_key_locks(ctx, policy):
         raise NeedsTransaction(name)
     jobs = yield from _claim(
-        ctx, name, policy, batch_size, priority, ignore_start_after, relaxed=autocommit
+        ctx,
+        name,
+        policy,
+        batch_size,
+        priority,
+        ignore_start_after,
+        relaxed=autocommit,
+        groups=groups,
     )
     if not jobs and cached:
         # An empty answer from a cached policy: make sure the queue still exists
@@ -99,7 +164,14 @@ def fetch(
             if autocommit and _takes_key_locks(ctx, fresh):
                 raise NeedsTransaction(name)
             jobs = yield from _claim(
-                ctx, name, fresh, batch_size, priority, ignore_start_after, relaxed=autocommit
+                ctx,
+                name,
+                fresh,
+                batch_size,
+                priority,
+                ignore_start_after,
+                relaxed=autocommit,
+                groups=groups,
             )
     return jobs
 
@@ -113,6 +185,7 @@ def _claim(
     ignore_start_after: bool,
     *,
     relaxed: bool = False,
+    groups: _Groups | None = None,
 ) -> Op[list[Job]]:
     stmt: Executable
     if ctx.version >= 46:
@@ -120,7 +193,10 @@ def _claim(
         # is not an option there.
         aware = policy in fetch46_sql.SINGLETON_POLICIES
         stmt = fetch46_sql.fetch_jobs(
-            policy=policy, ignore_start_after=ignore_start_after, relaxed=relaxed
+            policy=policy,
+            ignore_start_after=ignore_start_after,
+            relaxed=relaxed,
+            groups=None if groups is None else groups.mode,
         )
     else:
         aware = policy in fetch_sql.RACY_POLICIES
@@ -138,10 +214,15 @@ def _claim(
     # rounds are bounded so a queue full of poison cannot hold one fetch long.
     for _ in range(_POISON_ROUNDS):
         want = batch_size - len(jobs)
+        round_params = {**params, "limit": want}
+        if groups is not None:
+            round_params.update(groups.params())
         claimed, poisoned = yield from _claim_once(
-            ctx, name, aware, stmt, {**params, "limit": want}, priority, ignore_start_after, policy
+            ctx, name, aware, stmt, round_params, priority, ignore_start_after, policy, groups
         )
         jobs.extend(claimed)
+        if groups is not None:
+            groups.took(claimed)
         if not poisoned or len(jobs) >= batch_size:
             break
     return jobs
@@ -159,6 +240,7 @@ def _claim_once(
     priority: bool,
     ignore_start_after: bool,
     policy: str,
+    groups: _Groups | None = None,
 ) -> Op[tuple[list[Job], int]]:
     """One claim: the jobs it activated and how many poison jobs it failed."""
     poisoned = 0
@@ -184,6 +266,8 @@ def _claim_once(
         params["keys"] = keys
         if not keys:
             return [], poisoned
+    if groups is not None and groups.counts is None:
+        params["groups"] = yield from _lock_groups(ctx, params, ignore_start_after, policy)
     # key_strict_fifo takes no key locks (pg-boss's claim skips held keys) and can
     # still collide with a Node fetcher on job_i8: in a savepoint too.
     risky = aware or policy == fetch46_sql.KEY_STRICT_FIFO
@@ -204,6 +288,29 @@ def _claim_once(
         ctx, name, [(j.id, "read", j.unreadable) for j in unreadable]
     )
     return [j for j in jobs if not isinstance(j, UnreadableJob)], poisoned
+
+
+_GROUP_LOCK_ROUNDS = 3
+
+
+def _lock_groups(
+    ctx: Context, params: Mapping[str, Any], ignore_start_after: bool, policy: str
+) -> Op[list[str]]:
+    """The groups a claim may take jobs of: the groups with room left of the next
+    claimable jobs whose locks this transaction took (see sql/v46/fetch.py). A
+    group another fetcher holds is left to it, and the next candidates' groups
+    are tried in its place, for a few rounds."""
+    stmt = fetch46_sql.lock_groups(policy=policy, ignore_start_after=ignore_start_after)
+    held: list[str] = []
+    tried: list[str] = []
+    for _ in range(_GROUP_LOCK_ROUNDS):
+        result = yield Call(stmt, {**params, "lock_schema": ctx.schema, "tried": tried})
+        rows = result.all()
+        held.extend(row.group_id for row in rows if row.taken)
+        tried.extend(row.group_id for row in rows)
+        if all(row.taken for row in rows):
+            break
+    return held
 
 
 def _fence(value: object) -> datetime | None:

@@ -50,7 +50,7 @@ from ._attempt import (
     timeout_output,
 )
 from ._backoff import Backoff
-from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry
+from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry, spec_group_limits
 from .listener import Listener, Subscription
 
 log = logging.getLogger("alkstore_sa.worker")
@@ -95,6 +95,30 @@ class QueueState:
         self.inline_since = 0.0
         self.pending: deque[Attempt] = deque()  # claimed, to run on the fetch loop next
         self.run_seconds: float | None = None  # moving average of the handlers' run time
+        # local_group_concurrency: the group of each of our running jobs that has one.
+        self.grouped: dict[Any, str] = {}
+
+    def group_counts(self) -> dict[str, int] | None:
+        """Our running jobs per group, for a ``local_group_concurrency`` claim (else None)."""
+        if self.spec.local_group_concurrency is None:
+            return None
+        with self.lock:
+            counts: dict[str, int] = {}
+            for group in self.grouped.values():
+                counts[group] = counts.get(group, 0) + 1
+            return counts
+
+    def group_started(self, job: Job) -> None:
+        if self.spec.local_group_concurrency is not None and job.group_id is not None:
+            with self.lock:
+                self.grouped[job.id] = job.group_id
+
+    def group_ended(self, job: Job) -> None:
+        """The job's handler returned (or will never run): its group place is free.
+        A handler abandoned on a thread keeps its place until it returns."""
+        if self.grouped:
+            with self.lock:
+                self.grouped.pop(job.id, None)
 
     def ran(self, seconds: float) -> None:
         """A handler of the queue ran for ``seconds`` (not abandoned)."""
@@ -440,7 +464,7 @@ class WorkerBase(Registry, Generic[B]):
             state.wake.clear()
             fetched_at = monotonic()
             try:
-                jobs = yield from self._claiming(spec, want)
+                jobs = yield from self._claiming(spec, want, state.group_counts())
             except SchemaVersionError as exc:
                 # The schema is (now) at a version this release does not speak:
                 # claim nothing and look again later (no crash loop; queued jobs
@@ -455,6 +479,8 @@ class WorkerBase(Registry, Generic[B]):
             backoff.reset()
             self._refusals.clear()
             state.claimed(len(jobs), want)
+            for job in jobs:
+                state.group_started(job)
             attempts = [self._begin(spec, job, fetched_at) for job in jobs]
             if attempts and self._inline_jobs and state.runs_inline():
                 yield from self._inline(state, attempts, generation)
@@ -466,22 +492,41 @@ class WorkerBase(Registry, Generic[B]):
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
 
-    def _claiming(self, spec: HandlerSpec, want: int) -> Steps[list[Job]]:
+    def _claiming(
+        self, spec: HandlerSpec, want: int, group_counts: dict[str, int] | None = None
+    ) -> Steps[list[Job]]:
         """One claim: in autocommit (one round trip) unless the queue's policy
-        locks keys, which needs a transaction (as does a first, uncached claim)."""
-        if working.claims_in_autocommit(self._ctx, spec.queue):
+        locks keys, or its ``group_concurrency`` groups, which needs a transaction
+        (as does a first, uncached claim). ``group_counts``: our running jobs per
+        group, for a ``local_group_concurrency``."""
+        groups = spec_group_limits(spec)
+        options: dict[str, Any] = {}
+        if groups is not None:
+            options = {"group_concurrency": groups, "group_counts": group_counts}
+        global_groups = groups is not None and group_counts is None
+        if working.claims_in_autocommit(self._ctx, spec.queue, group_locks=global_groups):
             try:
                 return (
                     yield from self._op(
                         ops.fetch(
-                            self._ctx, spec.queue, want, spec.priority, False, autocommit=True
+                            self._ctx,
+                            spec.queue,
+                            want,
+                            spec.priority,
+                            False,
+                            autocommit=True,
+                            **options,
                         ),
                         autocommit=True,
                     )
                 )
             except working.NeedsTransaction:
                 pass
-        return (yield from self._op(ops.fetch(self._ctx, spec.queue, want, spec.priority, False)))
+        return (
+            yield from self._op(
+                ops.fetch(self._ctx, spec.queue, want, spec.priority, False, **options)
+            )
+        )
 
     def _inline(self, state: QueueState, attempts: list[Attempt], generation: int) -> Steps[None]:
         """Run ``attempts`` on the fetch loop itself, one after the other (saves the
@@ -503,6 +548,8 @@ class WorkerBase(Registry, Generic[B]):
             try:
                 if attempt.status == RUNNING:  # not abandoned while it waited
                     yield from self._executing(state, attempt)
+                else:
+                    state.group_ended(attempt.job)
             finally:
                 with state.lock:
                     if state.inline is attempt:
@@ -554,9 +601,17 @@ class WorkerBase(Registry, Generic[B]):
             if pending is not None:
                 self._inbox.put(pending)
         finally:
+            state.group_ended(attempt.job)
             # An abandoned attempt gave its slot back when it was abandoned.
             abandoned = attempt.status == ABANDONED
             if not abandoned and state.free():
+                state.wake.set()
+            elif (
+                not abandoned
+                and attempt.job.group_id is not None
+                and spec_group_limits(attempt.spec)
+            ):
+                # A place of a limited group freed up: a claim may take its next job.
                 state.wake.set()
         return abandoned
 
@@ -648,6 +703,10 @@ class WorkerBase(Registry, Generic[B]):
             self._settled(items, result)
             if kind == "fail" and "retry" in result.states.values():
                 self.wake(queue)  # a retry without delay is due at once
+            elif any(p.attempt.job.group_id is not None for p in items) and spec_group_limits(
+                items[0].attempt.spec
+            ):
+                self.wake(queue)  # places of limited groups are free now
 
     # ------------------------------------------------------------ leases
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..errors import InvalidOptionsError
+from ..groups import GroupConcurrencyConfig, GroupLimits, group_limits
 from ..names import validate_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +47,15 @@ class HandlerSpec:
         output (async handlers are cancelled, sync ones abandoned). Without it,
         and with ``extend_lease=False``, the job's ``expire_seconds`` is the timeout.
     :param priority: claim higher ``priority`` first (pg-boss's default).
+    :param group_concurrency: schema 46: at most this many jobs of one group
+        (``group_id``) active in the queue at once, counted in the database, so
+        that every worker of every process (and Node pg-boss's) counts the others'
+        jobs. An integer, or ``{"default": n, "tiers": {tier: n}}``: the limit of
+        a group whose jobs have a tier the mapping names, else ``default``. See
+        docs/how-to/group-concurrency.md.
+    :param local_group_concurrency: schema 46: the same limit counted only among
+        this worker's own running jobs of the queue (no group locks, no counting
+        in the database); at most ``concurrency``. Not with ``group_concurrency``.
     """
 
     queue: str
@@ -57,6 +67,8 @@ class HandlerSpec:
     extend_lease: bool = True
     timeout: float | None = None
     priority: bool = True
+    group_concurrency: int | GroupConcurrencyConfig | None = None
+    local_group_concurrency: int | GroupConcurrencyConfig | None = None
 
     def __post_init__(self) -> None:
         validate_queue(self.queue, "queue")
@@ -72,6 +84,19 @@ class HandlerSpec:
                 raise InvalidOptionsError(flag, f"must be True or False, not {value!r}")
         if self.timeout is not None:
             _positive_float("timeout", self.timeout)
+        spec_group_limits(self)  # checked at registration, not at the first fetch
+        if self.local_group_concurrency is not None:
+            if self.group_concurrency is not None:
+                raise InvalidOptionsError(
+                    "local_group_concurrency",
+                    "cannot be combined with group_concurrency: choose one",
+                )
+            most = group_limits(self.local_group_concurrency, "local_group_concurrency").most
+            if most > self.concurrency:
+                raise InvalidOptionsError(
+                    "local_group_concurrency",
+                    f"a limit of {most} cannot exceed the concurrency ({self.concurrency})",
+                )
 
     @property
     def fetch_size(self) -> int:
@@ -99,6 +124,15 @@ class HandlerSpec:
     def is_async(self) -> bool:
         """Whether calling ``fn`` gives an awaitable."""
         return is_async_callable(self.fn)
+
+
+def spec_group_limits(spec: HandlerSpec) -> GroupLimits | None:
+    """``spec``'s checked group limits (global or local), or None."""
+    if spec.group_concurrency is not None:
+        return group_limits(spec.group_concurrency)
+    if spec.local_group_concurrency is not None:
+        return group_limits(spec.local_group_concurrency, "local_group_concurrency")
+    return None
 
 
 def is_async_callable(fn: object) -> bool:

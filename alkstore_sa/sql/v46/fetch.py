@@ -22,6 +22,18 @@ pg-boss 12.38 does it:
 Kept from 26: the guard on the cached policy, and rows read through
 :func:`alkstore_sa.sql.reading.readable_columns` so one poison row never fails
 the batch.
+
+Group concurrency (``groups``, see :mod:`alkstore_sa.groups`): a job of a group
+is a candidate only while its group has fewer active jobs than its tier's limit,
+and a batch takes no more of a group than the places left, as pg-boss 12.38's
+claim with ``groupConcurrency`` does. ``"global"`` counts the active jobs of the
+queue in the database; pg-boss reads them in the claim's snapshot and so may go
+past the limit when two claims race. Ours first takes a transaction lock on each
+group it may claim from (:func:`lock_groups`, which never waits); the claim, run
+next in the same transaction, only takes jobs of the groups it holds, and its
+snapshot sees every claim of those groups that held the lock before it. Two of
+our fetchers therefore never exceed a limit together. ``"local"`` counts the
+jobs the caller (one worker) runs, bound as ``:group_counts``; it takes no locks.
 """
 
 from __future__ import annotations
@@ -29,13 +41,27 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Select, bindparam, func, not_, select
-from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    not_,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, distinct_on
 
+from ...limits import MAX_GROUP_ID_BYTES
 from ...models.enums import JobState
 from .. import _claim
 from .._claim import in_keys, policy_literal
-from .._common import qname, state_text
+from .._common import advisory_key, qname, state_text
 from ..reading import readable, readable_columns
 from ..tables46 import JOB, QUEUE
 from . import job_now
@@ -126,8 +152,130 @@ def lock_keys(*, policy: str, ignore_start_after: bool) -> Select[Any]:
     return _claim.lock_keys(JOB, conditions, _order(JOB.c))
 
 
+GLOBAL = "global"
+LOCAL = "local"
+
+
+def _group_limit(tier: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The limit of a group whose job has ``tier``: ``:group_tiers`` (a JSON object
+    of tier to limit) names it, else ``:group_default``."""
+    tiers = cast(bindparam("group_tiers", type_=Text), JSONB)
+    named = cast(tiers.op("->>")(tier), Integer)
+    return func.coalesce(named, bindparam("group_default", type_=Integer))
+
+
+def _active_counts(*, locked_only: bool) -> ColumnElement[Any]:
+    """The active jobs of each group of ``:qname`` as one JSON object, computed once
+    per statement (a ``MATERIALIZED`` CTE read through an uncorrelated subquery, so
+    each candidate costs a lookup; ``job_i7`` serves the count). ``locked_only``:
+    only the groups ``:groups``."""
+    a = JOB.alias("active_job")
+    where = [
+        a.c.name == qname(),
+        a.c.state == state_text(JobState.ACTIVE),
+        a.c.group_id.is_not(None),
+    ]
+    if locked_only:
+        where.append(a.c.group_id == func.any(bindparam("groups", type_=ARRAY(Text))))
+    per_group = (
+        select(a.c.group_id, cast(func.count(), Integer).label("n"))
+        .where(*where)
+        .group_by(a.c.group_id)
+        .subquery("per_group")
+    )
+    counts = (
+        select(
+            func.coalesce(
+                func.jsonb_object_agg(per_group.c.group_id, per_group.c.n),
+                literal_column("'{}'::jsonb", JSONB),
+            ).label("counts")
+        )
+        .cte("group_counts")
+        .prefix_with("MATERIALIZED")
+    )
+    return select(counts.c.counts).scalar_subquery()
+
+
+def _counts(groups: str) -> ColumnElement[Any]:
+    if groups == LOCAL:
+        return cast(bindparam("group_counts", type_=Text), JSONB)
+    return _active_counts(locked_only=True)
+
+
+def _active(counts: ColumnElement[Any], group: ColumnElement[Any]) -> ColumnElement[Any]:
+    return func.coalesce(cast(counts.op("->>")(group), Integer), 0)
+
+
 @functools.cache
-def fetch_jobs(*, policy: str, ignore_start_after: bool, relaxed: bool = False) -> Select[Any]:
+def lock_groups(*, policy: str, ignore_start_after: bool) -> Select[Any]:
+    """Try the transaction locks of the groups of the next ``:limit`` claimable
+    jobs of ``:qname`` that have a group with room left (``:group_default``,
+    ``:group_tiers``), leaving out the groups ``:tried``; return
+    ``(group_id, taken)`` for each group tried. Never waits."""
+    j = JOB
+    counts = _active_counts(locked_only=False)
+    conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
+    conditions += [
+        j.c.group_id.is_not(None),
+        j.c.group_id != func.all(bindparam("tried", type_=ARRAY(Text))),
+        _active(counts, j.c.group_id) < _group_limit(j.c.group_tier),
+    ]
+    next_rows = (
+        select(j.c.group_id)
+        .where(*conditions)
+        .order_by(*_order(j.c))
+        .limit(bindparam("limit", type_=Integer))
+        .subquery("next")
+    )
+    # DISTINCT keeps the planner from pushing the (volatile) lock call below it,
+    # so each group is tried once.
+    tried = select(next_rows.c.group_id).distinct().subquery("tried_groups")
+    taken = func.pg_try_advisory_xact_lock(
+        advisory_key(
+            bindparam("lock_schema", type_=Text)
+            + "alkstore.group."
+            + qname()
+            + "."
+            + tried.c.group_id
+        )
+    )
+    return select(tried.c.group_id, taken.label("taken"))
+
+
+def _within_group_limits(candidates: Any, counts: ColumnElement[Any], *, one_per_key: bool) -> Any:
+    """The ids of ``candidates`` a group-limited claim takes: the ungrouped ones,
+    and of each group no more than the places its limit leaves (first come first,
+    in claim order). ``one_per_key``: only the first candidate of each key."""
+    c = candidates.c
+    source: Any = candidates
+    if one_per_key:
+        keyed = select(
+            c.id,
+            c.group_id,
+            c.group_tier,
+            c.priority,
+            c.created_on,
+            func.row_number()
+            .over(partition_by=_claim.key_of(c.singleton_key), order_by=_order(c))
+            .label("key_rn"),
+        ).subquery("keyed")
+        source = select(keyed).where(keyed.c.key_rn == 1).subquery("key_firsts")
+    s = source.c
+    ranked = select(
+        s.id,
+        s.group_id,
+        s.group_tier,
+        func.row_number().over(partition_by=s.group_id, order_by=_order(s)).label("group_rn"),
+    ).cte("group_ranked")
+    r = ranked.c
+    room = _active(counts, r.group_id) + r.group_rn <= _group_limit(r.group_tier)
+    return select(r.id).where(or_(r.group_id.is_(None), room)).cte("chosen")
+
+
+@functools.cache
+def fetch_jobs(
+    *, policy: str, ignore_start_after: bool, relaxed: bool = False, groups: str | None = None
+) -> Select[Any]:
     """Claim up to ``:limit`` jobs of queue ``:qname`` (policy ``policy``, also
     bound as ``:cached_policy``) and return them activated, every schema-46 column
     read through ``readable_columns``.
@@ -138,6 +286,11 @@ def fetch_jobs(*, policy: str, ignore_start_after: bool, relaxed: bool = False) 
 
     ``relaxed``: for a worker's claim alone in autocommit, see
     :func:`alkstore_sa.sql._claim.commit_without_flush`.
+
+    ``groups`` (``"global"`` or ``"local"``, see the module) also binds
+    ``:group_default`` and ``:group_tiers``, and ``:groups`` (the groups whose
+    locks :func:`lock_groups` took) or ``:group_counts`` (a JSON object of group
+    to the caller's running jobs).
     """
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
@@ -146,15 +299,30 @@ def fetch_jobs(*, policy: str, ignore_start_after: bool, relaxed: bool = False) 
     if policy == KEY_STRICT_FIFO:
         heads = _heads(ignore_start_after=ignore_start_after)
         conditions.append(j.c.id.in_(select(heads.c.id)))
+    # A group past MAX_GROUP_ID_BYTES (written by another client; ours are refused)
+    # may not fit job_i7, which activation enters: the whole claim would fail at
+    # every fetch. Such a job is left queued (docs/concepts/limits.md).
+    conditions.append(
+        or_(j.c.group_id.is_(None), func.octet_length(j.c.group_id) <= MAX_GROUP_ID_BYTES)
+    )
+    columns = [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on]
+    counts = None if groups is None else _counts(groups)
+    if counts is not None:
+        room = _active(counts, j.c.group_id) < _group_limit(j.c.group_tier)
+        if groups == GLOBAL:
+            locked = j.c.group_id == func.any(bindparam("groups", type_=ARRAY(Text)))
+            room = and_(locked, room)
+        conditions.append(or_(j.c.group_id.is_(None), room))
+        columns += [j.c.group_id, j.c.group_tier]
     candidates = (
-        _claim.locked_rows(
-            [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on], conditions, _order(j.c)
-        )
+        _claim.locked_rows(columns, conditions, _order(j.c))
         .with_for_update(skip_locked=True, of=j)
         .cte("next")
     )
     chosen = candidates
-    if policy in SINGLETON_POLICIES:
+    if counts is not None:
+        chosen = _within_group_limits(candidates, counts, one_per_key=policy in SINGLETON_POLICIES)
+    elif policy in SINGLETON_POLICIES:
         chosen = _claim.one_per_key(candidates, _order(candidates.c))
     # Activation also stamps heartbeat_on: Node's monitor measures a job's
     # heartbeat from it.

@@ -9,8 +9,8 @@ arrays that ``unnest`` turns into rows), written for the columns of 46:
   ``dead_letter`` and the retry options do (a queue default new since 26);
 * ``policy`` is the queue's; ``blocked``, ``blocking`` and
   ``pending_dependencies`` are written explicitly as a plain send's (no flow);
-  ``upsert_by_key`` (but for an upsert), ``group_*``, ``source_*`` and
-  ``trace_context`` stay NULL;
+  ``group_id``/``group_tier`` are the send options of 46; ``upsert_by_key`` (but
+  for an upsert), ``source_*`` and ``trace_context`` stay NULL;
 * a key_strict_fifo queue refuses a job without ``singleton_key`` (its CHECK
   would abort the transaction): the statement then inserts nothing and reports
   the queue's policy, so the operation can raise a clear error;
