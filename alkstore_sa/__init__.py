@@ -9,6 +9,7 @@
 
 from .errors import (
     AlkstoreError,
+    FlowConflictError,
     ForeignRevisionError,
     InvalidNameError,
     InvalidOptionsError,
@@ -25,7 +26,7 @@ from .errors import (
 )
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
+from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
     Job,
@@ -54,6 +55,8 @@ __all__ = [
     "AsyncQueueService",
     "AsyncWorker",
     "FailResult",
+    "FlowConflictError",
+    "FlowJob",
     "ForeignRevisionError",
     "HandlerSpec",
     "InvalidNameError",
