@@ -535,6 +535,20 @@ def upserts_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert dt.timedelta(hours=1) <= waiting.wait < dt.timedelta(hours=2)
 
 
+def flows_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    ran = ns["ran"]
+    assert sorted(ran[:2]) == ["eu", "us"] and ran[2:] == ["report", "mail"]
+    times = {
+        r.id: (r.started_on, r.completed_on)
+        for r in ctx.sql("SELECT id, started_on, completed_on FROM pgboss.job")
+    }
+    ids = ns["ids"]
+    for child, parents in {"report": ["eu", "us"], "mail": ["report"]}.items():
+        assert all(times[ids[p]][1] <= times[ids[child]][0] for p in parents)
+    [mail] = ctx.jobs("mail-report")
+    assert (mail.state, mail.retry_limit) == ("completed", 5)
+
+
 PAGES: dict[str, Page] = {
     "README.md": Page(readme_prelude, readme_check, before_block={1: readme_five_minutes_pass}),
     "docs/quickstart.md": Page(quickstart_prelude, quickstart_check),
@@ -547,6 +561,7 @@ PAGES: dict[str, Page] = {
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),
     "docs/how-to/upserts.md": Page(keys_prelude, upserts_check),
+    "docs/how-to/flows.md": Page(keys_prelude, flows_check),
 }
 
 
