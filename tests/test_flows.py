@@ -120,6 +120,26 @@ def test_children_run_only_after_every_parent_completed(env46: Any) -> None:
     assert run_one(env46, "q") == ids["c"]
 
 
+def test_a_flow_spans_partitioned_and_shared_queues(env46: Any) -> None:
+    env46.tx(lambda q: [q.create_queue("own", partition=True), q.create_queue("shared")])
+    ids = env46.tx(
+        lambda q: q.flow(
+            [
+                {"ref": "p", "name": "own"},
+                {"ref": "c", "name": "shared", "depends_on": ["p"]},
+                {"ref": "g", "name": "own", "depends_on": ["c"]},
+            ]
+        )
+    )
+    assert run_one(env46, "shared") is None
+    assert run_one(env46, "own") == ids["p"]
+    resolve(env46)
+    assert run_one(env46, "own") is None
+    assert run_one(env46, "shared") == ids["c"]
+    resolve(env46)
+    assert run_one(env46, "own") == ids["g"]
+
+
 def test_given_ids_are_kept_and_returned(env46: Any) -> None:
     env46.tx(lambda q: q.create_queue("q"))
     mine = uuid.uuid4()
