@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -23,6 +24,8 @@ from alkstore_sa import (
     SchemaFeatureError,
     limits,
 )
+from alkstore_sa.names import notify_channel
+from alkstore_sa.sql.v46 import node_channel
 from alkstore_sa.supervision import Supervisor
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -185,6 +188,37 @@ def test_a_conflicting_job_refuses_the_whole_flow_and_leaves_the_transaction_usa
     assert env46.sql("SELECT count(*) FROM {s}.job WHERE name = 's'")[0][0] == 0
     assert env46.sql("SELECT count(*) FROM {s}.job WHERE name = 'q'")[0][0] == 2
     assert dependencies(env46) == set()
+
+
+def test_a_flow_announces_the_queues_of_its_ready_jobs(env46: Any, database_url: str) -> None:
+    env46.tx(lambda q: [q.create_queue("n"), q.create_queue("plain")])
+    env46.sql("UPDATE {s}.queue SET notify = true WHERE name = 'n'")
+    node, ours = node_channel(env46.schema), notify_channel(env46.schema)
+    listener = psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://"))
+    listener.autocommit = True
+    listener.execute(f'LISTEN "{node}"')
+    listener.execute(f'LISTEN "{ours}"')
+
+    def notices() -> list[tuple[str, str]]:
+        return sorted((n.channel, n.payload) for n in listener.notifies(timeout=0.5))
+
+    try:
+        # A blocked child is not ready: its queue is not announced.
+        env46.tx(
+            lambda q: q.flow(
+                [{"ref": "p", "name": "plain"}, {"ref": "c", "name": "n", "depends_on": ["p"]}]
+            )
+        )
+        assert notices() == [(ours, "plain")]
+        # A ready root in a notify queue wakes Node's workers too.
+        env46.tx(
+            lambda q: q.flow(
+                [{"ref": "p", "name": "n"}, {"ref": "c", "name": "plain", "depends_on": ["p"]}]
+            )
+        )
+        assert notices() == sorted([(node, "n"), (ours, "n")])
+    finally:
+        listener.close()
 
 
 # ------------------------------------------------------------------ bad input
