@@ -9,6 +9,7 @@
 
 from .errors import (
     AlkstoreError,
+    FlowConflictError,
     ForeignRevisionError,
     InvalidNameError,
     InvalidOptionsError,
@@ -26,7 +27,7 @@ from .errors import (
 from .groups import GroupConcurrencyConfig
 from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
+from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
     Job,
@@ -57,6 +58,8 @@ __all__ = [
     "AsyncQueueService",
     "AsyncWorker",
     "FailResult",
+    "FlowConflictError",
+    "FlowJob",
     "ForeignRevisionError",
     "GroupConcurrencyConfig",
     "HandlerSpec",

@@ -7,7 +7,7 @@ denied, ...) are SQLAlchemy's own and are not wrapped.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 
 class AlkstoreError(Exception):
@@ -273,4 +273,24 @@ class SchemaFeatureError(AlkstoreError):
             f"{feature} needs a pg-boss schema at version {needed} or later (pg-boss 12); "
             f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema-version {needed} "
             f"--schema {schema}`"
+        )
+
+
+class FlowConflictError(AlkstoreError):
+    """A job of a :meth:`~alkstore_sa.QueueService.flow` was refused by a unique
+    index: its ``id`` is taken in its queue, or the queue's policy or a throttle
+    slot already holds its ``singleton_key`` (or the insert deadlocked with
+    another transaction on such an index).
+
+    A flow is all or nothing, as in pg-boss: none of its jobs or dependencies
+    was written, and the caller's transaction is still usable.
+    """
+
+    def __init__(self, queues: Sequence[str]) -> None:
+        self.queues = tuple(queues)
+        super().__init__(
+            "flow refused: a job conflicts with a unique index of queue(s) "
+            + ", ".join(repr(q) for q in self.queues)
+            + " (id already taken, or the policy or a throttle slot holds its singleton_key);"
+            " nothing of the flow was written"
         )

@@ -66,3 +66,14 @@ LATEST_START = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
 #: Longest relative ``start_after``: about a thousand years from the database clock,
 #: which keeps the result before :data:`LATEST_START`.
 LONGEST_WAIT = dt.timedelta(days=365_000)
+
+#: Most jobs one :meth:`~alkstore_sa.QueueService.flow` may create. A flow is one
+#: statement in the caller's transaction: every job and dependency is bound as one
+#: set of arrays and every row stays locked until the transaction ends. A flow of
+#: 10,000 children under one parent takes well under a second; past 100,000 jobs a
+#: flow should be split into several, chained by a job that sends the next part.
+MAX_FLOW_JOBS = 100_000
+
+#: Most dependencies (parent-child pairs) in one flow, for the same reason as
+#: :data:`MAX_FLOW_JOBS`: a dense graph has far more edges than jobs.
+MAX_FLOW_DEPENDENCIES = 1_000_000

@@ -16,9 +16,9 @@ import math
 import re
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Required, TypedDict
 
 from . import limits
 from .errors import InvalidOptionsError
@@ -97,6 +97,23 @@ class JobSpec(SendOptions, total=False):
     """One job of :meth:`~alkstore_sa.QueueService.send_many`: its data plus options."""
 
     data: Any
+
+
+class FlowJob(TypedDict, total=False):
+    """One job of :meth:`~alkstore_sa.QueueService.flow` (pg-boss's ``FlowJob``).
+
+    ``ref`` (required) names the job within the flow, and the dict the flow returns
+    maps it to the job's id; ``name`` (required) is its queue; ``data`` and
+    ``options`` (any :class:`SendOptions`) are those of
+    :meth:`~alkstore_sa.QueueService.send`; ``depends_on`` lists the refs of the
+    jobs it waits for: it stays blocked until every one of them has completed.
+    """
+
+    ref: Required[str]
+    name: Required[str]
+    data: Any
+    options: SendOptions
+    depends_on: Sequence[str]
 
 
 KIND_TYPES: dict[str, tuple[type, ...]] = {

@@ -36,7 +36,7 @@ from .names import DEFAULT_SCHEMA
 from .ops import driver
 from .ops._core import may_be_schema_change
 from .ops.keys import KEEP_DATA
-from .options import JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
+from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
     Job,
@@ -283,6 +283,36 @@ class AsyncQueueService:
     async def unsubscribe(self, event: str, name: str) -> bool:
         """Stop delivering ``event`` to ``name``; ``False`` if it was not subscribed."""
         return await self._run(ops.unsubscribe(self._ctx, event, name))
+
+    # ------------------------------------------------------------ flows (schema 46)
+
+    async def flow(self, jobs: Iterable[FlowJob]) -> dict[str, uuid.UUID]:
+        """Send jobs that depend on one another, in the caller's transaction
+        (pg-boss's ``flow``); return each job's id by its ``ref``.
+
+        Each job is a :class:`~alkstore_sa.FlowJob`: ``ref``, ``name`` (its queue,
+        any queue of this schema), ``data``, ``options`` (those of :meth:`send`)
+        and ``depends_on`` (refs of its parents). A job with parents is
+        ``blocked``: no worker, ours or Node's, fetches it until every parent has
+        completed and a supervision pass (the flow turn, every 5 s by default) has
+        released it. A parent that fails or is cancelled, or is deleted, leaves its
+        children blocked, as pg-boss does (docs/how-to/flows.md).
+
+        All or nothing: every job and dependency is written, or none (the flow is
+        one statement, in a savepoint). The flags are written as Node writes them,
+        so Node's workers and supervisor resolve the flow too.
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises InvalidOptionsError: before any write, for fewer than 2 jobs or no
+            dependency, an empty or duplicate ref, an unknown or own ref in
+            ``depends_on``, a dependency cycle (its refs named), a bad option, or
+            more than :data:`~alkstore_sa.limits.MAX_FLOW_JOBS` jobs.
+        :raises QueueNotFoundError: if a job's queue does not exist.
+        :raises FlowConflictError: if a unique index refuses a job (its id taken,
+            or its queue's policy or a throttle slot holds its key); nothing was
+            written and the transaction stays usable.
+        """
+        return await self._run(ops.flows.flow(self._ctx, jobs))
 
     # ------------------------------------------------------------ by key (schema 46)
 

@@ -609,6 +609,20 @@ def dead_letters_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert states == ["created", "failed"]  # the original failed, the redriven job waits
 
 
+def flows_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    ran = ns["ran"]
+    assert sorted(ran[:2]) == ["eu", "us"] and ran[2:] == ["report", "mail"]
+    times = {
+        r.id: (r.started_on, r.completed_on)
+        for r in ctx.sql("SELECT id, started_on, completed_on FROM pgboss.job")
+    }
+    ids = ns["ids"]
+    for child, parents in {"report": ["eu", "us"], "mail": ["report"]}.items():
+        assert all(times[ids[p]][1] <= times[ids[child]][0] for p in parents)
+    [mail] = ctx.jobs("mail-report")
+    assert (mail.state, mail.retry_limit) == ("completed", 5)
+
+
 PAGES: dict[str, Page] = {
     "README.md": Page(readme_prelude, readme_check, before_block={1: readme_five_minutes_pass}),
     "docs/quickstart.md": Page(quickstart_prelude, quickstart_check),
@@ -625,6 +639,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/heartbeats.md": Page(heartbeats_prelude, heartbeats_check),
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
+    "docs/how-to/flows.md": Page(keys_prelude, flows_check),
 }
 
 

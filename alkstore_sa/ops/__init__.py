@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import heartbeats, inspect, keys, supervision
+from . import flows, heartbeats, inspect, keys, supervision
 from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
@@ -52,6 +52,7 @@ __all__ = [
     "extend_leases",
     "fail_many",
     "fetch",
+    "flows",
     "get_jobs",
     "get_queue",
     "get_queue_stats",
