@@ -109,6 +109,26 @@ def _runtime_advice(schema: str, found: int, spoken: list[int]) -> str:
     )
 
 
+class SchemaFeatureError(SchemaVersionError):
+    """A feature of a newer pg-boss schema was asked of a schema below it (for
+    example the instance registry, which schema 46 introduced, on schema 26).
+
+    Raised before any write; :attr:`feature` names it, :attr:`expected` the
+    version it needs and :attr:`found` the schema's.
+    """
+
+    def __init__(self, schema: str, found: int | None, feature: str, needs: int = 46) -> None:
+        self.schema = schema
+        self.found = found
+        self.expected = needs
+        self.feature = feature
+        AlkstoreError.__init__(
+            self,
+            f"{feature} needs a schema at pg-boss schema version {needs} (pg-boss 12); "
+            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema {schema}`",
+        )
+
+
 class SchemaVersionChangedError(AlkstoreError):
     """The schema moved to another pg-boss version under this process.
 

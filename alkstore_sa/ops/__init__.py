@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import inspect, supervision
+from . import inspect, observe46, supervision
 from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
@@ -59,6 +59,7 @@ __all__ = [
     "get_schedules",
     "inspect",
     "is_conflict",
+    "observe46",
     "publish",
     "redrive",
     "resume",
