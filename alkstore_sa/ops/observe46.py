@@ -18,6 +18,7 @@ in auto mode).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from ..records import (
     QueueStatsSnapshot,
 )
 from ..sql.v46 import observe as sql
+from ..sql.v46 import supervision as sup_sql
 from ._core import Call, Context, Op
 from .queues import require_queue
 
@@ -307,6 +309,13 @@ def get_warnings(
     return [PersistedWarning(**dict(r)) for r in rows]
 
 
+def persist_warning(ctx: Context, kind: str, message: str, data: object) -> Op[None]:
+    """Write a warning row (Node's ``persistWarnings``); nothing below 46."""
+    if ctx.version >= 46:
+        params = {"type": kind, "message": message, "data": json.dumps(data, default=str)}
+        yield Call(sup_sql.insert_warning(), params)
+
+
 # ------------------------------------------------------------------ instances
 
 
@@ -368,6 +377,7 @@ __all__ = [
     "get_warnings",
     "heartbeat_instance",
     "percentile",
+    "persist_warning",
     "register_instance",
     "require46",
     "stop_instance",
