@@ -66,11 +66,8 @@ class Registration:
             stamps = {q: dict(s) for q, s in self._stamps.items()}
         for spec in specs:
             mine = stamps.get(spec.queue, {})
-            options: dict[str, Any] = {}
-            if spec.transactional:
-                options["transactional"] = True
-            if not spec.priority:
-                options["priority"] = False
+            # Only options pg-boss records too, under its names.
+            options: dict[str, Any] = {"transactional": True} if spec.transactional else {}
             out.append(
                 {
                     "id": self.work_ids.setdefault(spec.queue, str(uuid.uuid4())),
