@@ -218,3 +218,28 @@ def test_refused_at_26(engine: Engine, schema: str) -> None:
         with pytest.raises(SchemaFeatureError, match=r"queue-stats history needs .* 46"):
             q.get_queue_stats_history("q")
         assert q.get_queue("q") is not None  # nothing poisoned
+
+
+def test_the_three_readers_in_both_services(env46: Any) -> None:
+    """Sync and async (``AsyncQueueService``, generated) answer alike."""
+    env46.tx(lambda q: q.create_queue("both"))
+    env46.tx(lambda q: q.send("both"))
+    env46.tx(lambda q: q.supervise("both", force=True, persist_queue_stats=True))
+    s = f'"{env46.schema}"'
+    with env46.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {s}.warning (type, message) VALUES ('index_bloat', 'x');"
+                f"INSERT INTO {s}.instance (id, host, pid, version, node_version, "
+                "heartbeat_seconds, supervise, schedule, migrate, persist_queue_stats, "
+                "persist_warnings) VALUES (gen_random_uuid(), 'h', 1, '12.38.0', 'v22', 30, "
+                "false, false, false, false, false)"
+            )
+        )
+    q = env46.service()
+    [point] = q.get_queue_stats_history("both", bucket_seconds=60, percentiles=[50])
+    assert point.queued_count == 1 and point.percentiles is not None
+    assert [w.type for w in q.get_warnings()] == ["index_bloat"]
+    [instance] = q.get_instances()
+    assert instance.live and instance.version == "12.38.0"
+    env46.commit()
