@@ -95,6 +95,16 @@ def test_warnings_older_than_365_days_are_deleted_with_persist_warnings(
     assert len(svc(engine, schema46, lambda q: q.get_warnings())) == 2  # Node's rule: only with
     svc(engine, schema46, lambda q: q.supervise(force=True, persist_warnings=True))
     assert [w.message for w in svc(engine, schema46, lambda q: q.get_warnings())] == ["kept"]
+    # warningRetentionDays: a shorter retention of one's own.
+    warn(engine, schema46, "queue_backlog", "2 days", message="recent")
+    svc(
+        engine,
+        schema46,
+        lambda q: q.supervise(force=True, persist_warnings=True, warning_retention_days=3),
+    )
+    assert [w.message for w in svc(engine, schema46, lambda q: q.get_warnings())] == ["recent"]
+    with pytest.raises(InvalidOptionsError, match="warning_retention_days"):
+        svc(engine, schema46, lambda q: q.supervise(warning_retention_days=366))
 
 
 def test_clock_skew_is_persisted_as_node_timekeeper_does(engine: Engine, schema46: str) -> None:

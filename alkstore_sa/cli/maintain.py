@@ -30,6 +30,7 @@ _TUNING = (
     ("delete_batch_size", int),
     ("expire_batch_size", int),
     ("queue_stats_retention_days", int),
+    ("warning_retention_days", int),
 )
 
 

@@ -293,7 +293,8 @@ class Supervisor(_Core):
         600), ``warning_queue_size`` (10000; a queue's own ``warning_queued`` wins),
         ``delete_batch_size`` (10000 rows per statement), ``expire_batch_size``
         (1000), ``queues`` (only these queues); at schema 46 ``persist_warnings``,
-        ``persist_queue_stats`` and ``queue_stats_retention_days`` (7), ``flows`` /
+        ``warning_retention_days`` (365), ``persist_queue_stats`` and
+        ``queue_stats_retention_days`` (7), ``flows`` /
         ``bam`` / ``reindex`` (switch those turns) with ``flow_interval`` /
         ``bam_interval`` / ``reindex_interval`` (5, 60, 86400).
     :raises InvalidOptionsError: for a bad setting (from :meth:`start` or

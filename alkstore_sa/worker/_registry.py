@@ -118,6 +118,7 @@ class Registration:
                 clockMonitorIntervalSeconds=s.clock_monitor_interval,
                 warningQueueSize=s.warning_queue_size,
                 persistWarnings=s.persist_warnings,
+                warningRetentionDays=s.warning_retention_days,
                 persistQueueStats=s.persist_queue_stats,
                 queueStatRetentionDays=s.queue_stats_retention_days,
             )
