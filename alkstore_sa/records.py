@@ -449,7 +449,8 @@ class Instance:
     :ivar node_version: its runtime (``v22.x`` for Node, ``Python 3.x`` for ours).
     :ivar workers: one mapping per ``work()`` call (per handler for ours), with
         pg-boss's keys (``queue``, ``localConcurrency``, ``active``, ...).
-    :ivar metrics: the process's resource sample, or ``None`` (ours never samples).
+    :ivar metrics: the process's resource sample at the last heartbeat, in
+        pg-boss's keys (ours: CPU, RSS and the host's limits; no heap or event loop).
     :ivar config: the options it runs with (no connection details).
     :ivar live: not stopped, and heard from within three heartbeats.
     """

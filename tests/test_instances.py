@@ -47,6 +47,10 @@ def test_a_worker_registers_beats_and_stops_like_a_node_instance(harness46: Harn
     [entry] = row.workers
     assert entry["queue"] == "q" and entry["localConcurrency"] == 3 and entry["active"] == 0
     assert row.config["instanceHeartbeatSeconds"] == 1 and row.config["client"] == "alkstore_sa"
+    # The process's vitals in Node's keys: no CPU figure before a second sample.
+    assert row.metrics["cpu"] is None and row.metrics["cgroup"] is None
+    assert row.metrics["rss"] > 0 and row.metrics["memoryLimit"] > 0
+    assert row.metrics["cpuLimit"] >= 1
     first_beat = row.heartbeat_on
 
     # A job run: the next beat reports when it was fetched and ended.
@@ -54,6 +58,7 @@ def test_a_worker_registers_beats_and_stops_like_a_node_instance(harness46: Harn
     wait_for(lambda: rows(h)[0].workers[0]["lastJobEndedOn"] is not None, timeout=10)
     [row] = rows(h)
     assert row.heartbeat_on > first_beat and row.workers[0]["lastFetchedOn"] is not None
+    assert row.metrics["cpu"] >= 0
 
     listed = h.service_tx(lambda q: q.get_instances())
     assert [i.id for i in listed] == [w.instance_id]

@@ -61,6 +61,7 @@ def test_node_lists_our_worker_and_we_list_node(
         assert ours["version"].startswith("alkstore_sa") and ours["stoppedOn"] is None
         assert ours["applicationName"] == "alkstore-interop"
         assert [w["queue"] for w in ours["workers"]] == ["reg"]
+        assert ours["metrics"]["memoryLimit"] > 0 and ours["crashRestarts"] == 0
         listed = service(engine, schema, lambda q: q.get_instances())
         node_rows = [i for i in listed if i.name == "node-api"]
         assert len(node_rows) == 1 and node_rows[0].live

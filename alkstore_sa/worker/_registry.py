@@ -42,6 +42,66 @@ def _iso(epoch: float | None) -> str | None:
     return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
 
 
+def _rss() -> int | None:
+    # Resident set size now (Linux: /proc/self/statm), not the peak getrusage reports.
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _allowed_cpus() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1
+
+
+class Vitals:
+    """The process's resource sample for the ``metrics`` column, in pg-boss's keys.
+
+    Host limits only (``cgroup`` null: a container's limits are not read); ``cpu``
+    is the cores used since the previous sample (null on the first); what Node
+    measures of its V8 heap and event loop has no Python counterpart (null).
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+
+    def sample(self) -> dict[str, Any] | None:
+        """One sample, or ``None`` where the host's memory cannot be read."""
+        wall, used = time.monotonic(), time.process_time()
+        cpu = None
+        if self._last is not None and wall > self._last[0]:
+            cpu = round((used - self._last[1]) / (wall - self._last[0]), 3)
+        self._last = (wall, used)
+        memory = _total_memory()
+        if memory is None:
+            return None
+        return {
+            "cgroup": None,
+            "cpu": cpu,
+            "cpuLimit": _allowed_cpus(),
+            "cpuThrottled": None,
+            "rss": _rss(),
+            "heapUsed": None,
+            "heapLimit": None,
+            "memoryUsed": None,
+            "memoryLimit": memory,
+            "loopDelay": None,
+            "loopDelayMax": None,
+            "loopUtilization": None,
+        }
+
+
 class Registration:
     """One worker's identity in the registry and what its heartbeats report."""
 
@@ -53,6 +113,7 @@ class Registration:
         self.work_ids = {q: str(uuid.uuid4()) for q in queues}
         self._stamps: dict[str, dict[str, float]] = defaultdict(dict)
         self._lock = threading.Lock()
+        self._vitals = Vitals()
 
     def stamp(self, queue: str, what: str) -> None:
         """Note that ``what`` (``fetched``, ``ended``, ``error``) happened on ``queue`` now."""
@@ -137,7 +198,7 @@ class Registration:
             "persist_warnings": bool(s is not None and s.persist_warnings),
             **counts,
             "workers": json.dumps(workers),
-            "metrics": "null",
+            "metrics": json.dumps(self._vitals.sample()),
             "config": json.dumps(config),
         }
 
