@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from support.worker import Harness, wait_for
 
@@ -169,3 +169,47 @@ def test_supervision_deletes_instances_quiet_for_seven_days(engine: Engine, sche
     with engine.connect() as conn:
         left = [r.host for r in conn.exec_driver_sql(f'SELECT host FROM "{schema46}".instance')]
     assert left == ["6 days"]
+
+
+def dead_life(engine: Engine, schema: str, name: str, minutes_ago: int, *, stopped: bool) -> None:
+    """A row of an earlier life of ``name`` on this host: quiet (crashed) or stopped."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'INSERT INTO "{schema}".instance (id, name, host, pid, version, node_version, '
+                "heartbeat_seconds, supervise, schedule, migrate, persist_queue_stats, "
+                "persist_warnings, started_on, heartbeat_on, stopped_on) VALUES "
+                "(gen_random_uuid(), :name, :host, 1, 'x', 'x', 30, false, false, false, false, "
+                "false, now() - make_interval(mins => :ago), "
+                "now() - make_interval(mins => :ago - 1), "
+                "CASE WHEN :stopped THEN now() - make_interval(mins => :ago - 1) END)"
+            ),
+            {"name": name, "host": socket.gethostname(), "ago": minutes_ago, "stopped": stopped},
+        )
+
+
+def test_crash_restarts_are_counted_since_the_last_graceful_stop(
+    engine: Engine, schema46: str
+) -> None:
+    # Lives of "billing": crashed, stopped gracefully, then crashed twice: two crashes in a row.
+    for ago, stopped in ((60, False), (50, True), (40, False), (30, False)):
+        dead_life(engine, schema46, "billing", ago, stopped=stopped)
+    dead_life(engine, schema46, "other", 20, stopped=False)  # another name: not counted
+    w = Worker(engine, schema=schema46, name="billing", handlers={"q": lambda job: None})
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    w.start()
+    try:
+        with Session(engine) as session, session.begin():
+            listed = {i.id: i for i in QueueService(session, schema=schema46).get_instances()}
+        me = listed[w.instance_id]
+        assert me.crash_restarts == 2
+        # Since the first crash of the streak: the life started 40 minutes ago (its last beat).
+        lives = sorted(
+            (i for i in listed.values() if i.name == "billing" and i.id != me.id),
+            key=lambda i: i.started_on,
+        )
+        earliest = lives[2].heartbeat_on
+        assert me.crash_restarts_since == earliest
+    finally:
+        w.stop()

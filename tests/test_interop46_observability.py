@@ -13,6 +13,7 @@ other's instance registry rows, persisted warnings and queue-stats history.
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import time
 import uuid
 from typing import Any
@@ -195,3 +196,51 @@ def test_our_history_reader_answers_as_node_getqueuestats(
             )
             compared += 1
     assert compared == 2 * len(CASES)
+
+
+def test_crash_restarts_are_counted_as_node_counts_them(
+    engine: Engine, py_engine: Engine, schema46_by: str, node46: Any
+) -> None:
+    """The same earlier lives under two names: Node counts its own, we count ours."""
+    schema = schema46_by
+    in_tx(engine, schema, lambda q: q.create_queue("cr"))
+    for name in ("node-svc", "py-svc"):
+        # crashed, stopped, crashed, crashed (oldest first): a streak of two.
+        for ago, stopped in ((60, False), (50, True), (40, False), (30, False)):
+            sql(
+                engine,
+                schema,
+                "INSERT INTO {s}.instance (id, name, host, pid, version, node_version, "
+                "heartbeat_seconds, supervise, schedule, migrate, persist_queue_stats, "
+                "persist_warnings, started_on, heartbeat_on, stopped_on) VALUES "
+                "(gen_random_uuid(), :n, :h, 1, 'x', 'x', 30, false, false, false, false, "
+                "false, now() - make_interval(mins => :ago), "
+                "now() - make_interval(mins => :ago - 1), "
+                "CASE WHEN :stopped THEN now() - make_interval(mins => :ago - 1) END)",
+                n=name,
+                h=socket.gethostname(),
+                ago=ago,
+                stopped=stopped,
+            )
+    node46(schema, instanceName="node-svc")
+    worker = Worker(
+        py_engine, schema=schema, name="py-svc", handlers={"cr": lambda job: None},
+        supervise=False, shutdown_timeout=1,
+    )  # fmt: skip
+    worker.start()
+    try:
+        rows = sql(
+            engine,
+            schema,
+            "SELECT name, crash_restarts, crash_restarts_since - heartbeat_on AS lag, "
+            "crash_restarts_since IS NOT NULL AS since FROM {s}.instance "
+            "WHERE stopped_on IS NULL AND heartbeat_on > now() - interval '1 minute' "
+            "ORDER BY name",
+        )
+    finally:
+        worker.stop()
+    assert [(r.name, r.crash_restarts, r.since) for r in rows] == [
+        ("node-svc", 2, True),
+        ("py-svc", 2, True),
+    ]
+    assert rows[0].lag.total_seconds() == pytest.approx(rows[1].lag.total_seconds(), abs=60)

@@ -340,27 +340,42 @@ def get_instances(ctx: Context, limit: object, after: object) -> Op[list[Instanc
     return [Instance(**dict(r)) for r in rows]
 
 
-def register_instance(ctx: Context, values: Mapping[str, Any]) -> Op[dt.datetime | None]:
+def _count_crashes(values: Mapping[str, Any], process_start: dt.datetime) -> Call:
+    who = {f"instance_{k}": values[k] for k in ("id", "name", "host", "pid")}
+    return Call(sql.count_crash_restarts(), {**who, "process_start": process_start})
+
+
+def register_instance(
+    ctx: Context, values: Mapping[str, Any], process_start: dt.datetime
+) -> Op[dt.datetime | None]:
     """Register (or re-register) an instance; its ``started_on``, ``None`` below 46.
-    The same name's (host's, unnamed) older dead rows past the newest 20 are pruned."""
+    Its crash restarts are counted, then the same name's (host's, unnamed) older
+    dead rows past the newest 20 are pruned."""
     if ctx.version < 46:
         return None
     started: dt.datetime = (yield Call(sql.register_instance(), dict(values))).scalar_one()
+    yield _count_crashes(values, process_start)
     who = {"id": values["id"], "name": values["name"], "host": values["host"]}
     yield Call(sql.prune_instance_lives(), who)
     return started
 
 
 def heartbeat_instance(
-    ctx: Context, values: Mapping[str, Any], started_on: dt.datetime | None
+    ctx: Context,
+    values: Mapping[str, Any],
+    started_on: dt.datetime | None,
+    process_start: dt.datetime,
 ) -> Op[dt.datetime | None]:
     """Refresh an instance's row (registering it if it was never registered, e.g.
-    a schema upgraded to 46 since the worker started); its ``started_on``."""
+    a schema upgraded to 46 since the worker started); its ``started_on``. The crash
+    restarts are counted again: an earlier life that still read live at the last
+    count may have gone quiet since (pg-boss recounts when it would)."""
     if ctx.version < 46:
         return None
     if started_on is None:
-        return (yield from register_instance(ctx, values))
+        return (yield from register_instance(ctx, values, process_start))
     yield Call(sql.heartbeat_instance(), {**values, "started_on": started_on})
+    yield _count_crashes(values, process_start)
     return started_on
 
 

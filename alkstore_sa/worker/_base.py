@@ -759,7 +759,9 @@ class WorkerBase(Registry, Generic[B]):
         is logged and reported; the next beat tries again."""
         reg = self._registration
         try:
-            op = observe46.heartbeat_instance(self._ctx, self._instance_values(), reg.started_on)
+            op = observe46.heartbeat_instance(
+                self._ctx, self._instance_values(), reg.started_on, reg.process_start
+            )
             reg.started_on = yield from self._op(op, autocommit=True)
         except SchemaVersionError:
             pass  # a version this release does not speak: the fetch loops report it

@@ -102,6 +102,22 @@ class Vitals:
         }
 
 
+def process_start() -> dt.datetime:
+    """When this process started (Linux: from /proc; elsewhere, when this module
+    was imported, a later time that still precedes any registration)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as proc:
+            boot = next(int(line.split()[1]) for line in proc if line.startswith("btime "))
+        return dt.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), dt.UTC)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+_IMPORTED = dt.datetime.now(dt.UTC)
+
+
 class Registration:
     """One worker's identity in the registry and what its heartbeats report."""
 
@@ -110,6 +126,7 @@ class Registration:
         self.name = name
         self.heartbeat_seconds = heartbeat_seconds
         self.started_on: dt.datetime | None = None
+        self.process_start = process_start()
         self.work_ids = {q: str(uuid.uuid4()) for q in queues}
         self._stamps: dict[str, dict[str, float]] = defaultdict(dict)
         self._lock = threading.Lock()

@@ -33,7 +33,9 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    true,
     tuple_,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID, insert
 
@@ -259,6 +261,104 @@ def prune_instance_lives() -> Any:
 
 
 @functools.cache
+def count_crash_restarts() -> Any:
+    """Count the crash restarts of instance ``:instance_id`` (``:instance_name``,
+    ``:instance_host``, ``:instance_pid``,
+    its process started at ``:process_start``), as pg-boss's registrar does.
+
+    The rows of the same name and host that started before it and have not beaten
+    since it started are its earlier lives; the streak is those after the last one
+    that stopped gracefully. A life counts once it is dead (quiet for three beats, or
+    a row of this pid from before this process started: the pid was reused). The
+    streak's dead rows are numbered from the earliest one kept, whose count stands
+    for the lives pruned before it, and each later row and this instance get theirs;
+    rewriting the streak keeps the earliest kept row's count right when pruning
+    moves past it.
+    """
+    # Parameters named apart from the columns: an UPDATE reserves the column names.
+    i = INSTANCE
+    ident = bindparam("instance_id", type_=UUID(as_uuid=True))
+    name = bindparam("instance_name", type_=Text, required=False)
+    pid = bindparam("instance_pid", type_=Integer)
+    born = bindparam("process_start", type_=_TIME)
+    me = select(i.c.id, i.c.started_on).where(i.c.id == ident).cte("me")
+    o = INSTANCE.alias("o")
+    slot = (
+        select(o)
+        .select_from(o.join(me, true()))
+        .where(
+            o.c.id != me.c.id,
+            o.c.host == bindparam("instance_host", type_=Text),
+            or_(o.c.name == name, and_(o.c.name.is_(None), name.is_(None))),
+            o.c.started_on < me.c.started_on,
+            o.c.heartbeat_on <= me.c.started_on,
+            ~and_(o.c.pid == pid, o.c.started_on >= born),
+        )
+        .cte("slot")
+    )
+    boundary = (
+        select(func.max(slot.c.started_on).label("at"))
+        .where(slot.c.stopped_on.is_not(None))
+        .cte("boundary")
+    )
+    streak = (
+        select(slot)
+        .select_from(slot.join(boundary, true()))
+        .where(
+            slot.c.stopped_on.is_(None),
+            or_(boundary.c.at.is_(None), slot.c.started_on > boundary.c.at),
+        )
+        .cte("streak")
+    )
+    quiet = streak.c.heartbeat_on < job_now() - seconds(
+        streak.c.heartbeat_seconds * INSTANCE_QUIET_BEATS
+    )
+    dead = or_(quiet, and_(streak.c.pid == pid, streak.c.heartbeat_on < born))
+    crashed = (
+        select(
+            streak.c.id,
+            streak.c.crash_restarts,
+            streak.c.crash_restarts_since,
+            streak.c.heartbeat_on,
+            func.row_number().over(order_by=(streak.c.started_on, streak.c.id)).label("n"),
+            func.count().over().label("k"),
+        )
+        .where(dead)
+        .cte("crashed")
+    )
+    head = (
+        select(
+            crashed.c.crash_restarts.label("base"),
+            func.coalesce(crashed.c.crash_restarts_since, crashed.c.heartbeat_on).label("since"),
+            crashed.c.k,
+        )
+        .where(crashed.c.n == 1)
+        .cte("head")
+    )
+    later = (
+        select(
+            crashed.c.id,
+            (head.c.base + crashed.c.n - 1).label("restarts"),
+            head.c.since,
+        )
+        .select_from(crashed.join(head, true()))
+        .where(crashed.c.n > 1)
+    )
+    mine = select(
+        me.c.id, func.coalesce(head.c.base + head.c.k, 0).label("restarts"), head.c.since
+    ).select_from(me.outerjoin(head, true()))
+    counts = union_all(later, mine).cte("counts")
+    return (
+        INSTANCE.update()
+        .where(INSTANCE.c.id == counts.c.id)
+        .values(
+            crash_restarts=cast(counts.c.restarts, Integer),
+            crash_restarts_since=counts.c.since,
+        )
+    )
+
+
+@functools.cache
 def get_instances(*, after: bool) -> Select[Any]:
     """Registered instances by ``(started_on, id)``, at most ``:limit``; with
     ``after``, those following the row ``:after``."""
@@ -282,6 +382,7 @@ def instance_exists() -> Select[Any]:
 __all__ = [
     "INSTANCE_DEAD_KEPT_PER_NAME",
     "INSTANCE_QUIET_BEATS",
+    "count_crash_restarts",
     "get_instances",
     "get_warnings",
     "heartbeat_instance",
