@@ -213,3 +213,17 @@ def test_crash_restarts_are_counted_since_the_last_graceful_stop(
         assert me.crash_restarts_since == earliest
     finally:
         w.stop()
+
+
+def test_a_stopped_worker_leaves_no_heartbeat_running(engine: Engine, schema46: str) -> None:
+    import threading
+
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    w = Worker(engine, schema=schema46, handlers={"q": lambda job: None}, supervise=False)
+    w.start()
+    w.stop()
+    assert not [t for t in threading.enumerate() if t.name == "alkstore-registrar"]
+    with engine.connect() as conn:
+        [stopped] = conn.execute(text(f'SELECT stopped_on FROM "{schema46}".instance')).one()
+    assert stopped is not None

@@ -218,6 +218,7 @@ class WorkerBase(Registry, Generic[B]):
         )
         self._registrar_stop = self._event()
         self._registrar: Any = None
+        self._deregistered = False
         sync_engine = getattr(self.engine, "sync_engine", self.engine)
         self._ctx, engine_state = make_context(self.schema, False, sync_engine)
         assert engine_state is not None  # an engine was given
@@ -286,6 +287,9 @@ class WorkerBase(Registry, Generic[B]):
     def _starting(self) -> Steps[None]:
         if not self._specs:
             raise InvalidOptionsError("handlers", "register at least one handler before starting")
+        if self.register_instance:
+            # Registered before the first fetch, as Node registers in start() before work.
+            yield from self._beat()
         self._helpers.append(self._spawn(self._completing(), "alkstore-completer"))
         if self.listen:
             conninfo = self.listen_dsn or listen_conninfo(self.engine.url)
@@ -303,8 +307,9 @@ class WorkerBase(Registry, Generic[B]):
         if self._supervisor is not None:
             yield Call(self._supervisor.start)
         if self.register_instance:
-            yield from self._beat()
-            self._registrar = self._spawn(self._registering(), "alkstore-registrar")
+            with self._book:  # not once a stop that raced this start has deregistered
+                if not self._deregistered:
+                    self._registrar = self._spawn(self._registering(), "alkstore-registrar")
         log.info(
             "worker %s started on schema %r: %s",
             self.name,
@@ -349,7 +354,7 @@ class WorkerBase(Registry, Generic[B]):
             yield Join([completer], 1.0)
         self._keeper_stop.set()
         yield Join([keeper], 5.0)
-        if self._registrar is not None:
+        if self.register_instance:
             yield from self._deregistering()
         if self._listener is not None and self._subscription is not None:
             with self._book:
@@ -776,8 +781,14 @@ class WorkerBase(Registry, Generic[B]):
     def _deregistering(self) -> Steps[None]:
         """End the heartbeats and stamp ``stopped_on`` (best effort: a worker that
         cannot reach the database goes quiet instead, as a crashed one does)."""
+        with self._book:
+            self._deregistered = True
+            registrar = self._registrar
         self._registrar_stop.set()
-        yield Join([self._registrar], 5.0)
+        if registrar is not None:
+            yield Join([registrar], 5.0)
+        if self._registration.started_on is None:
+            return  # never registered (schema 26, or the database was unreachable)
         try:
             yield from self._op(
                 observe46.stop_instance(self._ctx, self._registration.id), autocommit=True
