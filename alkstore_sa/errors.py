@@ -260,7 +260,7 @@ class SchemaFeatureError(AlkstoreError):
 
     :ivar schema: the schema.
     :ivar feature: what was asked for (``"touch"``...).
-    :ivar needed: the first schema version that has it.
+    :ivar needed: the first schema version that has it (also ``expected``).
     :ivar found: the schema's version.
     """
 
@@ -268,6 +268,7 @@ class SchemaFeatureError(AlkstoreError):
         self.schema = schema
         self.feature = feature
         self.needed = needed
+        self.expected = needed
         self.found = found
         super().__init__(
             f"{feature} needs a pg-boss schema at version {needed} or later (pg-boss 12); "

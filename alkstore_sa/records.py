@@ -440,3 +440,121 @@ class UpsertResult(UpdateResult):
     def rejected(self) -> bool:
         """No job was edited and none inserted."""
         return self.updated == 0 and self.inserted == 0
+
+
+# ---------------------------------------------------------------- observability
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatsPercentile:
+    """One percentile of a snapshot's wait and run histograms, in seconds.
+
+    :ivar p: the percent asked for (1 to 100).
+    :ivar wait_seconds: the wait time under which ``p`` percent of the jobs
+        fall (``None`` when the snapshot has no wait histogram or it is empty).
+    :ivar run_seconds: the same for run times.
+    """
+
+    p: float
+    wait_seconds: float | None
+    run_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatsSnapshot:
+    """One point of a queue's recorded statistics (schema 46; pg-boss's ``QueueStats``).
+
+    Returned by ``QueueService.get_queue_stats_history``: a ``queue_stats`` row
+    (written by a supervision pass, ours or Node's, with queue-stats history on),
+    or one bucket of them. The gauges (``*_count``) are the queue's counts when
+    captured (in a bucket: their max, min or rounded mean); the deltas are the
+    jobs created, completed and failed for good in the ``delta_seconds`` before
+    ``delta_on`` (in a bucket: summed). ``None`` where nothing counted them.
+
+    :ivar captured_on: when the row was captured (a bucket: its start).
+    :ivar wait_bins: counts of the finished jobs' wait times in 48 log-spaced
+        slots (under 10 ms, then growing by a factor of √2 per slot); ``None`` where not counted.
+    :ivar run_bins: their run times, in the same slots.
+    :ivar ready_oldest_seconds: how long the oldest ready job had waited.
+    :ivar percentiles: with ``percentiles=``, one entry per percent asked for,
+        read from this snapshot's histograms; else ``None``.
+    """
+
+    name: str
+    deferred_count: int
+    queued_count: int
+    ready_count: int
+    active_count: int
+    failed_count: int
+    total_count: int
+    created_delta: int | None
+    completed_delta: int | None
+    failed_delta: int | None
+    delta_seconds: int | None
+    delta_on: dt.datetime | None
+    wait_bins: tuple[int, ...] | None
+    run_bins: tuple[int, ...] | None
+    ready_oldest_seconds: int | None
+    captured_on: dt.datetime
+    percentiles: tuple[QueueStatsPercentile, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedWarning:
+    """A row of the ``warning`` table (schema 46), written by a supervisor with
+    ``persist_warnings`` (ours or Node's ``persistWarnings``).
+
+    :ivar type: what it is about: ``queue_backlog``, ``monitor_backoff``,
+        ``invalid_schedule``, ``index_bloat``, or one of the types only Node
+        writes (docs/how-to/observability.md).
+    :ivar data: the details, as the writer stored them (JSON).
+    """
+
+    id: uuid.UUID
+    type: str
+    message: str
+    data: Any
+    created_on: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A registered client in the ``instance`` table (schema 46): a Node PgBoss
+    object or an alkstore_sa worker, as its last heartbeat left it.
+
+    :ivar version: the client's version (``alkstore_sa <version>`` for ours).
+    :ivar node_version: its runtime (``v22.x`` for Node, ``Python 3.x`` for ours).
+    :ivar workers: one mapping per ``work()`` call (per handler for ours), with
+        pg-boss's keys (``queue``, ``localConcurrency``, ``active``, ...).
+    :ivar metrics: the process's resource sample at the last heartbeat, in
+        pg-boss's keys (ours: CPU, RSS and the host's limits; no heap or event loop).
+    :ivar config: the options it runs with (no connection details).
+    :ivar live: not stopped, and heard from within three heartbeats.
+    """
+
+    id: uuid.UUID
+    name: str | None
+    host: str
+    pid: int
+    version: str
+    node_version: str
+    application_name: str | None
+    heartbeat_seconds: int
+    supervise: bool
+    schedule: bool
+    migrate: bool
+    persist_queue_stats: bool
+    persist_warnings: bool
+    pool_max: int | None
+    pool_total: int | None
+    pool_idle: int | None
+    pool_waiting: int | None
+    workers: list[dict[str, Any]]
+    metrics: dict[str, Any] | None
+    config: dict[str, Any]
+    crash_restarts: int
+    crash_restarts_since: dt.datetime | None
+    started_on: dt.datetime
+    heartbeat_on: dt.datetime
+    stopped_on: dt.datetime | None
+    live: bool

@@ -39,9 +39,12 @@ from .ops.keys import KEEP_DATA
 from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
     FailResult,
+    Instance,
     Job,
+    PersistedWarning,
     QueueInfo,
     QueueStats,
+    QueueStatsSnapshot,
     ScheduleInfo,
     Settled,
     Settlement,
@@ -722,3 +725,83 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
         return await self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))
+
+    # ------------------------------------------------------------ observability
+
+    async def get_queue_stats_history(
+        self,
+        name: str,
+        *,
+        from_: datetime | None = None,
+        to: datetime | None = None,
+        limit: int = 1000,
+        bucket_seconds: int | None = None,
+        max_data_points: int | None = None,
+        aggregate: str = "max",
+        percentiles: Sequence[float] | None = None,
+    ) -> list[QueueStatsSnapshot]:
+        """The queue's recorded statistics over time, newest first (schema 46;
+        pg-boss's ``getQueueStats`` with history on).
+
+        Reads the ``queue_stats`` rows that supervision passes write with
+        queue-stats history on (ours with ``persist_queue_stats``, or Node's
+        ``persistQueueStats``): those captured between ``from_`` and ``to``
+        (aware datetimes, inclusive; ``None`` is open), at most ``limit``
+        (1 to 100,000). With ``bucket_seconds`` (or ``max_data_points``, which
+        picks the width so the series fits in about that many points), one
+        snapshot per epoch-aligned bucket: gauges collapsed by ``aggregate``
+        (``"max"``, ``"min"`` or ``"avg"``), counters and histograms summed
+        (docs/how-to/observability.md). ``percentiles`` (percents from 1 to 100)
+        fills each snapshot's ``percentiles`` from its histograms.
+
+        :raises QueueNotFoundError: if the queue does not exist.
+        :raises SchemaFeatureError: on a schema below 46.
+        :raises InvalidOptionsError: for a bad option, before any SQL.
+        """
+        options: dict[str, object] = {
+            "from_": from_,
+            "to": to,
+            "limit": limit,
+            "bucket_seconds": bucket_seconds,
+            "max_data_points": max_data_points,
+            "aggregate": aggregate,
+            "percentiles": percentiles,
+        }
+        return await self._run(ops.observe46.get_queue_stats_history(self._ctx, name, options))
+
+    async def get_warnings(
+        self,
+        type: str | None = None,
+        *,
+        since: datetime | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[PersistedWarning]:
+        """Persisted warnings, newest first (schema 46's ``warning`` table).
+
+        Supervisors write them with ``persist_warnings`` (ours) or
+        ``persistWarnings`` (Node) and keep them 365 days by default. ``type``
+        keeps one kind (``"queue_backlog"``, ``"index_bloat"``, ...), ``since``
+        (an aware datetime) only newer ones; ``limit`` (1 to 100,000) rows after
+        skipping ``offset``.
+
+        :raises SchemaFeatureError: on a schema below 46.
+        :raises InvalidOptionsError: for a bad option, before any SQL.
+        """
+        return await self._run(ops.observe46.get_warnings(self._ctx, type, since, limit, offset))
+
+    async def get_instances(
+        self, *, limit: int = 1000, after: uuid.UUID | str | None = None
+    ) -> list[Instance]:
+        """The clients registered in the ``instance`` table, oldest start first
+        (schema 46; pg-boss's ``getInstances``): Node PgBoss objects and
+        alkstore_sa workers, live or not (``live``).
+
+        ``limit`` (1 to 100,000) rows; ``after`` (an instance id, the last of the
+        previous page) continues a listing.
+
+        :raises SchemaFeatureError: on a schema below 46.
+        :raises InvalidOptionsError: for a bad option, or an ``after`` no longer
+            registered.
+        """
+        return await self._run(ops.observe46.get_instances(self._ctx, limit, after))

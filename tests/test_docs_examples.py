@@ -457,6 +457,22 @@ def limits_cleanup(ctx: Ctx) -> None:
         alkstore_sa.limits.MAX_PAYLOAD_BYTES = ctx.notes["max_payload"]
 
 
+def observability_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def observability_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [worker] = ctx.sql("SELECT name, stopped_on, workers FROM pgboss.instance")
+    assert worker.name == "billing" and worker.stopped_on is not None
+    assert [w["queue"] for w in worker.workers] == ["invoices"]
+    [warning] = ctx.sql("SELECT type, data FROM pgboss.warning")
+    assert warning.type == "queue_backlog" and warning.data["queuedCount"] == 3
+    [point] = ns["points"]
+    assert point.queued_count == 3 and [p.queued_count for p in ns["hourly"]] == [3]
+    assert ns["report"].recorded == ("reports",)
+
+
 MYAPP = '''
 """Stand-in for the reader's application, as testing.md assumes it."""
 from sqlalchemy import select
@@ -632,6 +648,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/node-interop.md": Page(interop_prelude, interop_check),
     "docs/how-to/group-concurrency.md": Page(groups_prelude, groups_check),
     "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
+    "docs/how-to/observability.md": Page(observability_prelude, observability_check),
     "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),

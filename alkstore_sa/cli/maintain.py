@@ -30,6 +30,7 @@ _TUNING = (
     ("delete_batch_size", int),
     ("expire_batch_size", int),
     ("queue_stats_retention_days", int),
+    ("warning_retention_days", int),
 )
 
 
@@ -62,6 +63,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="write queue-stats history and prune it (schema 46; pg-boss's persistQueueStats)",
     )
+    parser.add_argument(
+        "--persist-warnings",
+        action="store_true",
+        help="write warnings to the warning table (schema 46; pg-boss's persistWarnings)",
+    )
     for turn, what in (
         ("flows", "release flow children"),
         ("bam", "run the index builds queued in bam"),
@@ -85,6 +91,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.persist_queue_stats:
         settings["persist_queue_stats"] = True
+    if args.persist_warnings:
+        settings["persist_warnings"] = True
     for name, _ in _TUNING:
         value = getattr(args, name)
         if value is not None:

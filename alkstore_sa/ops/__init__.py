@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import flows, heartbeats, inspect, keys, supervision
+from . import flows, heartbeats, inspect, keys, observe46, supervision
 from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
 from .queues import (
     create_queue,
@@ -62,6 +62,7 @@ __all__ = [
     "inspect",
     "is_conflict",
     "keys",
+    "observe46",
     "publish",
     "redrive",
     "resume",

@@ -161,7 +161,7 @@ class _Graph:
 
 def _require_version(ctx: Context) -> None:
     if ctx.version < FLOWS_SINCE:
-        raise SchemaFeatureError("flow", ctx.schema, ctx.version, FLOWS_SINCE)
+        raise SchemaFeatureError(ctx.schema, "flow", FLOWS_SINCE, ctx.version)
 
 
 def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:

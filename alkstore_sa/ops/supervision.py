@@ -85,6 +85,8 @@ class Settings:
         monitor turn won and prune it (pg-boss's ``persistQueueStats``, off by
         default). Without it history is still written in a turn won while another
         instance persists it (docs/how-to/supervision.md, "Queue-stats history").
+    :ivar warning_retention_days: days warnings are kept with ``persist_warnings``
+        (pg-boss's ``warningRetentionDays``, 365, at most 365).
     :ivar queue_stats_retention_days: days of history kept with
         ``persist_queue_stats`` (pg-boss's ``queueStatRetentionDays``, 7, at most 365).
     :ivar flows: at schema 46, take the ``version.flow_on`` turn every
@@ -117,6 +119,7 @@ class Settings:
     persist_warnings: bool = False
     persist_queue_stats: bool = False
     queue_stats_retention_days: int = 7
+    warning_retention_days: int = 365
     flows: bool = True
     flow_interval: float = 5
     bam: bool = True
@@ -133,7 +136,7 @@ class Settings:
         for key, value in options.items():
             if key in _SWITCHES:
                 values[key] = opt.check_bool(key, value)
-            elif key == "queue_stats_retention_days":
+            elif key in ("queue_stats_retention_days", "warning_retention_days"):
                 values[key] = opt.check_int(key, value, minimum=1, maximum=365)
             elif key in _INTERVALS:
                 top = _INTERVALS[key][1]

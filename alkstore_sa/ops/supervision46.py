@@ -92,9 +92,6 @@ from .working import expire_heartbeats46, expire_jobs46
 
 logger = logging.getLogger(__name__)
 
-WARNING_RETENTION_DAYS = 365
-"""pg-boss's default ``warningRetentionDays``."""
-
 _BACKLOG = (
     'Warning: large queue backlog: queue "{name}" has {queued} jobs in the created or '
     "retry state, over its warning threshold of {threshold}. Your queue should be reviewed"
@@ -246,9 +243,11 @@ def monitor_backoff(ctx: Context, elapsed: float, plan: PassPlan) -> Op[str | No
 
 
 def warning_retention(ctx: Context, plan: PassPlan) -> Op[None]:
-    """Warnings older than pg-boss's retention (only with persisted warnings)."""
+    """Warnings older than ``warning_retention_days`` (pg-boss's ``warningRetentionDays``,
+    365 by default), only with persisted warnings."""
     if plan.settings.persist_warnings:
-        yield Call(sql.delete_old_warnings(), {"days": WARNING_RETENTION_DAYS, "now": plan.now})
+        days = plan.settings.warning_retention_days
+        yield Call(sql.delete_old_warnings(), {"days": days, "now": plan.now})
 
 
 def upkeep(ctx: Context, plan: PassPlan) -> Op[None]:

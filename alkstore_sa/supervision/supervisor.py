@@ -58,7 +58,7 @@ from .._engine_cache import (
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, validate_schema
-from ..ops import Context, Op, driver
+from ..ops import Context, Op, driver, observe46
 from ..ops._core import may_be_schema_change
 from ..ops.supervision import (
     PassPlan,
@@ -176,6 +176,23 @@ class _Core:
                 extra={"action": "clock_skew", "skew_seconds": self.skew_seconds},
             )
 
+    def _persist_skew(self) -> Steps[None]:
+        # At 46 with persist_warnings, a skew worth a warning is also written to the
+        # warning table, as pg-boss's timekeeper does (type clock_skew).
+        skew = self.skew_seconds
+        if skew is None or abs(skew) < SKEW_WARNING or not self.settings.persist_warnings:
+            return
+        message = (
+            f"Warning: clock skew: the database clock is {abs(skew):.0f} s "
+            f"{'ahead of' if skew > 0 else 'behind'} this process's; schedules are still "
+            "evaluated at database time"
+        )
+        data = {"seconds": abs(skew), "direction": "slower" if skew > 0 else "faster"}
+        try:
+            yield Run(observe46.persist_warning(self._ctx, "clock_skew", message, data))
+        except Exception:
+            logger.exception("clock skew warning not written", extra={"action": "clock_skew"})
+
     run_once: Callable[..., Any]
 
     def _passing(self, force: bool) -> Steps[SupervisionReport]:
@@ -193,6 +210,7 @@ class _Core:
                 logger.exception("clock skew measurement failed", extra={"action": "clock_skew"})
             else:
                 self._record_skew(before, epoch, self.clock.now())
+                yield from self._persist_skew()
         # The pass yields its units (operations); each is answered as a Run.
         report = yield from supervise_pass(self._ctx, self._plan(due, force))
         return self._finish(report)
@@ -275,7 +293,8 @@ class Supervisor(_Core):
         600), ``warning_queue_size`` (10000; a queue's own ``warning_queued`` wins),
         ``delete_batch_size`` (10000 rows per statement), ``expire_batch_size``
         (1000), ``queues`` (only these queues); at schema 46 ``persist_warnings``,
-        ``persist_queue_stats`` and ``queue_stats_retention_days`` (7), ``flows`` /
+        ``warning_retention_days`` (365), ``persist_queue_stats`` and
+        ``queue_stats_retention_days`` (7), ``flows`` /
         ``bam`` / ``reindex`` (switch those turns) with ``flow_interval`` /
         ``bam_interval`` / ``reindex_interval`` (5, 60, 86400).
     :raises InvalidOptionsError: for a bad setting (from :meth:`start` or

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
@@ -29,7 +30,7 @@ from .._engine_cache import (
 )
 from ..errors import InvalidOptionsError, SchemaVersionError
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
-from ..ops import working
+from ..ops import observe46, working
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import FailResult, Job, Settled
@@ -50,6 +51,7 @@ from ._attempt import (
     timeout_output,
 )
 from ._backoff import Backoff
+from ._registry import DEFAULT_HEARTBEAT_SECONDS, Registration, check_heartbeat
 from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry, spec_group_limits
 from .listener import Listener, Subscription
 
@@ -207,6 +209,8 @@ class WorkerBase(Registry, Generic[B]):
         on_error: ErrorCallback | None = None,
         flush_interval: float = 0.005,
         name: str | None = None,
+        register_instance: bool = True,
+        instance_heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
     ) -> None:
         self.engine, self.sessions = self._bind(bind)
         super().__init__(
@@ -230,6 +234,15 @@ class WorkerBase(Registry, Generic[B]):
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
         self.name = name or type(self).__name__
+        # The instance registry (schema 46): registered at start, a heartbeat every
+        # instance_heartbeat_seconds, stopped_on at stop; only a given name is recorded.
+        self.register_instance = check_bool("register_instance", register_instance)
+        self._registration = Registration(
+            name or None, check_heartbeat(instance_heartbeat_seconds), list(self._specs)
+        )
+        self._registrar_stop = self._event()
+        self._registrar: Any = None
+        self._deregistered = False
         sync_engine = getattr(self.engine, "sync_engine", self.engine)
         self._ctx, engine_state = make_context(self.schema, False, sync_engine)
         assert engine_state is not None  # an engine was given
@@ -298,6 +311,9 @@ class WorkerBase(Registry, Generic[B]):
     def _starting(self) -> Steps[None]:
         if not self._specs:
             raise InvalidOptionsError("handlers", "register at least one handler before starting")
+        if self.register_instance:
+            # Registered before the first fetch, as Node registers in start() before work.
+            yield from self._beat()
         self._helpers.append(self._spawn(self._completing(), "alkstore-completer"))
         if self.listen:
             conninfo = self.listen_dsn or listen_conninfo(self.engine.url)
@@ -314,6 +330,10 @@ class WorkerBase(Registry, Generic[B]):
         self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
         if self._supervisor is not None:
             yield Call(self._supervisor.start)
+        if self.register_instance:
+            with self._book:  # not once a stop that raced this start has deregistered
+                if not self._deregistered:
+                    self._registrar = self._spawn(self._registering(), "alkstore-registrar")
         log.info(
             "worker %s started on schema %r: %s",
             self.name,
@@ -358,6 +378,8 @@ class WorkerBase(Registry, Generic[B]):
             yield Join([completer], 1.0)
         self._keeper_stop.set()
         yield Join([keeper], 5.0)
+        if self.register_instance:
+            yield from self._deregistering()
         if self._listener is not None and self._subscription is not None:
             with self._book:
                 self._released = True
@@ -779,6 +801,70 @@ class WorkerBase(Registry, Generic[B]):
                 # attempt is abandoned as a timed-out one is, without a settlement.
                 self._abandon(attempt, "lost")
 
+    # ------------------------------------------------------------ instance registry
+
+    def _instance_values(self) -> dict[str, Any]:
+        with self._book:
+            in_flight: dict[str, int] = defaultdict(int)
+            for a in self._attempts.values():
+                in_flight[a.job.name] += 1
+        reg = self._registration
+        settings = self._supervisor.settings if self._supervisor is not None else None
+        return reg.values(
+            supervisor_settings=settings,
+            pool=getattr(self.engine, "sync_engine", self.engine).pool,
+            workers=reg.workers(self._specs.values(), in_flight),
+            listen=self.listen,
+        )
+
+    def _beat(self) -> Steps[None]:
+        """Register, or refresh the registration (an upsert: a row pruned meanwhile,
+        or a schema upgraded to 46 since the start, is registered anew). A failure
+        is logged and reported; the next beat tries again."""
+        reg = self._registration
+        try:
+            op = observe46.heartbeat_instance(
+                self._ctx, self._instance_values(), reg.started_on, reg.process_start
+            )
+            reg.started_on = yield from self._op(op, autocommit=True)
+        except SchemaVersionError:
+            pass  # a version this release does not speak: the fetch loops report it
+        except Exception as exc:
+            self._loop_error("instance_heartbeat", None, exc, float(reg.heartbeat_seconds))
+
+    def _registering(self) -> Steps[None]:
+        """The heartbeat loop, every ``instance_heartbeat_seconds`` until stop."""
+        while not (yield Wait(self._registrar_stop, float(self._registration.heartbeat_seconds))):
+            yield from self._beat()
+
+    def _deregistering(self) -> Steps[None]:
+        """End the heartbeats and stamp ``stopped_on`` (best effort: a worker that
+        cannot reach the database goes quiet instead, as a crashed one does)."""
+        with self._book:
+            self._deregistered = True
+            registrar = self._registrar
+        self._registrar_stop.set()
+        if registrar is not None:
+            yield Join([registrar], 5.0)
+        if self._registration.started_on is None:
+            return  # never registered (schema 26, or the database was unreachable)
+        try:
+            yield from self._op(
+                observe46.stop_instance(self._ctx, self._registration.id), autocommit=True
+            )
+        except Exception as exc:
+            log.debug(
+                "instance stop not recorded: %s",
+                exc,
+                extra={"action": "instance_stop_error", "worker": self.name},
+            )
+
+    @property
+    def instance_id(self) -> uuid.UUID:
+        """This worker's id in the instance registry (schema 46; listed by
+        :meth:`~alkstore_sa.QueueService.get_instances`)."""
+        return self._registration.id
+
     # ------------------------------------------------------------ statistics
 
     def stats(self) -> dict[str, QueueCounts]:
@@ -807,6 +893,10 @@ class WorkerBase(Registry, Generic[B]):
     def _count(self, queue: str, key: str, n: int = 1) -> None:
         with self._book:
             self._counts[queue][key] += n
+        if key in ("completed", "failed"):
+            self._registration.stamp(queue, "ended")
+            if key == "failed":
+                self._registration.stamp(queue, "error")
 
     # ------------------------------------------------------------ attempts
 
@@ -822,6 +912,7 @@ class WorkerBase(Registry, Generic[B]):
         with self._book:
             self._attempts[job.id] = attempt
             self._counts[job.name]["fetched"] += 1
+        self._registration.stamp(job.name, "fetched")
         log.debug(
             "job %s started",
             job.id,

@@ -63,6 +63,13 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         for errors of the worker's own loops.
     :param flush_interval: how long a finished job waits for others to be
         completed in the same statement.
+    :param name: the worker's name in logs, and in the instance registry.
+    :param register_instance: at schema 46, keep a row in the ``instance``
+        table as Node pg-boss instances do (registered at start, refreshed every
+        ``instance_heartbeat_seconds``, stopped at stop), listed by
+        :meth:`~alkstore_sa.QueueService.get_instances`; nothing at schema 26.
+    :param instance_heartbeat_seconds: 1 to 3600 (30, pg-boss's default); the
+        row reads as not live after three missed heartbeats.
     """
 
     _supervisor_class = Supervisor
