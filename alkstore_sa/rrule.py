@@ -226,6 +226,43 @@ class Rule:
             found = kept
         return [o for o in found if o > after]
 
+    def next_after(self, after: dt.datetime) -> dt.datetime | None:
+        """The first occurrence after ``after``, or ``None`` when the rule has
+        none left (a spent ``COUNT``, a passed ``UNTIL``).
+
+        Reads forward in windows that grow fourfold from an hour, up to the
+        rule's own end (or 400 years on, for a rule that never ends: a rule whose
+        parts no date satisfies then reads as having nothing left).
+        """
+        horizon = after + dt.timedelta(days=366 * 400)
+        end = self._end()
+        if end is not None:
+            horizon = min(horizon, end)
+        horizon = max([horizon, *[d for d in self.rdates if d > after]])
+        width, lower = _FIRST_STEP, after
+        while lower < horizon:
+            upper = min(horizon, lower + width)
+            found = self.between(lower, upper)
+            if found:
+                return found[0]
+            lower = upper
+            width *= 4
+        return None
+
+    def _end(self) -> dt.datetime | None:
+        """The last instant the rule part can recur at (``UNTIL``, or the
+        ``COUNT``-th occurrence), or ``None`` for a rule that never ends."""
+        until = self._value("UNTIL")
+        if until is not None:
+            params: dict[str, str] = {}
+            return _instant(until, params, dt.UTC, "UNTIL")
+        if self._value("COUNT") is not None:
+            last = None
+            for last in self._build(None):  # noqa: B007 - COUNT bounds the walk
+                pass
+            return last
+        return None
+
     def latest(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
         """The most recent occurrence in ``(after, until]``, or ``None``.
 
@@ -316,4 +353,75 @@ def parse(expression: str, tz: str) -> Rule:
     return parsed
 
 
-__all__ = ["Rule", "is_rrule", "parse"]
+# RFC 5545 3.3.10 forbids these combinations outright; pg-boss 12.38 refuses
+# them when a schedule is stored (its evaluator's strict mode).
+# Numeric parts: lowest and highest value, and whether a negative one counts from the end.
+_RANGES = {
+    "BYSECOND": (0, 60, False),
+    "BYMINUTE": (0, 59, False),
+    "BYHOUR": (0, 23, False),
+    "BYMONTH": (1, 12, False),
+    "BYMONTHDAY": (1, 31, True),
+    "BYYEARDAY": (1, 366, True),
+    "BYWEEKNO": (1, 53, True),
+    "BYSETPOS": (1, 366, True),
+}
+_ORDINAL_DAY = re.compile(r"^[+-]?\d+[A-Z]{2}$")
+
+
+def validate(expression: object, tz: object) -> tuple[str, str]:
+    """Check a recurrence rule and its time zone as pg-boss 12.38's ``schedule()``
+    does, before a schedule stores it: every part readable with a value in range,
+    no combination RFC 5545 forbids, and a known IANA zone.
+
+    Answers ``(expression, tz)``; the expression is stored as given, as pg-boss
+    stores it.
+
+    :raises InvalidOptionsError: naming ``cron`` (the rule) or ``tz``.
+    """
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidOptionsError("cron", f"must be a non-empty string, not {expression!r}")
+    # The rule first, in a zone known to be usable, so a caller who got both
+    # wrong hears about the rule (pg-boss judges the two in that order).
+    parsed = parse(expression, "UTC")
+    freq = parsed._value("FREQ")
+    if freq is None:
+        raise _bad("no FREQ part (every RRULE needs one)")
+    interval = parsed._value("INTERVAL")
+    if interval is not None and (not interval.isdigit() or int(interval) < 1):
+        raise _bad(f"INTERVAL={interval} must be a positive whole number")
+    count = parsed._value("COUNT")
+    if count is not None and (not count.isdigit() or int(count) < 1):
+        raise _bad(f"COUNT={count} must be a positive whole number")
+    if freq == "WEEKLY" and parsed._value("BYMONTHDAY") is not None:
+        raise _bad("BYMONTHDAY cannot be used with FREQ=WEEKLY (RFC 5545)")
+    byday = parsed._value("BYDAY")
+    numbered = byday is not None and any(
+        _ORDINAL_DAY.match(d.strip().upper()) for d in byday.split(",")
+    )
+    if numbered and freq not in ("MONTHLY", "YEARLY"):
+        raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
+    for key, value in parsed.parts:
+        bounds = _RANGES.get(key)
+        if bounds is None:
+            continue
+        low, high, signed = bounds
+        for item in value.split(","):
+            text = item.strip()
+            number = text[1:] if signed and text[:1] in "+-" else text
+            if not number.isdigit() or not (
+                low <= int(number) <= high and (signed or not text.startswith("-"))
+            ):
+                raise _bad(f"{key}={value}: {text!r} is out of range")
+    # Every part at its wall-clock reading too (the elapsed-time reading of
+    # hourly and finer rules leaves the wall-clock parts to a filter).
+    body = ";".join(f"{k}={v}" for k, v in parsed.parts)
+    try:
+        du.rrulestr(body, dtstart=parsed.start)
+    except (ValueError, TypeError) as exc:
+        raise _bad(f"{body!r}: {exc or 'a value out of range'}") from None
+    timezone(tz)
+    return expression, str(tz)
+
+
+__all__ = ["Rule", "is_rrule", "parse", "validate"]
