@@ -285,6 +285,21 @@ class Rule:
         return None
 
 
+def _check_ranges(parts: list[tuple[str, str]]) -> None:
+    """Every numeric part's values in range, named in the error (pg-boss refuses
+    a value its evaluator would drop)."""
+    for key, value in parts:
+        bounds = _RANGES.get(key)
+        if bounds is None:
+            continue
+        low, high, signed = bounds
+        for item in value.split(","):
+            text = item.strip()
+            number = text[1:] if signed and text[:1] in "+-" else text
+            if not number.isdigit() or not low <= int(number) <= high:
+                raise _bad(f"{key}={value}: {text!r} is out of range")
+
+
 def parse(expression: str, tz: str) -> Rule:
     """Read ``expression`` (a rule value or calendar lines) in the zone ``tz``."""
     zone = timezone(tz)
@@ -348,6 +363,7 @@ def parse(expression: str, tz: str) -> Rule:
         if any(k == "COUNT" for k, _ in parts):
             raise _bad("COUNT counts occurrences from DTSTART, so it needs a DTSTART of its own")
         start = _EPOCH.replace(tzinfo=zone)
+    _check_ranges(parts)
     parsed = Rule(tuple(parts), start, tuple(rdates), tuple(exdates))
     parsed._build(None)  # the rule parts themselves, checked now
     return parsed
@@ -401,18 +417,6 @@ def validate(expression: object, tz: object) -> tuple[str, str]:
     )
     if numbered and freq not in ("MONTHLY", "YEARLY"):
         raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
-    for key, value in parsed.parts:
-        bounds = _RANGES.get(key)
-        if bounds is None:
-            continue
-        low, high, signed = bounds
-        for item in value.split(","):
-            text = item.strip()
-            number = text[1:] if signed and text[:1] in "+-" else text
-            if not number.isdigit() or not (
-                low <= int(number) <= high and (signed or not text.startswith("-"))
-            ):
-                raise _bad(f"{key}={value}: {text!r} is out of range")
     # Every part at its wall-clock reading too (the elapsed-time reading of
     # hourly and finer rules leaves the wall-clock parts to a filter).
     body = ";".join(f"{k}={v}" for k, v in parsed.parts)

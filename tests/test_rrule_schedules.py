@@ -134,3 +134,25 @@ def test_a_rule_on_schema_26_is_refused_with_the_schema_it_needs(
         q.schedule("reports", "0 9 * * *")  # the transaction goes on
     [info] = in_tx(engine, schema, lambda q: q.get_schedules())
     assert (info.kind, info.cron, info.last_job_id) == ("cron", "0 9 * * *", None)
+
+
+def test_cli_schedule_add_takes_a_rule_with_rrule(
+    capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa.cli import main
+
+    def run(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([*argv, "--database-url", database_url, "--schema", schema46, "--json"])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    code, out = run("schedule", "add", "reports", "--rrule", "FREQ=DAILY;BYHOUR=9", "--tz", "UTC")
+    assert code == 0 and '"rrule"' in out, out
+    code, out = run("schedule", "add", "reports", "--key", "x", "--rrule", "0 9 * * *")
+    assert code != 0 and "not an RFC 5545 rule" in out
+    code, out = run("schedule", "add", "reports", "--key", "y", "--rrule", "FREQ=DAILY;BYHOUR=24")
+    assert code != 0 and "BYHOUR" in out
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules())
+    assert (info.kind, info.cron) == ("rrule", "FREQ=DAILY;BYHOUR=9")
