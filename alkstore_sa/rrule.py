@@ -65,6 +65,7 @@ _PERIODS = {
 }
 _MAX_STEP_PERIODS = 50_000  # occurrences one backward step of latest() may walk
 _FIRST_STEP = dt.timedelta(hours=1)
+_MAX_SEARCH_PERIODS = 50_000  # periods sends_after() reads of an hourly or finer rule
 
 
 _WALL_LIMITS = frozenset({"BYHOUR", "BYMINUTE", "BYDAY", "BYMONTHDAY", "BYMONTH", "BYYEARDAY"})
@@ -226,28 +227,41 @@ class Rule:
             found = kept
         return [o for o in found if o > after]
 
-    def next_after(self, after: dt.datetime) -> dt.datetime | None:
-        """The first occurrence after ``after``, or ``None`` when the rule has
-        none left (a spent ``COUNT``, a passed ``UNTIL``).
+    def sends_after(self, after: dt.datetime) -> bool:
+        """Has the rule an occurrence after ``after``? ``False`` for a spent
+        ``COUNT``, a passed ``UNTIL``, or parts no date satisfies.
 
         Reads forward in windows that grow fourfold from an hour, up to the
-        rule's own end (or 400 years on, for a rule that never ends: a rule whose
-        parts no date satisfies then reads as having nothing left).
+        rule's own end (or 400 years on, for a rule that never ends). Hourly and
+        finer rules, whose wall-clock parts are a filter, are read for at most
+        :data:`_MAX_SEARCH_PERIODS` periods: past that the answer is ``True``
+        (the timekeeper reports a row it cannot fire).
         """
         horizon = after + dt.timedelta(days=366 * 400)
         end = self._end()
         if end is not None:
             horizon = min(horizon, end)
         horizon = max([horizon, *[d for d in self.rdates if d > after]])
+        period = _PERIODS.get(self._value("FREQ") or "")
+        if self._exact and period is not None:
+            budget = after + period * int(self._value("INTERVAL") or "1") * _MAX_SEARCH_PERIODS
+            if budget < horizon:
+                if any(d > after for d in self.rdates):
+                    return True
+                horizon = budget
+                cut = True
+            else:
+                cut = False
+        else:
+            cut = False
         width, lower = _FIRST_STEP, after
         while lower < horizon:
             upper = min(horizon, lower + width)
-            found = self.between(lower, upper)
-            if found:
-                return found[0]
+            if self.between(lower, upper):
+                return True
             lower = upper
             width *= 4
-        return None
+        return cut
 
     def _end(self) -> dt.datetime | None:
         """The last instant the rule part can recur at (``UNTIL``, or the
@@ -369,8 +383,6 @@ def parse(expression: str, tz: str) -> Rule:
     return parsed
 
 
-# RFC 5545 3.3.10 forbids these combinations outright; pg-boss 12.38 refuses
-# them when a schedule is stored (its evaluator's strict mode).
 # Numeric parts: lowest and highest value, and whether a negative one counts from the end.
 _RANGES = {
     "BYSECOND": (0, 60, False),
@@ -382,6 +394,8 @@ _RANGES = {
     "BYWEEKNO": (1, 53, True),
     "BYSETPOS": (1, 366, True),
 }
+# A numbered BYDAY (1MO, -1FR): RFC 5545 3.3.10 allows it only monthly or yearly,
+# and pg-boss 12.38 refuses it otherwise (its evaluator's strict mode).
 _ORDINAL_DAY = re.compile(r"^[+-]?\d+[A-Z]{2}$")
 
 

@@ -63,7 +63,7 @@ def schedule(
         # sit in the table and never send a job: refused, as pg-boss refuses it,
         # judged at the database's clock (the one the timekeeper reads).
         clock = (yield Call(_clock(), {})).scalar_one()
-        if rrule.parse(cron, tz).next_after(clock) is None:
+        if not rrule.parse(cron, tz).sends_after(clock):
             raise InvalidOptionsError(
                 "cron", "rrule expression has no occurrence left, so it would never send a job"
             )
