@@ -118,8 +118,11 @@ def test_a_rule_with_occurrences_left_is_accepted(engine: Engine, schema46: str)
     in_tx(engine, schema46, lambda q: q.schedule("reports", rule, key="twice"))
     until = f"FREQ=HOURLY;UNTIL={YEAR + 1}0101T000000Z"
     in_tx(engine, schema46, lambda q: q.schedule("reports", until, key="until"))
+    # A spent rule with an extra date still to come sends that date.
+    extra = f"DTSTART:20200101T090000Z\nRRULE:FREQ=DAILY;COUNT=1\nRDATE:{YEAR}0101T090000Z"
+    in_tx(engine, schema46, lambda q: q.schedule("reports", extra, key="extra"))
     kinds = {s.key: s.kind for s in in_tx(engine, schema46, lambda q: q.get_schedules())}
-    assert kinds == {"twice": "rrule", "until": "rrule"}
+    assert kinds == {"twice": "rrule", "until": "rrule", "extra": "rrule"}
 
 
 def test_a_rule_on_schema_26_is_refused_with_the_schema_it_needs(
