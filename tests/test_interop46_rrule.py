@@ -4,12 +4,13 @@ stores is read back by ``get_schedules``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from support.interop46 import schema46_by, sql, wait_until
-from support.node import in_tx, node46, node46_modules, node_url, py_engine
+from support.node import in_tx, node46, node46_modules, node_url, py_engine, run_node46
 
 from alkstore_sa.names import SEND_IT_QUEUE
 
@@ -102,3 +103,55 @@ def test_node_refuses_what_we_refuse(schema46_by: str, node46: Any, engine: Engi
         with pytest.raises(Exception, match="rrule"):
             in_tx(engine, schema, lambda q, bad=bad: q.schedule("rule_q", bad))
     assert sql(engine, schema, "SELECT count(*) FROM {s}.schedule")[0][0] == 0
+
+
+# Node 12.38's verdict on an expression, from its own rrule module: what its
+# schedule() checks (assertRrule, then assertRruleSends at "now").
+NODE_VERDICT = """
+import { assertRrule, assertRruleSends } from './node_modules/pg-boss/dist/rrule.js'
+const [cases, now] = JSON.parse(process.argv[1])
+console.log(JSON.stringify(cases.map(([expr, tz]) => {
+  try { assertRrule(expr, tz); assertRruleSends(expr, tz, new Date(now)); return true }
+  catch (err) { return false }
+})))
+"""
+VERDICT_CASES = [
+    ("FREQ=DAILY;BYHOUR=9", "Europe/Paris"),
+    ("DTSTART;TZID=Europe/Paris:20260105T083000\nRRULE:FREQ=WEEKLY;INTERVAL=2;BYDAY=MO", "UTC"),
+    ("FREQ=MONTHLY;BYDAY=-1FR", "UTC"),
+    ("FREQ=MONTHLY;BYMONTHDAY=-1;BYHOUR=23", "UTC"),
+    ("FREQ=HOURLY;UNTIL=20990101T000000Z", "UTC"),
+    ("FREQ=DAILY;BYHOUR=25", "UTC"),
+    ("FREQ=DAILY;INTERVAL=0", "UTC"),
+    ("FREQ=WEEKLY;BYMONTHDAY=3", "UTC"),
+    ("FREQ=DAILY;BYDAY=1MO", "UTC"),
+    ("FREQ=DAILY;BYHOURS=9", "UTC"),
+    ("FREQ=DAILY;COUNT=3", "UTC"),
+    ("FREQ=DAILY;UNTIL=20200101T000000Z", "UTC"),
+    ("DTSTART:20200101T090000Z\nRRULE:FREQ=DAILY;COUNT=3", "UTC"),
+    ("FREQ=DAILY;BYHOUR=9", "Mars/Olympus"),
+]
+
+
+def test_schedule_accepts_and_refuses_the_rules_node_does(
+    engine: Engine, node46_modules: None
+) -> None:
+    from alkstore_sa import rrule
+    from alkstore_sa.errors import InvalidOptionsError
+
+    with engine.connect() as conn:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+    node = json.loads(
+        run_node46(
+            "--input-type=module", "-e", NODE_VERDICT,
+            json.dumps([VERDICT_CASES, now.isoformat()]),
+        )
+    )  # fmt: skip
+    ours = []
+    for expr, tz in VERDICT_CASES:
+        try:
+            rrule.validate(expr, tz)
+            ours.append(rrule.parse(expr, tz).sends_after(now))
+        except InvalidOptionsError:
+            ours.append(False)
+    assert ours == node
