@@ -159,3 +159,12 @@ def test_cli_schedule_add_takes_a_rule_with_rrule(
     assert code != 0 and "BYHOUR" in out
     [info] = in_tx(engine, schema46, lambda q: q.get_schedules())
     assert (info.kind, info.cron) == ("rrule", "FREQ=DAILY;BYHOUR=9")
+
+
+def test_sync_and_async_services_store_and_read_a_rule(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("reports"))
+    env46.tx(lambda q: q.schedule("reports", "FREQ=DAILY;BYHOUR=9", {"n": 1}, tz="Europe/Paris"))
+    [info] = env46.tx(lambda q: q.get_schedules("reports"))
+    assert (info.kind, info.cron, info.timezone) == ("rrule", "FREQ=DAILY;BYHOUR=9", "Europe/Paris")
+    with pytest.raises(InvalidOptionsError, match="no occurrence left"):
+        env46.tx(lambda q: q.schedule("reports", "FREQ=DAILY;UNTIL=20200101T000000Z", key="x"))
