@@ -207,7 +207,13 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleInfo:
-    """A stored cron schedule."""
+    """A stored schedule.
+
+    ``cron`` holds its expression whatever the format; ``kind`` says which:
+    ``"cron"`` or, at schema 46, ``"rrule"`` (an RFC 5545 recurrence rule).
+    ``last_job_id`` (schema 46) is the job its latest occurrence sent, or
+    ``None``; at schema 26 it is always ``None``.
+    """
 
     name: str
     key: str
@@ -217,6 +223,8 @@ class ScheduleInfo:
     options: dict[str, Any] | None
     created_on: dt.datetime
     updated_on: dt.datetime
+    kind: str = "cron"
+    last_job_id: uuid.UUID | None = None
 
 
 # ---------------------------------------------------------------- results

@@ -65,6 +65,7 @@ _PERIODS = {
 }
 _MAX_STEP_PERIODS = 50_000  # occurrences one backward step of latest() may walk
 _FIRST_STEP = dt.timedelta(hours=1)
+_MAX_SEARCH_PERIODS = 50_000  # periods sends_after() reads of an hourly or finer rule
 
 
 _WALL_LIMITS = frozenset({"BYHOUR", "BYMINUTE", "BYDAY", "BYMONTHDAY", "BYMONTH", "BYYEARDAY"})
@@ -226,6 +227,56 @@ class Rule:
             found = kept
         return [o for o in found if o > after]
 
+    def sends_after(self, after: dt.datetime) -> bool:
+        """Has the rule an occurrence after ``after``? ``False`` for a spent
+        ``COUNT``, a passed ``UNTIL``, or parts no date satisfies.
+
+        Reads forward in windows that grow fourfold from an hour, up to the
+        rule's own end (or 400 years on, for a rule that never ends). Hourly and
+        finer rules, whose wall-clock parts are a filter, are read for at most
+        :data:`_MAX_SEARCH_PERIODS` periods: past that the answer is ``True``
+        (the timekeeper reports a row it cannot fire).
+        """
+        horizon = after + dt.timedelta(days=366 * 400)
+        end = self._end()
+        if end is not None:
+            horizon = min(horizon, end)
+        horizon = max([horizon, *[d for d in self.rdates if d > after]])
+        period = _PERIODS.get(self._value("FREQ") or "")
+        if self._exact and period is not None:
+            budget = after + period * int(self._value("INTERVAL") or "1") * _MAX_SEARCH_PERIODS
+            if budget < horizon:
+                if any(d > after for d in self.rdates):
+                    return True
+                horizon = budget
+                cut = True
+            else:
+                cut = False
+        else:
+            cut = False
+        width, lower = _FIRST_STEP, after
+        while lower < horizon:
+            upper = min(horizon, lower + width)
+            if self.between(lower, upper):
+                return True
+            lower = upper
+            width *= 4
+        return cut
+
+    def _end(self) -> dt.datetime | None:
+        """The last instant the rule part can recur at (``UNTIL``, or the
+        ``COUNT``-th occurrence), or ``None`` for a rule that never ends."""
+        until = self._value("UNTIL")
+        if until is not None:
+            params: dict[str, str] = {}
+            return _instant(until, params, dt.UTC, "UNTIL")
+        if self._value("COUNT") is not None:
+            last = None
+            for last in self._build(None):  # noqa: B007 - COUNT bounds the walk
+                pass
+            return last
+        return None
+
     def latest(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
         """The most recent occurrence in ``(after, until]``, or ``None``.
 
@@ -246,6 +297,21 @@ class Rule:
             upper = lower
             width = width * 4 if cap is None else min(width * 4, max(cap, _FIRST_STEP))
         return None
+
+
+def _check_ranges(parts: list[tuple[str, str]]) -> None:
+    """Every numeric part's values in range, named in the error (pg-boss refuses
+    a value its evaluator would drop)."""
+    for key, value in parts:
+        bounds = _RANGES.get(key)
+        if bounds is None:
+            continue
+        low, high, signed = bounds
+        for item in value.split(","):
+            text = item.strip()
+            number = text[1:] if signed and text[:1] in "+-" else text
+            if not number.isdigit() or not low <= int(number) <= high:
+                raise _bad(f"{key}={value}: {text!r} is out of range")
 
 
 def parse(expression: str, tz: str) -> Rule:
@@ -311,9 +377,75 @@ def parse(expression: str, tz: str) -> Rule:
         if any(k == "COUNT" for k, _ in parts):
             raise _bad("COUNT counts occurrences from DTSTART, so it needs a DTSTART of its own")
         start = _EPOCH.replace(tzinfo=zone)
+    _check_ranges(parts)
+    for key, value in parts:
+        # A zero or negative step would never advance (python-dateutil loops on
+        # INTERVAL=0): refused here, so a row written by raw SQL is reported as
+        # invalid when fired instead of stalling the timekeeper.
+        if key in ("INTERVAL", "COUNT") and (not value.isdigit() or int(value) < 1):
+            raise _bad(f"{key}={value} must be a positive whole number")
     parsed = Rule(tuple(parts), start, tuple(rdates), tuple(exdates))
     parsed._build(None)  # the rule parts themselves, checked now
     return parsed
 
 
-__all__ = ["Rule", "is_rrule", "parse"]
+# Numeric parts: lowest and highest value, and whether a negative one counts from the end.
+_RANGES = {
+    "BYSECOND": (0, 60, False),
+    "BYMINUTE": (0, 59, False),
+    "BYHOUR": (0, 23, False),
+    "BYMONTH": (1, 12, False),
+    "BYMONTHDAY": (1, 31, True),
+    "BYYEARDAY": (1, 366, True),
+    "BYWEEKNO": (1, 53, True),
+    "BYSETPOS": (1, 366, True),
+}
+# A numbered BYDAY (1MO, -1FR): RFC 5545 3.3.10 allows it only monthly or yearly,
+# and pg-boss 12.38 refuses it otherwise (its evaluator's strict mode).
+_ORDINAL_DAY = re.compile(r"^[+-]?\d+[A-Z]{2}$")
+
+
+def validate(expression: object, tz: object) -> tuple[str, str]:
+    """Check a recurrence rule and its time zone as pg-boss 12.38's ``schedule()``
+    does, before a schedule stores it: every part readable with a value in range,
+    no combination RFC 5545 forbids, and a known IANA zone.
+
+    Answers ``(expression, tz)``; the expression is stored as given, as pg-boss
+    stores it.
+
+    :raises InvalidOptionsError: naming ``cron`` (the rule) or ``tz``.
+    """
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidOptionsError("cron", f"must be a non-empty string, not {expression!r}")
+    # The rule first, in a zone known to be usable, so a caller who got both
+    # wrong hears about the rule (pg-boss judges the two in that order).
+    parsed = parse(expression, "UTC")
+    freq = parsed._value("FREQ")
+    if freq is None:
+        raise _bad("no FREQ part (every RRULE needs one)")
+    interval = parsed._value("INTERVAL")
+    if interval is not None and (not interval.isdigit() or int(interval) < 1):
+        raise _bad(f"INTERVAL={interval} must be a positive whole number")
+    count = parsed._value("COUNT")
+    if count is not None and (not count.isdigit() or int(count) < 1):
+        raise _bad(f"COUNT={count} must be a positive whole number")
+    if freq == "WEEKLY" and parsed._value("BYMONTHDAY") is not None:
+        raise _bad("BYMONTHDAY cannot be used with FREQ=WEEKLY (RFC 5545)")
+    byday = parsed._value("BYDAY")
+    numbered = byday is not None and any(
+        _ORDINAL_DAY.match(d.strip().upper()) for d in byday.split(",")
+    )
+    if numbered and freq not in ("MONTHLY", "YEARLY"):
+        raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
+    # Every part at its wall-clock reading too (the elapsed-time reading of
+    # hourly and finer rules leaves the wall-clock parts to a filter).
+    body = ";".join(f"{k}={v}" for k, v in parsed.parts)
+    try:
+        du.rrulestr(body, dtstart=parsed.start)
+    except (ValueError, TypeError) as exc:
+        raise _bad(f"{body!r}: {exc or 'a value out of range'}") from None
+    timezone(tz)
+    return expression, str(tz)
+
+
+__all__ = ["Rule", "is_rrule", "parse", "validate"]

@@ -679,10 +679,22 @@ class AsyncQueueService:
         tz: str = "UTC",
         **options: Unpack[SendOptions],
     ) -> None:
-        """Store a cron schedule that sends ``data`` to ``name``.
+        """Store a schedule that sends ``data`` to ``name`` (replacing ``(name, key)``'s).
 
-        ``cron`` has 5 fields, or 6 with seconds first; ``tz`` is an IANA zone.
-        Schedules fire through the supervisor's timekeeper, at most once a minute.
+        ``cron`` is, as in pg-boss 12.38, either a cron expression (5 fields, or
+        6 with seconds first) or, at schema 46, an RFC 5545 recurrence rule: a
+        rule value (``"FREQ=DAILY;BYHOUR=9"``) or the ``DTSTART``, ``RRULE``,
+        ``RDATE`` and ``EXDATE`` lines of a calendar entry. Its shape decides
+        its ``kind`` (``"cron"`` or ``"rrule"``), stored on the row. ``tz`` is an
+        IANA zone; a rule's ``DTSTART`` may name its own (``TZID=``). Schedules
+        fire through the supervisor's timekeeper (docs/how-to/supervision.md).
+        ``missed="once"`` catches up the latest occurrence a gap skipped.
+
+        :raises InvalidOptionsError: a malformed expression or rule, an unknown
+            ``tz``, or a rule with no occurrence left (a passed ``UNTIL``, a
+            spent ``COUNT``), before anything is written.
+        :raises SchemaFeatureError: a recurrence rule on a schema at 26.
+        :raises QueueNotFoundError: if ``name`` does not exist.
         """
         return await self._run(ops.schedule(self._ctx, name, cron, data, key, tz, options))
 

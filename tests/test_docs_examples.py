@@ -561,6 +561,24 @@ def heartbeats_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert (seconds, beat_after_start) == (30, True)  # touched after the fetch
 
 
+def rrule_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def rrule_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    rows = ctx.sql("SELECT key, kind, timezone FROM pgboss.schedule ORDER BY key")
+    assert [tuple(r) for r in rows] == [
+        ("fortnightly", "rrule", "Europe/Paris"),
+        ("weekdays", "rrule", "Europe/Paris"),
+    ]
+    assert ns["report"].fired == ("reports__weekdays",)
+    [(slot,)] = ctx.sql("SELECT singleton_on FROM pgboss.job WHERE name = '__pgboss__send-it'")
+    assert slot == dt.datetime(2030, 6, 5, 7, 0)
+    [job] = ctx.jobs("reports")  # the refusal left the transaction usable
+    assert job.data == {"still": "usable"}
+
+
 def batch_results_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
 
@@ -654,6 +672,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),
     "docs/how-to/upserts.md": Page(keys_prelude, upserts_check),
     "docs/how-to/heartbeats.md": Page(heartbeats_prelude, heartbeats_check),
+    "docs/how-to/rrule-schedules.md": Page(rrule_prelude, rrule_check),
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),

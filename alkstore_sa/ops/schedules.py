@@ -1,13 +1,16 @@
-"""Cron schedule storage (firing belongs to the supervisor)."""
+"""Schedule storage: cron expressions, and at schema 46 RFC 5545 recurrence
+rules (firing belongs to the supervisor)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from sqlalchemy import func, select
+
 from .. import limits
 from .. import options as opt
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..names import validate_queue
 from ..records import ScheduleInfo
 from ..sql import queues as queue_sql
@@ -22,12 +25,30 @@ def validate_cron(cron: object, tz: object) -> tuple[str, str]:
     return validate(cron, tz)
 
 
+RRULE_SINCE = 46
+"""The first schema version whose schedules may hold a recurrence rule."""
+
+
+def _clock() -> Any:
+    """The database's clock (its wall time, not the transaction's start)."""
+    return select(func.clock_timestamp())
+
+
 def schedule(
     ctx: Context, name: str, cron: str, data: Any, key: str, tz: str, options: Mapping[str, Any]
 ) -> Op[None]:
+    from .. import rrule
+
     validate_queue(name)
     opt.check_text("key", key, max_bytes=limits.MAX_SCHEDULE_KEY_BYTES)
-    cron, tz = validate_cron(cron, tz)
+    # As pg-boss 12.38: the expression's shape decides its kind, once, here.
+    kind = "rrule" if isinstance(cron, str) and rrule.is_rrule(cron) else "cron"
+    if kind == "rrule":
+        if ctx.version < RRULE_SINCE:
+            raise SchemaFeatureError(ctx.schema, "an rrule schedule", RRULE_SINCE, ctx.version)
+        cron, tz = rrule.validate(cron, tz)
+    else:
+        cron, tz = validate_cron(cron, tz)
     # pg-boss 12.38's catch-up policy lives only in the stored options; it is
     # no send option, so it comes out before those are checked.
     options = dict(options)
@@ -37,6 +58,15 @@ def schedule(
     # Validate the send options now, so that a schedule never fires bad jobs.
     opt.send_options(options, version=ctx.version)
     encoded = opt.encode_json("data", data)
+    if kind == "rrule":
+        # A rule with nothing left to send (a passed UNTIL, a spent COUNT) would
+        # sit in the table and never send a job: refused, as pg-boss refuses it,
+        # judged at the database's clock (the one the timekeeper reads).
+        clock = (yield Call(_clock(), {})).scalar_one()
+        if not rrule.parse(cron, tz).sends_after(clock):
+            raise InvalidOptionsError(
+                "cron", "rrule expression has no occurrence left, so it would never send a job"
+            )
     yield from require_queue(ctx, name)
     stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}
     if missed is not None:
@@ -50,8 +80,8 @@ def schedule(
         "options": opt.encode_json("options", stored),
     }
     if ctx.version == 46:
-        # At 46 the row names its kind; we accept cron expressions only.
-        yield Call(cron46_sql.upsert_schedule(), {**params, "kind": "cron"})
+        # At 46 the row names its kind, and the expression is stored as given.
+        yield Call(cron46_sql.upsert_schedule(), {**params, "kind": kind})
         return
     yield Call(queue_sql.upsert_schedule(), params)
 
@@ -69,7 +99,9 @@ def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[Sc
         params["qname"] = validate_queue(name)
     if key is not None:
         params["key"] = opt.check_text("key", key)
-    result = yield Call(
-        queue_sql.get_schedules(by_name=name is not None, by_key=key is not None), params
-    )
+    if ctx.version >= RRULE_SINCE:
+        stmt = cron46_sql.get_schedules(by_name=name is not None, by_key=key is not None)
+    else:
+        stmt = queue_sql.get_schedules(by_name=name is not None, by_key=key is not None)
+    result = yield Call(stmt, params)
     return [ScheduleInfo(**r) for r in result.mappings().all()]

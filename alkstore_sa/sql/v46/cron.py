@@ -72,6 +72,18 @@ def all_schedules() -> Select[Any]:
 
 
 @functools.cache
+def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
+    """Stored schedules with their ``kind`` and ``last_job_id``, of queue
+    ``:qname`` and key ``:key`` when asked."""
+    stmt = all_schedules()
+    if by_name:
+        stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
+    if by_key:
+        stmt = stmt.where(SCHEDULE.c.key == bindparam("key", type_=Text))
+    return stmt
+
+
+@functools.cache
 def insert_occurrences() -> Any:
     """File occurrences into queue ``:queue`` (send-it): one job per
     ``(:datas[i], :keys[i], :slots[i])``, ``singleton_on`` set to the slot.
@@ -225,6 +237,7 @@ def upsert_schedule() -> Any:
 __all__ = [
     "all_schedules",
     "claim_cron",
+    "get_schedules",
     "insert_occurrences",
     "set_last_job_ids",
     "set_schedule_kinds",

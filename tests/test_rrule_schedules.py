@@ -1,0 +1,192 @@
+"""Recurrence-rule schedules created from Python (schema 46, as pg-boss 12.38's
+``schedule()`` with an RFC 5545 rule): stored as Node stores them, read back,
+fired by our supervisor, refused when malformed, spent or on schema 26."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from alkstore_sa import InvalidOptionsError, QueueService
+from alkstore_sa.clock import FakeClock
+from alkstore_sa.errors import SchemaFeatureError
+from alkstore_sa.names import SEND_IT_QUEUE
+from alkstore_sa.supervision import Supervisor
+
+UTC = dt.UTC
+YEAR = dt.datetime.now(UTC).year + 1  # fake times ahead of the database clock
+ONLY_CRON: dict[str, Any] = {"supervise": False, "bam": False}
+
+
+def rows(engine: Engine, schema: str, sql: str, **params: Any) -> list[Any]:
+    with engine.begin() as conn:
+        result = conn.execute(text(sql.replace("{s}", f'"{schema}"')), params)
+        return list(result.all()) if result.returns_rows else []
+
+
+def in_tx(engine: Engine, schema: str, fn: Any) -> Any:
+    with Session(engine) as session, session.begin():
+        return fn(QueueService(session, schema=schema))
+
+
+def test_a_rule_is_stored_as_node_stores_it_and_read_back(engine: Engine, schema46: str) -> None:
+    rule = "DTSTART;TZID=Europe/Paris:20260105T090000\nRRULE:FREQ=WEEKLY;BYDAY=MO,TH"
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    in_tx(
+        engine,
+        schema46,
+        lambda q: q.schedule("reports", rule, {"r": 1}, key="weekly", tz="Europe/Paris"),
+    )
+    [row] = rows(engine, schema46, "SELECT kind, cron, timezone, options FROM {s}.schedule")
+    assert (row.kind, row.cron, row.timezone) == ("rrule", rule, "Europe/Paris")
+    assert row.options == {"tz": "Europe/Paris", "key": "weekly"}
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules("reports"))
+    assert (info.kind, info.cron, info.key, info.data) == ("rrule", rule, "weekly", {"r": 1})
+    assert info.last_job_id is None
+    # A cron expression replacing it relabels the row, as pg-boss does.
+    in_tx(engine, schema46, lambda q: q.schedule("reports", "0 9 * * 1", key="weekly"))
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules("reports", "weekly"))
+    assert (info.kind, info.cron) == ("cron", "0 9 * * 1")
+
+
+def test_a_rule_scheduled_in_python_fires_through_the_supervisor(
+    engine: Engine, schema46: str
+) -> None:
+    # A daily rule at this minute's wall time in Paris, fired by a supervisor whose
+    # clock is the database's (the send-it job then is due at once and is sent).
+    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    paris = now.astimezone(ZoneInfo("Europe/Paris"))
+    rule = f"FREQ=DAILY;BYHOUR={paris.hour};BYMINUTE={paris.minute};BYSECOND=0"
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    in_tx(engine, schema46, lambda q: q.schedule("reports", rule, {"a": 1}, tz="Europe/Paris"))
+    # Just before the occurrence: nothing is due.
+    clock = FakeClock(now - dt.timedelta(seconds=30))
+    Supervisor(engine, schema=schema46, clock=clock, **ONLY_CRON).run_once(force=True)
+    assert rows(engine, schema46, "SELECT id FROM {s}.job WHERE name = :q", q=SEND_IT_QUEUE) == []
+    clock.advance(31)
+    report = Supervisor(engine, schema=schema46, clock=clock, **ONLY_CRON).run_once(force=True)
+    assert report.errors == () and report.sent == 1
+    [sent] = rows(
+        engine, schema46, "SELECT singleton_on FROM {s}.job WHERE name = :q", q=SEND_IT_QUEUE
+    )
+    assert sent.singleton_on == now.replace(tzinfo=None)
+    [job] = rows(engine, schema46, "SELECT id, data FROM {s}.job WHERE name = 'reports'")
+    assert job.data == {"a": 1}
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules())
+    assert info.last_job_id == job.id
+
+
+def test_a_stored_rule_that_never_advances_does_not_stall_the_timekeeper(
+    engine: Engine, schema46: str
+) -> None:
+    # INTERVAL=0, written by raw SQL (schedule() refuses it): python-dateutil would
+    # loop forever on it. The pass reports it and still fires the good rule.
+    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    rule = f"FREQ=DAILY;BYHOUR={now.hour};BYMINUTE={now.minute};BYSECOND=0"
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    in_tx(engine, schema46, lambda q: q.schedule("reports", rule, {"good": True}, key="good"))
+    rows(
+        engine,
+        schema46,
+        "INSERT INTO {s}.schedule (name, key, cron, timezone, kind, options)"
+        " VALUES ('reports', 'stuck', 'FREQ=DAILY;INTERVAL=0', 'UTC', 'rrule', '{}')",
+    )
+    clock = FakeClock(now + dt.timedelta(seconds=1))
+    report = Supervisor(engine, schema=schema46, clock=clock, **ONLY_CRON).run_once(force=True)
+    assert report.sent == 1
+    [job] = rows(engine, schema46, "SELECT data FROM {s}.job WHERE name = 'reports'")
+    assert job.data == {"good": True}
+
+
+@pytest.mark.parametrize(
+    ("expression", "tz", "problem"),
+    [
+        ("FREQ=SOMETIMES", "UTC", "cron"),
+        ("FREQ=DAILY;BYHOUR=25", "UTC", "cron"),
+        ("FREQ=DAILY;INTERVAL=0", "UTC", "cron"),
+        ("FREQ=WEEKLY;BYMONTHDAY=3", "UTC", "cron"),
+        ("FREQ=DAILY;BYDAY=1MO", "UTC", "cron"),
+        ("FREQ=DAILY;BYHOURS=9", "UTC", "cron"),
+        ("FREQ=DAILY;COUNT=3", "UTC", "cron"),  # COUNT needs a DTSTART
+        ("FREQ=DAILY;UNTIL=20200101T000000Z", "UTC", "cron"),  # nothing left
+        ("DTSTART:20200101T090000Z\nRRULE:FREQ=DAILY;COUNT=3", "UTC", "cron"),  # spent
+        ("FREQ=DAILY;BYHOUR=9", "Mars/Olympus", "tz"),
+    ],
+)
+def test_a_bad_rule_is_refused_before_anything_is_written(
+    engine: Engine, schema46: str, expression: str, tz: str, problem: str
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        q.schedule("reports", "0 * * * *", key="kept")
+        with pytest.raises(InvalidOptionsError) as caught:
+            q.schedule("reports", expression, tz=tz)
+        assert caught.value.option == problem
+        # The caller's transaction is intact: it goes on and commits.
+        q.send("reports", {"after": "refusal"})
+    assert [s.key for s in in_tx(engine, schema46, lambda q: q.get_schedules())] == ["kept"]
+    assert len(rows(engine, schema46, "SELECT id FROM {s}.job WHERE name = 'reports'")) == 1
+
+
+def test_a_rule_with_occurrences_left_is_accepted(engine: Engine, schema46: str) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    rule = f"DTSTART:{YEAR}0101T090000Z\nRRULE:FREQ=DAILY;COUNT=2"
+    in_tx(engine, schema46, lambda q: q.schedule("reports", rule, key="twice"))
+    until = f"FREQ=HOURLY;UNTIL={YEAR + 1}0101T000000Z"
+    in_tx(engine, schema46, lambda q: q.schedule("reports", until, key="until"))
+    # A spent rule with an extra date still to come sends that date.
+    extra = f"DTSTART:20200101T090000Z\nRRULE:FREQ=DAILY;COUNT=1\nRDATE:{YEAR}0101T090000Z"
+    in_tx(engine, schema46, lambda q: q.schedule("reports", extra, key="extra"))
+    kinds = {s.key: s.kind for s in in_tx(engine, schema46, lambda q: q.get_schedules())}
+    assert kinds == {"twice": "rrule", "until": "rrule", "extra": "rrule"}
+
+
+def test_a_rule_on_schema_26_is_refused_with_the_schema_it_needs(
+    engine: Engine, schema: str
+) -> None:
+    in_tx(engine, schema, lambda q: q.create_queue("reports"))
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        with pytest.raises(SchemaFeatureError) as caught:
+            q.schedule("reports", "FREQ=DAILY;BYHOUR=9")
+        assert (caught.value.needed, caught.value.found) == (46, 26)
+        q.schedule("reports", "0 9 * * *")  # the transaction goes on
+    [info] = in_tx(engine, schema, lambda q: q.get_schedules())
+    assert (info.kind, info.cron, info.last_job_id) == ("cron", "0 9 * * *", None)
+
+
+def test_cli_schedule_add_takes_a_rule_with_rrule(
+    capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa.cli import main
+
+    def run(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([*argv, "--database-url", database_url, "--schema", schema46, "--json"])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    code, out = run("schedule", "add", "reports", "--rrule", "FREQ=DAILY;BYHOUR=9", "--tz", "UTC")
+    assert code == 0 and '"rrule"' in out, out
+    code, out = run("schedule", "add", "reports", "--key", "x", "--rrule", "0 9 * * *")
+    assert code != 0 and "not an RFC 5545 rule" in out
+    code, out = run("schedule", "add", "reports", "--key", "y", "--rrule", "FREQ=DAILY;BYHOUR=24")
+    assert code != 0 and "BYHOUR" in out
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules())
+    assert (info.kind, info.cron) == ("rrule", "FREQ=DAILY;BYHOUR=9")
+
+
+def test_sync_and_async_services_store_and_read_a_rule(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("reports"))
+    env46.tx(lambda q: q.schedule("reports", "FREQ=DAILY;BYHOUR=9", {"n": 1}, tz="Europe/Paris"))
+    [info] = env46.tx(lambda q: q.get_schedules("reports"))
+    assert (info.kind, info.cron, info.timezone) == ("rrule", "FREQ=DAILY;BYHOUR=9", "Europe/Paris")
+    with pytest.raises(InvalidOptionsError, match="no occurrence left"):
+        env46.tx(lambda q: q.schedule("reports", "FREQ=DAILY;UNTIL=20200101T000000Z", key="x"))
