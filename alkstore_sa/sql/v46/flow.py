@@ -31,27 +31,22 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     Integer,
-    Interval,
     Select,
     Text,
     Uuid,
     bindparam,
-    case,
     cast,
     column,
     func,
-    literal_column,
     null,
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from ...options import OPTION, OPTIONS
-from .._common import seconds
 from ..send import ALL_INPUTS, INPUT_COLUMNS, data_array
 from ..tables46 import JOB, JOB_DEPENDENCY, QUEUE
 from . import job_now
-from .send import _job_value
+from .send import job_values
 
 FLOW_COLUMNS: list[tuple[str, Any]] = [
     ("flow_queue", Text()),
@@ -109,35 +104,8 @@ def insert_flow(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[A
     """
     src = _source(given)
     q = QUEUE.alias("q")
-    now = job_now()
-    start_after = func.coalesce(
-        src.c.start_at,
-        now + func.coalesce(src.c.start_in, literal_column("interval '0'", Interval)),
-    )
-    slot = src.c.singleton_seconds
-    singleton_on = case(
-        (
-            slot.is_not(None),
-            literal_column("'epoch'::timestamp")
-            + seconds(
-                slot
-                * func.floor(
-                    (func.extract("epoch", now) + func.coalesce(src.c.singleton_offset, 0)) / slot
-                )
-            ),
-        ),
-    )
-    values: dict[str, ColumnElement[Any]] = {
-        str(o.job_column): _job_value(src, q, o) for o in OPTIONS if o.send and o.job_column
-    }
+    values = job_values(src, q)
     values.update(
-        name=q.c.name,
-        data=src.c.data,
-        singleton_on=singleton_on,
-        start_after=start_after,
-        created_on=now,
-        keep_until=start_after + seconds(_job_value(src, q, OPTION["retention_seconds"])),
-        policy=q.c.policy,
         blocked=src.c.flow_pending > 0,
         blocking=src.c.flow_blocking,
         pending_dependencies=src.c.flow_pending,

@@ -62,31 +62,12 @@ def _job_value(src: Any, q: Any, spec: OptionSpec) -> ColumnElement[Any]:
     return value
 
 
-@functools.cache
-def insert_jobs(
-    *, notify: bool, given: frozenset[str] = ALL_INPUTS, upsert_by_key: bool = False
-) -> Select[Any]:
-    """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
-
-    Inputs as :func:`alkstore_sa.sql.send.insert_jobs`, plus ``:all_keyed`` (every
-    job has a ``singleton_key``) and ``:node_channel``. Returns one row per
-    inserted job ``(found, policy, id)``, or a single row with a NULL id when
-    nothing was inserted; ``found`` is false when the queue does not exist and
-    ``policy`` is the queue's. Conflicts with a unique index are skipped
-    (``ON CONFLICT DO NOTHING``), never raised.
-
-    With ``notify`` the statement announces ready jobs on ``:channel`` (our
-    workers); whatever ``notify``, it announces them on ``:node_channel`` when the
-    queue has ``notify`` set, as pg-boss's own sends do, so Node workers wake.
-
-    ``upsert_by_key``: the insert of an upsert by key (see
-    :mod:`alkstore_sa.sql.v46.keys`): the jobs are marked ``upsert_by_key``, so
-    ``job_i13`` keeps one created job per key among them.
-    """
-    src = job_source(given)
-    q = QUEUE.alias("q")
+def job_values(src: Any, q: Any) -> dict[str, ColumnElement[Any]]:
+    """The ``job`` columns of an insert from the input rows ``src`` joined to their
+    queue ``q``, as a send writes them (the flow columns are the caller's): each
+    option's value or the queue's default, the throttle slot, ``start_after`` and
+    ``keep_until``. Shared by sends and flows."""
     now = job_now()
-
     start_after = func.coalesce(
         src.c.start_at,
         now + func.coalesce(src.c.start_in, literal_column("interval '0'", Interval)),
@@ -118,6 +99,35 @@ def insert_jobs(
         # Retention counts from start_after, so deferred jobs are not cut short.
         keep_until=start_after + seconds(_job_value(src, q, OPTION["retention_seconds"])),
         policy=q.c.policy,
+    )
+    return values
+
+
+@functools.cache
+def insert_jobs(
+    *, notify: bool, given: frozenset[str] = ALL_INPUTS, upsert_by_key: bool = False
+) -> Select[Any]:
+    """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
+
+    Inputs as :func:`alkstore_sa.sql.send.insert_jobs`, plus ``:all_keyed`` (every
+    job has a ``singleton_key``) and ``:node_channel``. Returns one row per
+    inserted job ``(found, policy, id)``, or a single row with a NULL id when
+    nothing was inserted; ``found`` is false when the queue does not exist and
+    ``policy`` is the queue's. Conflicts with a unique index are skipped
+    (``ON CONFLICT DO NOTHING``), never raised.
+
+    With ``notify`` the statement announces ready jobs on ``:channel`` (our
+    workers); whatever ``notify``, it announces them on ``:node_channel`` when the
+    queue has ``notify`` set, as pg-boss's own sends do, so Node workers wake.
+
+    ``upsert_by_key``: the insert of an upsert by key (see
+    :mod:`alkstore_sa.sql.v46.keys`): the jobs are marked ``upsert_by_key``, so
+    ``job_i13`` keeps one created job per key among them.
+    """
+    src = job_source(given)
+    q = QUEUE.alias("q")
+    values = job_values(src, q)
+    values.update(
         blocked=false(),
         blocking=false(),
         pending_dependencies=literal(0),
