@@ -30,7 +30,7 @@ from alkstore_sa.supervision import Supervisor
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-PAIR = [{"ref": "p", "name": "q"}, {"ref": "c", "name": "q", "depends_on": ["p"]}]
+PAIR: list[Any] = [{"ref": "p", "name": "q"}, {"ref": "c", "name": "q", "depends_on": ["p"]}]
 
 
 def flags(env: Any, job_id: uuid.UUID) -> tuple[str, bool, bool, int]:
@@ -38,12 +38,12 @@ def flags(env: Any, job_id: uuid.UUID) -> tuple[str, bool, bool, int]:
         "SELECT state::text, blocked, blocking, pending_dependencies FROM {s}.job WHERE id = :id",
         id=job_id,
     )
-    return tuple(row)  # type: ignore[return-value]
+    return tuple(row)
 
 
 def dependencies(env: Any) -> set[tuple[str, uuid.UUID, str, uuid.UUID]]:
     rows = env.sql("SELECT child_name, child_id, parent_name, parent_id FROM {s}.job_dependency")
-    return {tuple(r) for r in rows}  # type: ignore[misc]
+    return {tuple(r) for r in rows}
 
 
 def resolve(env: Any) -> Any:

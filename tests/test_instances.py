@@ -151,7 +151,7 @@ def test_instance_heartbeat_seconds_is_checked_with_the_worker(
 ) -> None:
     for bad in (0, 3601, 1.5, True):
         with pytest.raises(InvalidOptionsError, match="instance_heartbeat_seconds"):
-            Worker(engine, schema=schema46, instance_heartbeat_seconds=bad)
+            Worker(engine, schema=schema46, instance_heartbeat_seconds=bad)  # type: ignore[arg-type]
 
 
 def test_supervision_deletes_instances_quiet_for_seven_days(engine: Engine, schema46: str) -> None:

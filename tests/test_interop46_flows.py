@@ -24,7 +24,7 @@ __all__ = ["node46", "node46_modules", "node_url", "schema46_by"]  # fixtures
 pytestmark = pytest.mark.interop
 
 # A diamond over two queues, then a tail: p1, p2 -> c -> d, with options on some jobs.
-GRAPH: list[dict[str, Any]] = [
+GRAPH: list[Any] = [
     {"ref": "p1", "name": "fa", "data": {"n": 1}, "options": {"priority": 3}},
     {"ref": "p2", "name": "fb", "data": {"n": 2}, "options": {"retry_limit": 5}},
     {"ref": "c", "name": "fb", "data": {"n": 3}, "depends_on": ["p1", "p2"]},

@@ -46,7 +46,7 @@ def test_node_get_blocked_keys_agrees_with_ours(
         boss.call("createQueue", name, {"policy": "key_strict_fifo", "retryLimit": 0})
     keys = ["d", "a", "c", "b", "e"]
     for key in keys:
-        in_tx(engine, schema, lambda q, k=key: q.send(name, {"k": k}, singleton_key=k))
+        in_tx(engine, schema, lambda q, k=key: q.send(name, {"k": k}, singleton_key=k))  # type: ignore[misc]
     # Node fails two heads, we fail two; "e" completes.
     node_jobs = boss.call("fetch", name, {"batchSize": 2})
     ours = in_tx(engine, schema, lambda q: q.fetch(name, 3))
@@ -113,7 +113,7 @@ def test_node_update_and_our_update_edit_the_same_jobs(engine: Engine, on46: Sha
     boss, schema, name = on46.boss, on46.schema, on46.queue()
     in_tx(engine, schema, lambda q: q.create_queue(name))
     ids = [
-        str(in_tx(engine, schema, lambda q, i=i: q.send(name, i, singleton_key="k")))
+        str(in_tx(engine, schema, lambda q, i=i: q.send(name, i, singleton_key="k")))  # type: ignore[misc]
         for i in range(3)
     ]
     ours = in_tx(
@@ -145,7 +145,7 @@ def test_node_and_python_upserting_the_same_keys_at_once_end_on_one_job_per_key(
                     r = in_tx(
                         engine,
                         schema,
-                        lambda q, k=key, i=i: q.upsert(name, f"py{i}", singleton_key=k),
+                        lambda q, k=key, i=i: q.upsert(name, f"py{i}", singleton_key=k),  # type: ignore[misc]
                     )
                     assert not r.rejected
         except BaseException as exc:  # reported below

@@ -184,7 +184,7 @@ def test_our_history_reader_answers_as_node_getqueuestats(
     compared = 0
     for node_window, our_window in windows:
         for node_opts, our_opts in CASES:
-            theirs = boss.call("getQueueStats", "h", {**node_opts, **node_window})
+            theirs = boss.call("getQueueStats", "h", {**node_opts, **node_window})  # type: ignore[dict-item]
             ours = service(
                 engine,
                 schema,

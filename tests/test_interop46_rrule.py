@@ -101,7 +101,7 @@ def test_node_refuses_what_we_refuse(schema46_by: str, node46: Any, engine: Engi
         with pytest.raises(Exception, match="rrule"):
             boss.call("schedule", "rule_q", bad, None, {})
         with pytest.raises(Exception, match="rrule"):
-            in_tx(engine, schema, lambda q, bad=bad: q.schedule("rule_q", bad))
+            in_tx(engine, schema, lambda q, bad=bad: q.schedule("rule_q", bad))  # type: ignore[misc]
     assert sql(engine, schema, "SELECT count(*) FROM {s}.schedule")[0][0] == 0
 
 

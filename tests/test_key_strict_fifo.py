@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -39,6 +40,7 @@ def test_a_job_without_a_key_is_refused_by_send_send_many_and_upsert(env46: Any)
     queue = fifo(env46)
     svc = env46.service()
     svc.send(queue, "kept", singleton_key="a")
+    call: Callable[[], object]
     for call in (
         lambda: svc.send(queue, 1),
         lambda: svc.send(queue, 1, singleton_key=None),

@@ -267,6 +267,8 @@ def test_redrive_bad_input_is_refused_before_any_statement(env46: Any) -> None:
     queues(env46)
     dead_lettered(env46)
     svc = env46.service()
+    call: Callable[[], object]
+    error: type[Exception]
     for call, error in (
         (lambda: svc.redrive("dlq", "dlq"), InvalidOptionsError),
         (lambda: svc.redrive("dlq", limit=0), InvalidOptionsError),

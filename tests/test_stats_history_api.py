@@ -174,6 +174,7 @@ def test_percentiles_read_from_each_snapshot(engine: Engine, series: str) -> Non
 def test_bad_options_are_refused_before_any_sql(engine: Engine, series: str) -> None:
     with Session(engine) as session, session.begin():
         q = QueueService(session, schema=series)
+        bad: dict[str, Any]
         for bad in (
             {"limit": 0},
             {"limit": 100_001},

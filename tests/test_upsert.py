@@ -12,6 +12,7 @@ import multiprocessing
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,10 +33,12 @@ def row(env: Any, job_id: uuid.UUID, columns: str) -> Any:
 
 
 def jobs_of(env: Any, queue: str) -> list[Any]:
-    return env.sql(
-        "SELECT id, state::text AS state, data, singleton_key, upsert_by_key "
-        "FROM {s}.job WHERE name = :q ORDER BY created_on, id",
-        q=queue,
+    return list(
+        env.sql(
+            "SELECT id, state::text AS state, data, singleton_key, upsert_by_key "
+            "FROM {s}.job WHERE name = :q ORDER BY created_on, id",
+            q=queue,
+        )
     )
 
 
@@ -333,6 +336,7 @@ def test_a_missing_queue_is_queue_not_found(env46: Any) -> None:
 def test_update_and_upsert_are_refused_at_schema_26_before_any_sql(env: Any) -> None:
     env.tx(lambda q: q.create_queue("u"))
     svc = env.service()
+    call: Callable[[], object]
     for call in (
         lambda: svc.upsert("u", 1, singleton_key="k"),
         lambda: svc.update("u", 1, singleton_key="k"),
