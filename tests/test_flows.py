@@ -405,7 +405,8 @@ def test_dependencies_and_dependents_list_parents_and_children_with_their_states
     # Ordered by queue, then id, as pg-boss orders them.
     parents = [dep("p2", "created"), dep("p1", "created")]
     assert env46.tx(lambda q: q.get_dependencies("b", ids["c"])) == parents
-    assert env46.tx(lambda q: q.get_dependents("b", ids["p1"])) == [dep("c", "created")]
+    [child] = env46.tx(lambda q: q.get_dependents("b", ids["p1"]))
+    assert child == dep("c", "created") and type(child.state) is JobState
     assert env46.tx(lambda q: q.get_dependents("a", ids["g"])) == []
     assert env46.tx(lambda q: q.get_dependencies("a", str(ids["p2"]))) == []
     # States are read when asked: a completed parent shows as completed.

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
-from ..models.enums import QueuePolicy
+from ..models.enums import JobState, QueuePolicy
 from ..names import validate_queue
 from ..options import check_int
 from ..options import job_id as _job_id
@@ -270,7 +270,9 @@ def related_jobs(
         params["after_name"], params["after_id"] = past
     stmt = flow_sql.related_jobs(parents=parents, after=past is not None)
     rows = (yield Call(stmt, params)).all()
-    return [JobDependency(name=r.name, id=r.id, state=r.state) for r in rows]
+    return [
+        JobDependency(r.name, r.id, None if r.state is None else JobState(r.state)) for r in rows
+    ]
 
 
 __all__ = ["DEPENDENCIES_LIMIT", "DEPENDENCIES_LIMIT_MAX", "FLOWS_SINCE", "flow", "related_jobs"]
