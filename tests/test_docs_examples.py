@@ -655,6 +655,11 @@ def flows_check(ctx: Ctx, ns: dict[str, Any]) -> None:
         assert all(times[ids[p]][1] <= times[ids[child]][0] for p in parents)
     [mail] = ctx.jobs("mail-report")
     assert (mail.state, mail.retry_limit) == ("completed", 5)
+    listed = {(p.name, p.id, p.state) for p in ns["parents"]}
+    assert listed == {("fetch-prices", ids[r], "completed") for r in ("eu", "us")}
+    assert [(c.name, c.id, c.state) for c in ns["children"]] == [
+        ("mail-report", ids["mail"], "completed")
+    ]
 
 
 PAGES: dict[str, Page] = {
