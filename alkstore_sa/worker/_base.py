@@ -57,8 +57,6 @@ from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry, spec_group_
 from .listener import Listener, Subscription
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from ..metrics import WorkerMetrics
 
 log = logging.getLogger("alkstore_sa.worker")
@@ -217,7 +215,7 @@ class WorkerBase(Registry, Generic[B]):
         name: str | None = None,
         register_instance: bool = True,
         instance_heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
-        metrics: bool | CollectorRegistry | None = None,
+        metrics: object = None,
     ) -> None:
         self.engine, self.sessions = self._bind(bind)
         super().__init__(
@@ -310,8 +308,9 @@ class WorkerBase(Registry, Generic[B]):
     # ------------------------------------------------------------ properties
 
     @property
-    def metrics_registry(self) -> CollectorRegistry | None:
-        """The Prometheus registry this worker counts into (``None``: metrics off)."""
+    def metrics_registry(self) -> Any:
+        """The ``prometheus_client`` registry this worker counts into (``None``: metrics
+        off); see the ``metrics`` option and docs/how-to/metrics.md."""
         return None if self._metrics is None else self._metrics.registry
 
     @property
