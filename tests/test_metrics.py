@@ -154,7 +154,9 @@ def test_workers_count_claims_completions_failures_and_retries(harness: Harness)
     h = harness
     h.service_tx(lambda q: q.create_queue("ok"))
     h.service_tx(lambda q: q.create_queue("boom", retry_limit=1, retry_delay=0))
+    h.service_tx(lambda q: q.create_queue("tx"))
     done = [send(h, "ok") for _ in range(2)]
+    committed = send(h, "tx")
     doomed = send(h, "boom")
     registry = CollectorRegistry()
     w = h.worker(poll_interval=0.1, metrics=registry)
@@ -166,9 +168,11 @@ def test_workers_count_claims_completions_failures_and_retries(harness: Harness)
 
     w.register("ok", h.handler(lambda job: None))
     w.register("boom", h.handler(fail))
+    w.register("tx", h.handler(lambda job: None), transactional=True)
     h.start(w)
     wait_for(lambda: state_of(h, "boom", doomed) == "failed")
     wait_for(lambda: all(state_of(h, "ok", i) == "completed" for i in done))
+    wait_for(lambda: state_of(h, "tx", committed) == "completed")
     h.stop(w)
     assert w.metrics_registry is registry
 
@@ -183,6 +187,7 @@ def test_workers_count_claims_completions_failures_and_retries(harness: Harness)
     assert counted("alkstore_worker_jobs_claimed_total", "boom") == 2
     assert counted("alkstore_worker_jobs_failed_total", "boom") == 2
     assert counted("alkstore_worker_jobs_retried_total", "boom") == 1
+    assert counted("alkstore_worker_jobs_completed_total", "tx") == 1
     assert counted("alkstore_worker_handler_duration_seconds_count", "ok") == 2
     assert counted("alkstore_worker_pickup_latency_seconds_count", "boom") == 2
     pickup = counted("alkstore_worker_pickup_latency_seconds_sum", "ok")
@@ -206,3 +211,31 @@ def test_importing_alkstore_sa_does_not_import_prometheus_client() -> None:
         "assert 'prometheus_client' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_the_asgi_app_serves_the_registry_and_refuses_other_methods() -> None:
+    from prometheus_client import Counter
+
+    from alkstore_sa.metrics import metrics_asgi_app
+
+    registry = CollectorRegistry()
+    Counter("seen", "a counter", registry=registry).inc()
+    app = metrics_asgi_app(registry)
+
+    async def call(method: str) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "headers": [(b"accept", b"text/plain")]}
+        await app(scope, receive, send)
+        return sent
+
+    start, body = await call("GET")
+    assert start["status"] == 200 and b"seen_total 1.0" in body["body"]
+    start, _ = await call("POST")
+    assert start["status"] == 405
