@@ -473,6 +473,21 @@ def observability_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert ns["report"].recorded == ("reports",)
 
 
+def metrics_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert b"alkstore_queue_oldest_ready_job_age_seconds" in ns["body"]
+    assert ns["content_type"].startswith("text/plain")
+    labels = {"schema": "pgboss", "queue": "emails"}
+    registry = ns["worker_registry"]
+    assert registry.get_sample_value("alkstore_worker_jobs_completed_total", labels) == 1
+    assert registry.get_sample_value("alkstore_worker_jobs_claimed_total", labels) == 1
+    assert [j.state for j in ctx.jobs("emails")] == ["completed"]
+
+
 MYAPP = '''
 """Stand-in for the reader's application, as testing.md assumes it."""
 from sqlalchemy import select
@@ -681,6 +696,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
+    "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
 }
 
 
