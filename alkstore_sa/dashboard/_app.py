@@ -11,6 +11,7 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
+import importlib
 import inspect
 import json
 import secrets
@@ -393,7 +394,7 @@ def _safe_next(root: str, value: str | None, fallback: str) -> str:
 
 async def overview(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
-    sections = []
+    sections: list[dict[str, Any]] = []
     for schema in d.schemas:
         version = await d.version(schema)
         if version is None:
@@ -571,7 +572,7 @@ async def metrics(request: Request) -> Response:
         from prometheus_client import CollectorRegistry, generate_latest
         from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-        from .. import metrics as metrics_module
+        metrics_module = importlib.import_module("alkstore_sa.metrics")
     except ImportError as exc:
         return PlainTextResponse(
             f"/metrics is not available: {exc}. It needs prometheus_client "
