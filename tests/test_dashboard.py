@@ -224,6 +224,8 @@ def test_basic_auth_and_bind(engine: Engine, schema46: str) -> None:
     assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
     right = base64.b64encode(b"admin:s3cret").decode()
     assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
+    assert client.get("/healthz").status_code == 200  # for load balancers
+    assert client.get(f"/s/{schema46}/queues/healthz").status_code == 401
 
     hooked = _client(engine, schema46, auth=lambda request: request.headers.get("x-ok") == "1")
     assert hooked.get("/").status_code == 403

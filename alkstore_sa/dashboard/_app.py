@@ -221,7 +221,7 @@ class Dashboard:
 
     async def authenticate(self, request: Request) -> Response | None:
         """``None`` if the request may go on, else the refusal."""
-        if request.url.path.endswith("/healthz") and request.method == "GET":
+        if request.method == "GET" and request.url.path == self._root(request) + "/healthz":
             return None
         if self.basic_auth is not None and not self._basic_ok(request):
             return PlainTextResponse(
