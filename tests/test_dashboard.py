@@ -179,6 +179,17 @@ def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[st
     assert '<div class="flash">retried 1 job(s)</div>' in after.text
     assert ">retry</span>" in after.text
 
+    # Bulk, from the job list's checkboxes: the list's own form, then the confirmation.
+    listing = client.get(f"/s/{schema}/jobs?queue=mail&state=created").text
+    assert 'name="scope" value="selected"' in listing
+    chosen = [str(i) for i in ids["created"][:2]]
+    bulk = {"ids": chosen, "scope": "selected", "csrf_token": _token(listing)}
+    assert client.post(f"/s/{schema}/actions/cancel", data={**bulk, "ids": []}).status_code == 400
+    assert 'id="confirm"' in client.post(f"/s/{schema}/actions/cancel", data=bulk).text
+    client.post(f"/s/{schema}/actions/cancel", data={**bulk, "confirm": "yes"})
+    assert [_state(engine, schema, uuid.UUID(i)) for i in chosen] == ["cancelled"] * 2
+    assert _state(engine, schema, ids["created"][2]) == "created"
+
 
 def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
     schema, ids = seeded46

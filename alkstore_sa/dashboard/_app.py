@@ -180,6 +180,10 @@ class Dashboard:
         secret_key: str | bytes | None,
         title: str,
     ) -> None:
+        if not isinstance(engine, Engine):
+            raise InvalidOptionsError(
+                "engine", f"must be a synchronous SQLAlchemy Engine, not {type(engine).__name__}"
+            )
         if isinstance(schemas, str):
             schemas = (schemas,)
         if not schemas:
@@ -347,6 +351,7 @@ class Dashboard:
             flash=flash,
             states=STATES,
             request_path=request.url.path,
+            request_full=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             **context,
         )
         response = HTMLResponse(body, status_code=status_code)
@@ -606,6 +611,8 @@ async def _form(request: Request, d: Dashboard) -> Any:
 def _action_targets(form: Any) -> tuple[list[uuid.UUID], str]:
     ids = [_parse_uuid("ids", str(v)) for v in form.getlist("ids") if str(v).strip()]
     queue = str(form.get("queue", "")).strip()
+    if form.get("scope") == "selected" and not ids:
+        raise BadRequest("select at least one job")
     if not ids and not queue:
         raise BadRequest("name the jobs (ids) or the queue to act on")
     return ids, queue
