@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
@@ -74,6 +74,17 @@ def seeded46(engine: Engine, schema46: str) -> Iterator[tuple[str, dict[str, Any
 
 def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
     schema, ids = seeded46
+    with engine.begin() as conn:  # two recorded stats rows: a sparkline
+        for minutes, done in ((20, 5), (10, 9)):
+            conn.execute(
+                text(
+                    f'INSERT INTO "{schema}".queue_stats (name, captured_on, queued_count,'
+                    " deferred_count, total_count, completed_delta, delta_on)"
+                    " VALUES ('mail', now() - make_interval(mins => :m), 1, 0, 5, :d,"
+                    " now() - make_interval(mins => :m))"
+                ),
+                {"m": minutes, "d": done},
+            )
     client = _client(engine, schema)
     overview = client.get("/")
     assert overview.status_code == 200
@@ -83,6 +94,7 @@ def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) 
     assert re.search(r'class="count-failed"><a [^>]*>1</a>', row.group(0))
     # The queue with a failed job comes first: problem queues lead.
     assert overview.text.index('data-queue="mail"') < overview.text.index('data-queue="mail_dlq"')
+    assert '<polyline points="' in row.group(0)
     for path in ("queues/mail", "jobs", "schedules", "instances", "warnings"):
         page = client.get(f"/s/{schema}/{path}")
         assert page.status_code == 200, (path, page.text[:500])

@@ -428,7 +428,10 @@ async def overview(request: Request) -> Response:
                 name = row["counts"].name
 
                 def history(q: QueueService, name: str = name) -> list[int]:
-                    snaps = q.get_queue_stats_history(name, limit=1000, max_data_points=30)
+                    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+                    snaps = q.get_queue_stats_history(
+                        name, from_=since, limit=10_000, max_data_points=30
+                    )
                     return [s.completed_delta or 0 for s in reversed(snaps)]
 
                 row["history"] = await d.read(schema, history)
