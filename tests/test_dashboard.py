@@ -202,6 +202,15 @@ def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[st
     assert [_state(engine, schema, uuid.UUID(i)) for i in chosen] == ["cancelled"] * 2
     assert _state(engine, schema, ids["created"][2]) == "created"
 
+    # Redrive the dead-letter copy of the failed job back to the queue it failed in.
+    queue_page = client.get(f"/s/{schema}/queues/mail_dlq").text
+    redrive = {"queue": "mail_dlq", "csrf_token": _token(queue_page), "confirm": "yes"}
+    moved = client.post(f"/s/{schema}/actions/redrive", data=redrive)
+    assert '<div class="flash">redrove 1 job(s) out of mail_dlq</div>' in moved.text
+    with Session(engine) as session, session.begin():
+        left = QueueService(session, schema=schema).find_jobs("mail_dlq", state="created")
+        assert left.jobs == []
+
 
 def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
     schema, ids = seeded46
