@@ -478,6 +478,11 @@ def metrics_prelude(ctx: Ctx) -> dict[str, Any]:
     return {}
 
 
+def dashboard_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
 def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert b"alkstore_queue_oldest_ready_job_age_seconds" in ns["body"]
     assert ns["content_type"].startswith("text/plain")
@@ -486,6 +491,9 @@ def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert registry.get_sample_value("alkstore_worker_jobs_completed_total", labels) == 1
     assert registry.get_sample_value("alkstore_worker_jobs_claimed_total", labels) == 1
     assert [j.state for j in ctx.jobs("emails")] == ["completed"]
+def dashboard_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert 'data-schema="pgboss"' in ns["overview"].text
+    assert ns["page"].headers["x-frame-options"] == "DENY"
 
 
 MYAPP = '''
@@ -697,6 +705,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
     "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
+    "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
 }
 
 
