@@ -491,6 +491,8 @@ def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert registry.get_sample_value("alkstore_worker_jobs_completed_total", labels) == 1
     assert registry.get_sample_value("alkstore_worker_jobs_claimed_total", labels) == 1
     assert [j.state for j in ctx.jobs("emails")] == ["completed"]
+
+
 def dashboard_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert 'data-schema="pgboss"' in ns["overview"].text
     assert ns["page"].headers["x-frame-options"] == "DENY"
