@@ -279,3 +279,23 @@ def test_cli_refuses_public_bind(monkeypatch: pytest.MonkeyPatch, database_url: 
     monkeypatch.delenv("ALKSTORE_DASHBOARD_PASSWORD", raising=False)
     code = main(["dashboard", "--database-url", database_url, "--host", "0.0.0.0"])
     assert code == 2
+
+
+def test_flow_links_on_job_page(engine: Engine, schema46: str) -> None:
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        q.create_queue("steps")
+        refs = q.flow(
+            [
+                {"ref": "fetch", "name": "steps", "data": {"step": 1}},
+                {"ref": "report", "name": "steps", "data": {"step": 2}, "depends_on": ["fetch"]},
+            ]
+        )
+    client = _client(engine, schema46)
+    child = client.get(f"/s/{schema46}/jobs/{refs['report']}?queue=steps").text
+    parents = re.search(r'<ul id="flow-parents">(.*?)</ul>', child, re.S)
+    assert parents is not None and f'data-job-id="{refs["fetch"]}"' in parents.group(1)
+    assert 'id="flow-children"' not in child
+    parent = client.get(f"/s/{schema46}/jobs/{refs['fetch']}?queue=steps").text
+    children = re.search(r'<ul id="flow-children">(.*?)</ul>', parent, re.S)
+    assert children is not None and f'data-job-id="{refs["report"]}"' in children.group(1)

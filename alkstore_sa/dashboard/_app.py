@@ -39,7 +39,7 @@ from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_schema
-from ..records import Job, ScheduleInfo
+from ..records import Job, JobDependency, ScheduleInfo
 from ..service import QueueService
 
 T = TypeVar("T")
@@ -50,6 +50,7 @@ STATES = tuple(s.value for s in JobState)
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 PAGE_SIZE = 50
 BULK_MAX = 1000
+FLOW_LINKS = 100  # parents and children shown on a job page, each
 """At most this many jobs per queue-wide action (one confirmation, one transaction)."""
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
@@ -518,11 +519,28 @@ async def job_detail(request: Request) -> Response:
     job = await d.read(schema, read)
     if job is None:
         raise HTTPException(404, f"no job {job_id} in schema {schema!r}")
+    parents: list[JobDependency] = []
+    children: list[JobDependency] = []
+    version = await d.version(schema)
+    if version is not None and version >= 46:
+        # A flow job's parents and children (pg-boss's job_dependency rows), the
+        # first FLOW_LINKS of each; most jobs have none.
+        name = job.name
+        parents, children = await d.read(
+            schema,
+            lambda q: (
+                q.get_dependencies(name, job_id, limit=FLOW_LINKS),
+                q.get_dependents(name, job_id, limit=FLOW_LINKS),
+            ),
+        )
     return d.render(
         request,
         "job.html",
         schema=schema,
         job=job,
+        parents=parents,
+        children=children,
+        flow_links=FLOW_LINKS,
         trace_id=_trace_id(job.trace_context),
         unreadable=getattr(job, "unreadable", None),
     )
