@@ -145,8 +145,8 @@ def next_fire(schedule: ScheduleInfo, now: dt.datetime) -> dt.datetime | None:
     tz = schedule.timezone or "UTC"
     try:
         if schedule.kind == "rrule" or rrule.is_rrule(schedule.cron):
-            found = rrule.parse(schedule.cron, tz).between(now, now + dt.timedelta(days=3660))
-            return found[0].astimezone(dt.UTC) if found else None
+            found = rrule.parse(schedule.cron, tz).next_after(now)
+            return None if found is None else found.astimezone(dt.UTC)
         zone = cron.timezone(tz)
         return next(CronSim(schedule.cron, now.astimezone(zone))).astimezone(dt.UTC)
     except (AlkstoreError, ValueError, StopIteration, LookupError):
