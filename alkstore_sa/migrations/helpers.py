@@ -106,9 +106,8 @@ def lock_key_sql(schema: str) -> str:
     from ..sql._common import advisory_key
 
     key = advisory_key(sa.literal(schema, sa.Text))
-    return str(
-        key.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
-    )
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    return str(key.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
 def migration_lock(schema: str) -> None:
