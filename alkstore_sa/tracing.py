@@ -79,9 +79,19 @@ def _otel() -> Any:
     )
 
 
+_tracers: tuple[Any, Any] = (None, None)
+
+
 def _tracer(api: Any) -> Any:
-    # Looked up on each use: a tracer provider set after the first send still gets the spans.
-    return api.trace.get_tracer(INSTRUMENTATION_SCOPE, api.version)
+    # The provider is looked up on each use, so that one set after the first send still
+    # gets the spans; its tracer is kept while it stays the same.
+    global _tracers
+    provider = api.trace.get_tracer_provider()
+    known, tracer = _tracers
+    if provider is not known:
+        tracer = provider.get_tracer(INSTRUMENTATION_SCOPE, api.version)
+        _tracers = (provider, tracer)
+    return tracer
 
 
 def _name(operation: str, queue: str | None) -> str:

@@ -125,7 +125,7 @@ def test_below_46_a_send_in_a_span_stores_nothing_and_works(env: Any) -> None:
 
 def test_a_worker_continues_the_trace_in_a_consumer_span(harness46: Harness) -> None:
     h = harness46
-    h.service_tx(lambda q: q.create_queue("q"))
+    h.service_tx(lambda q: [q.create_queue(n) for n in ("q", "t")])
     seen: dict[str, Any] = {}
     done = threading.Event()
     with in_memory_tracing() as exporter:
@@ -133,6 +133,7 @@ def test_a_worker_continues_the_trace_in_a_consumer_span(harness46: Harness) -> 
         with tracer.start_as_current_span("request"):
             job_id = send(h, "q", {"n": 1})
             failing = send(h, "q", {"fail": True}, retry_limit=0)
+            in_tx = send(h, "t")
         producers = {
             (s.attributes or {}).get("messaging.message.id"): s
             for s in exporter.get_finished_spans()
@@ -147,8 +148,10 @@ def test_a_worker_continues_the_trace_in_a_consumer_span(harness46: Harness) -> 
 
         w = h.worker(poll_interval=0.05)
         w.register("q", h.handler(body), batch_size=1)
+        w.register("t", h.handler(sql="SELECT 1"), transactional=True)
         h.start(w)
         wait_for(lambda: done.is_set() and h.job("q", failing).state.value == "failed")
+        wait_for(lambda: h.job("t", in_tx).state.value == "completed")
         h.stop(w)
         spans = exporter.get_finished_spans()
     processes = {
@@ -175,6 +178,10 @@ def test_a_worker_continues_the_trace_in_a_consumer_span(harness46: Harness) -> 
         p.context.span_id for p in processes.values()
     }
     assert seen[str(job_id)] == {"traceparent": traceparent(send_span)}
+    # The transactional path too.
+    (t_span,) = [s for s in spans if s.name == "process t"]
+    assert t_span.parent is not None
+    assert t_span.parent.span_id == producers[str(in_tx)].context.span_id
     failed = processes[str(failing)]
     assert failed.status.status_code == StatusCode.ERROR
     assert (failed.attributes or {})["error.type"] == "ValueError"
