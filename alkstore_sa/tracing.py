@@ -6,7 +6,8 @@ crosses the queue whichever client sent the job and whichever works it
 
 * an operation that creates jobs (``send``, ``send_many``, ``upsert``, ``flow``)
   runs a PRODUCER span named ``"<operation> <queue>"`` (``send``, ``insert``,
-  ``upsert``, ``flow``), a child of the caller's current span;
+  ``upsert``, ``flow``), a child of the caller's current span; ``publish`` runs a
+  ``"publish <event>"`` span, the parent of its sends' spans;
 * at schema 46 every job it inserts stores that span's context in the job's
   ``trace_context`` column: the W3C Trace Context carrier as a JSON object,
   ``{"traceparent": ..., "tracestate": ...}`` (``tracestate`` only when there is
@@ -148,9 +149,15 @@ _NOTHING = Producing()
 
 
 def producing(
-    operation: str, queue: str | None, count: int, schema: str, version: int
+    operation: str,
+    queue: str | None,
+    count: int,
+    schema: str,
+    version: int,
+    parent: Producing | None = None,
 ) -> Producing:
-    """Start the PRODUCER span of ``operation`` creating ``count`` jobs in ``queue``.
+    """Start the PRODUCER span of ``operation`` creating ``count`` jobs in ``queue``,
+    a child of ``parent`` if given (a publish's sends), else of the current span.
 
     Its ``carrier`` is what the jobs store at schema 46 (``None`` below it, or when
     the span's context is not valid). The caller ends it with :meth:`Producing.end`.
@@ -162,8 +169,14 @@ def producing(
         attributes = _attributes(operation, "send", queue, schema)
         if count > 1:
             attributes[_ATTR_BATCH] = count
+        context = None
+        if parent is not None and parent._span is not None:
+            context = api.trace.set_span_in_context(parent._span)
         span = _tracer(api).start_span(
-            _name(operation, queue), kind=api.trace.SpanKind.PRODUCER, attributes=attributes
+            _name(operation, queue),
+            context=context,
+            kind=api.trace.SpanKind.PRODUCER,
+            attributes=attributes,
         )
         carrier = None
         if version >= TRACE_CONTEXT_VERSION:

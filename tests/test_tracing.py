@@ -54,7 +54,7 @@ def only(spans: Any, name: str) -> ReadableSpan:
 
 
 def test_jobs_store_the_context_of_their_producer_span(env46: Any) -> None:
-    env46.tx(lambda q: [q.create_queue(n) for n in ("q", "r")])
+    env46.tx(lambda q: [q.create_queue(n) for n in ("q", "r", "p1", "p2")])
     with in_memory_tracing() as exporter:
         tracer = trace.get_tracer("test")
         with tracer.start_as_current_span("request") as request:
@@ -69,6 +69,8 @@ def test_jobs_store_the_context_of_their_producer_span(env46: Any) -> None:
                 return one, many, upserted.jobs[0], flow
 
             one, many, upserted, flow = env46.tx(sends)
+            env46.tx(lambda q: [q.subscribe("ev", n) for n in ("p1", "p2")])
+            published = env46.tx(lambda q: q.publish("ev", {"n": 6}))
         spans = exporter.get_finished_spans()
     trace_id = request.get_span_context().trace_id
     send_span = only(spans, "send q")
@@ -92,7 +94,17 @@ def test_jobs_store_the_context_of_their_producer_span(env46: Any) -> None:
     flow_span = only(spans, "flow")  # two queues: no destination in the name
     for job_id in flow.values():
         assert stored(env46, job_id) == {"traceparent": traceparent(flow_span)}
-    assert {s.context.trace_id for s in spans if s.name != "request"} == {trace_id}
+    # A publish is a span of its own, the parent of its sends.
+    publish = only(spans, "publish ev")
+    assert publish.parent is not None
+    assert publish.parent.span_id == request.get_span_context().span_id
+    for job_id in published:
+        [sent] = [
+            s for s in spans if (s.attributes or {}).get("messaging.message.id") == str(job_id)
+        ]
+        assert sent.parent is not None and sent.parent.span_id == publish.context.span_id
+        assert stored(env46, job_id) == {"traceparent": traceparent(sent)}
+    assert {s.context.trace_id for s in spans} == {trace_id}
 
     # An upsert that edits the job keeps the trace of the send that made it.
     with in_memory_tracing(), tracer.start_as_current_span("later"):

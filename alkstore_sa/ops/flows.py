@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import limits
+from .. import limits, tracing
 from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import QueuePolicy
 from ..names import validate_queue
@@ -179,8 +179,8 @@ def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
             )
     wanted = list(dict.fromkeys(graph.queues))
 
-    def body(carrier: str | None) -> Op[dict[str, uuid.UUID]]:
-        return _flow(ctx, graph, ids, arrays, wanted, carrier)
+    def body(span: tracing.Producing) -> Op[dict[str, uuid.UUID]]:
+        return _flow(ctx, graph, ids, arrays, wanted, span.carrier)
 
     # pg-boss names the span after the flow's queue when it has only one.
     destination = wanted[0] if len(wanted) == 1 else None

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import options as opt
+from .. import tracing
 from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import QueuePolicy
 from ..names import validate_queue
@@ -172,8 +173,8 @@ def upsert(
         # pg-boss refuses such an upsert whatever it would have found.
         raise _refuse_unkeyed(name)
 
-    def body(carrier: str | None) -> Op[UpsertResult]:
-        return _upsert(ctx, name, target, update_call, arrays, carrier)
+    def body(span: tracing.Producing) -> Op[UpsertResult]:
+        return _upsert(ctx, name, target, update_call, arrays, span.carrier)
 
     # Only an insert is a send: an edited job keeps the trace of the send that made it.
     return (yield from traced(ctx, "upsert", name, 1, body, _inserted))

@@ -139,14 +139,16 @@ def traced(
     operation: str,
     queue: str | None,
     count: int,
-    body: Callable[[str | None], Op[T]],
+    body: Callable[[tracing.Producing], Op[T]],
     ids_of: Callable[[T], Sequence[Any]],
+    parent: tracing.Producing | None = None,
 ) -> Op[T]:
-    """``body(carrier)`` in the PRODUCER span of ``operation`` (:mod:`alkstore_sa.tracing`);
-    ``carrier``: the ``trace_context`` its jobs store, or ``None``."""
-    span = tracing.producing(operation, queue, count, ctx.schema, ctx.version)
+    """``body(span)`` in the PRODUCER span of ``operation`` (:mod:`alkstore_sa.tracing`),
+    a child of ``parent`` if given, else of the current span; ``span.carrier``: the
+    ``trace_context`` its jobs store, or ``None``."""
+    span = tracing.producing(operation, queue, count, ctx.schema, ctx.version, parent)
     try:
-        result = yield from body(span.carrier)
+        result = yield from body(span)
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -164,9 +166,14 @@ def _sent_ids(ids: list[uuid.UUID | None]) -> list[uuid.UUID | None]:
 
 
 def send_many(
-    ctx: Context, name: str, jobs: Iterable[Mapping[str, Any]], operation: str = "insert"
+    ctx: Context,
+    name: str,
+    jobs: Iterable[Mapping[str, Any]],
+    operation: str = "insert",
+    parent: tracing.Producing | None = None,
 ) -> Op[list[uuid.UUID | None]]:
-    """``operation``: the span's (``insert``, pg-boss's name of it, or ``send``)."""
+    """``operation`` and ``parent``: the span's name (``insert``, pg-boss's name of
+    it, or ``send``) and parent, see :func:`traced`."""
     validate_queue(name)
     specs = _job_list(jobs)
     for index, spec in enumerate(specs):
@@ -176,10 +183,10 @@ def send_many(
         return []
     arrays, ids = _job_arrays(specs, ctx.version)
 
-    def body(carrier: str | None) -> Op[list[uuid.UUID | None]]:
-        return _send_many(ctx, name, specs, arrays, ids, carrier)
+    def body(span: tracing.Producing) -> Op[list[uuid.UUID | None]]:
+        return _send_many(ctx, name, specs, arrays, ids, span.carrier)
 
-    return (yield from traced(ctx, operation, name, len(specs), body, _sent_ids))
+    return (yield from traced(ctx, operation, name, len(specs), body, _sent_ids, parent))
 
 
 def _send_many(
@@ -253,8 +260,14 @@ def _insert_46(
     return rows
 
 
-def send(ctx: Context, name: str, data: Any, options: Mapping[str, Any]) -> Op[uuid.UUID | None]:
-    ids = yield from send_many(ctx, name, [{**options, "data": data}], "send")
+def send(
+    ctx: Context,
+    name: str,
+    data: Any,
+    options: Mapping[str, Any],
+    parent: tracing.Producing | None = None,
+) -> Op[uuid.UUID | None]:
+    ids = yield from send_many(ctx, name, [{**options, "data": data}], "send", parent)
     return ids[0]
 
 
@@ -291,10 +304,25 @@ def publish(
     ctx: Context, event: str, data: Any, options: Mapping[str, Any]
 ) -> Op[list[uuid.UUID | None]]:
     _check_event(event)
+
+    def body(span: tracing.Producing) -> Op[list[uuid.UUID | None]]:
+        return _publish(ctx, event, data, options, span)
+
+    # As pg-boss: a span of its own (it counts no job), each send a child of it.
+    return (yield from traced(ctx, "publish", event, 0, body, _no_ids))
+
+
+def _no_ids(ids: list[uuid.UUID | None]) -> list[uuid.UUID | None]:
+    return []
+
+
+def _publish(
+    ctx: Context, event: str, data: Any, options: Mapping[str, Any], span: tracing.Producing
+) -> Op[list[uuid.UUID | None]]:
     result = yield Call(queue_sql.subscribers(), {"event": event})
     ids: list[uuid.UUID | None] = []
     for queue in result.scalars().all():
-        ids.append((yield from send(ctx, queue, data, options)))
+        ids.append((yield from send(ctx, queue, data, options, span)))
     return ids
 
 
