@@ -112,9 +112,12 @@ def _attributes(operation: str, kind: str, queue: str | None, schema: str) -> di
 
 
 def _record_error(api: Any, span: Any, exc: BaseException) -> None:
-    span.set_attribute(_ATTR_ERROR, type(exc).__name__)
-    span.record_exception(exc)
-    span.set_status(api.trace.Status(api.trace.StatusCode.ERROR, str(exc)))
+    try:
+        span.set_attribute(_ATTR_ERROR, type(exc).__name__)
+        span.record_exception(exc)
+        span.set_status(api.trace.Status(api.trace.StatusCode.ERROR, str(exc)))
+    except Exception:  # never in place of the error being recorded
+        pass
 
 
 class Producing:
