@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 from cronsim import CronSim
@@ -39,7 +39,7 @@ from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_schema
-from ..records import Job, JobDependency, ScheduleInfo
+from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
 
 T = TypeVar("T")
@@ -50,8 +50,8 @@ STATES = tuple(s.value for s in JobState)
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 PAGE_SIZE = 50
 BULK_MAX = 1000
+"""At most this many jobs per action (one confirmation, one transaction)."""
 FLOW_LINKS = 100  # parents and children shown on a job page, each
-"""At most this many jobs per queue-wide action (one confirmation, one transaction)."""
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
 HERE = Path(__file__).parent
@@ -160,6 +160,9 @@ class _Security(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         denied = await self.dashboard.authenticate(request)
+        if denied is None and self.dashboard.read_only and request.method not in ("GET", "HEAD"):
+            # Every route's own check aside: nothing but reading, whatever the route.
+            denied = PlainTextResponse("this dashboard is read-only", status_code=403)
         response = denied if denied is not None else await call_next(request)
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
@@ -272,9 +275,10 @@ class Dashboard:
     def check_csrf(self, request: Request, form: Any) -> None:
         nonce = request.cookies.get(CSRF_COOKIE, "")
         token = form.get("csrf_token", "")
-        if not nonce or not isinstance(token, str):
+        if not nonce or not isinstance(token, str) or not token:
             raise HTTPException(403, "missing CSRF token: reload the page and try again")
-        if not hmac.compare_digest(token, self._sign("csrf:" + nonce)):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 403).
+        if not hmac.compare_digest(token.encode(), self._sign("csrf:" + nonce).encode()):
             raise HTTPException(403, "invalid CSRF token: reload the page and try again")
 
     def _root(self, request: Request) -> str:
@@ -288,6 +292,7 @@ class Dashboard:
             path=self._root(request) or "/",
             httponly=True,
             samesite="strict",
+            secure=request.url.scheme == "https",
         )
 
     def take_flash(self, request: Request) -> str | None:
@@ -295,7 +300,7 @@ class Dashboard:
         if not raw:
             return None
         encoded, _, mac = raw.partition(".")
-        if not hmac.compare_digest(mac, self._sign("flash:" + encoded)[:32]):
+        if not hmac.compare_digest(mac.encode(), self._sign("flash:" + encoded)[:32].encode()):
             return None
         try:
             return base64.urlsafe_b64decode(encoded.encode()).decode()
@@ -359,10 +364,21 @@ class Dashboard:
         nonce = getattr(request.state, "new_nonce", None)
         if nonce:
             response.set_cookie(
-                CSRF_COOKIE, nonce, path=root or "/", httponly=True, samesite="strict"
+                CSRF_COOKIE,
+                nonce,
+                path=root or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
             )
         if flash is not None:
-            response.delete_cookie(FLASH_COOKIE, path=root or "/")
+            response.delete_cookie(
+                FLASH_COOKIE,
+                path=root or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
         return response
 
     def error(self, request: Request, status: int, message: str) -> HTMLResponse:
@@ -389,13 +405,38 @@ def _parse_uuid(name: str, value: str) -> uuid.UUID:
 
 
 def _safe_next(root: str, value: str | None, fallback: str) -> str:
-    """A redirect target on this dashboard only (a path, never another site)."""
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return fallback
+    """A redirect target on this dashboard only: a path under ``root``, never
+    another site (no scheme, no ``//host``, no backslash, no control character
+    or space a browser would drop or rewrite)."""
+    if (
+        not value
+        or not value.startswith(root + "/")
+        or value.startswith("//")
+        or "\\" in value
+        or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+    ):
+        return fallback
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return fallback
+    return value
 
 
 # ------------------------------------------------------------------ pages
+
+
+def _timed_out(exc: DBAPIError) -> bool:
+    """Whether ``exc`` is PostgreSQL cancelling a statement (``statement_timeout``)."""
+    return getattr(exc.orig, "sqlstate", None) == "57014"
+
+
+def _cached_counts(info: QueueInfo) -> JobCounts:
+    """A queue's counts from the queue table's cached counters (kept by
+    supervision): only created (queued) and active are known; the rest 0."""
+    per = dict.fromkeys(STATES, 0)
+    per["created"] = info.queued_count
+    per["active"] = info.active_count
+    return JobCounts(info.name, per, None)
 
 
 async def overview(request: Request) -> Response:
@@ -404,14 +445,25 @@ async def overview(request: Request) -> Response:
     for schema in d.schemas:
         version = await d.version(schema)
         if version is None:
-            sections.append({"schema": schema, "version": None, "rows": [], "error": None})
+            sections.append({"schema": schema, "version": None, "rows": [], "cached": False})
             continue
 
         def read(q: QueueService) -> Any:
             queues = {info.name: info for info in q.get_queues()}
             return queues, q.count_jobs()
 
-        queues, counts = await d.read(schema, read)
+        # Exact counts scan the job table (one grouped query). Where that takes
+        # longer than the statement timeout, the queue table's cached counters
+        # stand in, marked as such (docs/how-to/dashboard.md).
+        cached = False
+        try:
+            queues, counts = await d.read(schema, read)
+        except DBAPIError as exc:
+            if not _timed_out(exc):
+                raise
+            queues = {info.name: info for info in await d.read(schema, lambda q: q.get_queues())}
+            counts = [_cached_counts(info) for info in queues.values()]
+            cached = True
         rows = []
         for c in counts:
             info = queues.get(c.name)
@@ -424,19 +476,23 @@ async def overview(request: Request) -> Response:
             )
             rows.append({"counts": c, "info": info, "problem": problem, "history": None})
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
-        if version >= 46:
-            for row in rows[:50]:
-                name = row["counts"].name
+        if version >= 46 and rows:
+            # Sparklines for the first 50 rows, all read in one transaction.
+            names = [row["counts"].name for row in rows[:50]]
 
-                def history(q: QueueService, name: str = name) -> list[int]:
-                    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+            def history(q: QueueService, names: list[str] = names) -> list[list[int]]:
+                since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+                out = []
+                for name in names:
                     snaps = q.get_queue_stats_history(
                         name, from_=since, limit=10_000, max_data_points=30
                     )
-                    return [s.completed_delta or 0 for s in reversed(snaps)]
+                    out.append([s.completed_delta or 0 for s in reversed(snaps)])
+                return out
 
-                row["history"] = await d.read(schema, history)
-        sections.append({"schema": schema, "version": version, "rows": rows, "error": None})
+            for row, points in zip(rows, await d.read(schema, history), strict=False):
+                row["history"] = points
+        sections.append({"schema": schema, "version": version, "rows": rows, "cached": cached})
     return d.render(request, "overview.html", sections=sections)
 
 
@@ -624,13 +680,18 @@ async def metrics(request: Request) -> Response:
 async def _form(request: Request, d: Dashboard) -> Any:
     if d.read_only:
         raise HTTPException(403, "this dashboard is read-only")
-    form = await request.form()
+    # Room for BULK_MAX ids and a few fields more, so that too many ids get
+    # the action's own message; no file uploads.
+    form = await request.form(max_files=0, max_fields=BULK_MAX + 50)
     d.check_csrf(request, form)
     return form
 
 
 def _action_targets(form: Any) -> tuple[list[uuid.UUID], str]:
-    ids = [_parse_uuid("ids", str(v)) for v in form.getlist("ids") if str(v).strip()]
+    raw = [str(v).strip() for v in form.getlist("ids") if str(v).strip()]
+    if len(raw) > BULK_MAX:
+        raise BadRequest(f"ids: at most {BULK_MAX} jobs per action, not {len(raw)}")
+    ids = list(dict.fromkeys(_parse_uuid("ids", v) for v in raw))
     queue = str(form.get("queue", "")).strip()
     if form.get("scope") == "selected" and not ids:
         raise BadRequest("select at least one job")
@@ -731,6 +792,7 @@ async def action(request: Request) -> Response:
             description=_describe(name, ids, queue, form),
             fields=fields,
             ids=ids,
+            back=target,
         )
     message = await d.write(schema, _run_action(name, ids, queue, form))
     if name == "delete" and target.startswith(f"{root}/s/{schema}/jobs/"):
