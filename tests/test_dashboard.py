@@ -271,6 +271,9 @@ def test_basic_auth_and_bind(engine: Engine, schema46: str) -> None:
     assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
     assert client.get("/healthz").status_code == 200  # for load balancers
     assert client.get(f"/s/{schema46}/queues/healthz").status_code == 401
+    for path in ("/metrics", "/static/style.css", f"/s/{schema46}/jobs"):
+        assert client.get(path).status_code == 401, path
+    assert client.post(f"/s/{schema46}/queues", data={"name": "x"}).status_code == 401
 
     hooked = _client(engine, schema46, auth=lambda request: request.headers.get("x-ok") == "1")
     assert hooked.get("/").status_code == 403
@@ -375,6 +378,7 @@ def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None
         q.send("q007", {"n": 1})
     overview = client.get("/").text
     assert len(re.findall(r'<tr data-queue="q\d{3}"', overview)) == 200
+    assert overview.count("(first 50 queues only)") == 150
     assert "cached-counts" not in overview
 
     # The job table locked: counting it times out. The overview falls back to

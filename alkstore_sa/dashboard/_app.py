@@ -52,6 +52,7 @@ PAGE_SIZE = 50
 BULK_MAX = 1000
 """At most this many jobs per action (one confirmation, one transaction)."""
 FLOW_LINKS = 100  # parents and children shown on a job page, each
+HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
 HERE = Path(__file__).parent
@@ -477,8 +478,8 @@ async def overview(request: Request) -> Response:
             rows.append({"counts": c, "info": info, "problem": problem, "history": None})
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
         if version >= 46 and rows:
-            # Sparklines for the first 50 rows, all read in one transaction.
-            names = [row["counts"].name for row in rows[:50]]
+            # Sparklines for the first HISTORY_ROWS rows, read in one transaction.
+            names = [row["counts"].name for row in rows[:HISTORY_ROWS]]
 
             def history(q: QueueService, names: list[str] = names) -> list[list[int]]:
                 since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
@@ -493,7 +494,7 @@ async def overview(request: Request) -> Response:
             for row, points in zip(rows, await d.read(schema, history), strict=False):
                 row["history"] = points
         sections.append({"schema": schema, "version": version, "rows": rows, "cached": cached})
-    return d.render(request, "overview.html", sections=sections)
+    return d.render(request, "overview.html", sections=sections, history_rows=HISTORY_ROWS)
 
 
 async def queue_detail(request: Request) -> Response:
@@ -820,6 +821,8 @@ async def save_queue(request: Request) -> Response:
     form = await _form(request, d)
     name = str(form.get("name", "")).strip()
     mode = str(form.get("mode", "create"))
+    if mode not in ("create", "update"):
+        raise BadRequest(f"mode: {mode!r} is not create or update")
     options: dict[str, Any] = {}
     for option in _INT_OPTIONS:
         raw = str(form.get(option, "")).strip()
