@@ -236,6 +236,17 @@ def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str
     )
     assert bad_option.status_code == 400 and "retry_limit" in bad_option.text
     assert "Traceback" not in bad_option.text
+    # Queue-wide: the confirmation counts the jobs; bad fields are refused before it.
+    wide = {"queue": "mail", "csrf_token": token}
+    confirm = client.post(f"/s/{schema}/actions/retry", data=wide).text
+    assert '<p id="confirm-matching">1 job(s) match now.</p>' in confirm
+    for act, bad in (
+        ("delete", {}),  # no state
+        ("retry", {"queue": "no spaces"}),
+        ("redrive", {"to": "<b>"}),
+    ):
+        refused_page = client.post(f"/s/{schema}/actions/{act}", data={**wide, **bad})
+        assert refused_page.status_code == 400 and "<b>" not in refused_page.text, act
     assert client.get(f"/s/{schema}/jobs?state=bogus").status_code == 400
     assert client.get(f"/s/{schema}/jobs?since=yesterday").status_code == 400
     assert client.get(f"/s/{schema}/jobs?after=garbage").status_code == 400

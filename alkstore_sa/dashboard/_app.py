@@ -38,7 +38,7 @@ from starlette.routing import Route
 from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
-from ..names import validate_schema
+from ..names import validate_queue, validate_schema
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
 
@@ -52,6 +52,7 @@ PAGE_SIZE = 50
 BULK_MAX = 1000
 """At most this many jobs per action (one confirmation, one transaction)."""
 FLOW_LINKS = 100  # parents and children shown on a job page, each
+SEND_MAX = 1_000_000  # characters of JSON in the send form
 HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
@@ -688,7 +689,9 @@ async def _form(request: Request, d: Dashboard) -> Any:
     return form
 
 
-def _action_targets(form: Any) -> tuple[list[uuid.UUID], str]:
+def _action_targets(action: str, form: Any) -> tuple[list[uuid.UUID], str]:
+    """The jobs or queue an action names, every field checked before the
+    confirmation page (nothing unchecked is shown or re-posted)."""
     raw = [str(v).strip() for v in form.getlist("ids") if str(v).strip()]
     if len(raw) > BULK_MAX:
         raise BadRequest(f"ids: at most {BULK_MAX} jobs per action, not {len(raw)}")
@@ -698,6 +701,16 @@ def _action_targets(form: Any) -> tuple[list[uuid.UUID], str]:
         raise BadRequest("select at least one job")
     if not ids and not queue:
         raise BadRequest("name the jobs (ids) or the queue to act on")
+    if queue:
+        validate_queue(queue, "queue")
+    to = str(form.get("to", "")).strip()
+    if action == "redrive":
+        if not queue:
+            raise BadRequest("redrive needs the dead-letter queue (queue)")
+        if to:
+            validate_queue(to, "to")
+    if action == "delete" and not ids and str(form.get("state", "")) not in STATES:
+        raise BadRequest(f"a queue-wide delete needs a state (state): one of {', '.join(STATES)}")
     return ids, queue
 
 
@@ -716,6 +729,10 @@ def _describe(action: str, ids: list[uuid.UUID], queue: str, form: Any) -> str:
         "delete": str(form.get("state", "")) or "(no state given)",
     }[action]
     return f"{action.capitalize()} up to {BULK_MAX} {which} jobs of queue {queue}."
+
+
+_QUEUE_WIDE = {"retry": ["failed"], "cancel": ["created", "retry"], "resume": ["cancelled"]}
+"""The states a queue-wide action takes its jobs from (delete: the state chosen)."""
 
 
 def _run_action(
@@ -737,12 +754,7 @@ def _run_action(
                     for job in q.get_jobs(info.name, ids):
                         targets.setdefault(info.name, []).append(job.id)
         else:
-            states = {
-                "retry": ["failed"],
-                "cancel": ["created", "retry"],
-                "resume": ["cancelled"],
-                "delete": [str(form.get("state", ""))],
-            }[action]
+            states = _QUEUE_WIDE.get(action) or [str(form.get("state", ""))]
             if states == [""] or not all(s in STATES for s in states):
                 raise BadRequest("a queue-wide delete needs a known state (state)")
             for state in states:
@@ -773,7 +785,7 @@ async def action(request: Request) -> Response:
     name = str(request.path_params["action"])
     if name not in ACTIONS:
         raise HTTPException(404, f"no action {name!r}: one of {', '.join(ACTIONS)}")
-    ids, queue = _action_targets(form)
+    ids, queue = _action_targets(name, form)
     root = d._root(request)
     fallback = (
         f"{root}/s/{schema}/jobs/{ids[0]}" + (f"?{urlencode({'queue': queue})}" if queue else "")
@@ -785,6 +797,12 @@ async def action(request: Request) -> Response:
     target = _safe_next(root, str(form.get("next", "")), fallback)
     if form.get("confirm") != "yes":
         fields = [(k, str(v)) for k, v in form.multi_items() if k not in ("csrf_token", "confirm")]
+        matching = None
+        if not ids and name != "redrive":
+            # A queue-wide action: how many jobs it would touch now.
+            wanted = _QUEUE_WIDE[name] if name != "delete" else [str(form.get("state"))]
+            counts = await d.read(schema, lambda q: q.count_jobs([queue]))
+            matching = sum(counts[0].counts[s] for s in wanted) if counts else 0
         return d.render(
             request,
             "confirm.html",
@@ -793,6 +811,8 @@ async def action(request: Request) -> Response:
             description=_describe(name, ids, queue, form),
             fields=fields,
             ids=ids,
+            matching=matching,
+            bulk_max=BULK_MAX,
             back=target,
         )
     message = await d.write(schema, _run_action(name, ids, queue, form))
@@ -859,6 +879,8 @@ async def send_job(request: Request) -> Response:
     form = await _form(request, d)
     name = str(form.get("queue", "")).strip()
     raw = str(form.get("data", "")).strip()
+    if len(raw) > SEND_MAX:
+        raise BadRequest(f"data: at most {SEND_MAX:,} characters of JSON here, not {len(raw):,}")
     try:
         data = json.loads(raw) if raw else None
     except json.JSONDecodeError as exc:
