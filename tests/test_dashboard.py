@@ -174,6 +174,16 @@ def test_hostile_data_is_escaped(engine: Engine, seeded46: tuple[str, dict[str, 
     assert 'href="javascript:' not in job
     failed = client.get(f"/s/{schema}/jobs/{ids['failed']}").text
     assert "&lt;script&gt;boom()&lt;/script&gt;" in failed
+    # Error pages quote what was asked for, escaped.
+    for path, status in (
+        ("/s/%3Cscript%3E/jobs", 404),
+        (f"/s/{schema}/jobs?state=%3Cscript%3E", 400),
+        (f"/s/{schema}/jobs?queue=%3Cscript%3E", 400),
+        (f"/s/{schema}/queues/%3Cscript%3E", 400),
+    ):
+        page = client.get(path)
+        assert page.status_code == status and "&lt;script&gt;" in page.text, path
+        assert "<script>" not in page.text
 
 
 def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
@@ -402,6 +412,15 @@ def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None
         stuck = client.get(f"/s/{schema46}/queues/q007")
         assert stuck.status_code == 503 and "statement timeout" in stuck.text
         locker.rollback()
+
+    # Every pooled connection busy: a 503 page too.
+    small = create_engine(engine.url, pool_size=1, max_overflow=0, pool_timeout=0.1)
+    try:
+        with small.connect():
+            busy = TestClient(create_app(small, schemas=[schema46])).get("/")
+            assert busy.status_code == 503 and 'id="error-message"' in busy.text
+    finally:
+        small.dispose()
 
     down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/none")
     try:

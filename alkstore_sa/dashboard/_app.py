@@ -25,6 +25,7 @@ import jinja2
 from cronsim import CronSim
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -990,6 +991,7 @@ def create_app(
             BadRequest: _bad_request,
             AlkstoreError: _service_error,
             DBAPIError: _database_error,
+            PoolTimeoutError: _database_error,  # every pooled connection busy
             HTTPException: _http_error,
         },
     )
