@@ -158,6 +158,8 @@ def test_filters_and_keyset_pages(engine: Engine, seeded46: tuple[str, dict[str,
     second = client.get(link.group(1).replace("&amp;", "&"))
     second_ids = re.findall(r'<tr data-job-id="([0-9a-f-]{36})"', second.text)
     assert len(second_ids) == 50 and not set(first_ids) & set(second_ids)
+    assert f'<a id="first-page" href="/s/{schema}/jobs?queue=mail">' in second.text
+    assert 'id="first-page"' not in first.text
 
 
 def test_hostile_data_is_escaped(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:

@@ -550,12 +550,20 @@ async def job_list(request: Request) -> Response:
         )
 
     page = await d.read(schema, read)
-    next_url = None
+    kept = {k: v for k, v in filters.items() if v and k != "after"}
+    next_url = first_url = None
     if page.next_cursor is not None:
-        kept = {k: v for k, v in filters.items() if v and k != "after"}
         next_url = f"{request.url.path}?{urlencode({**kept, 'after': page.next_cursor})}"
+    if filters["after"]:
+        first_url = f"{request.url.path}?{urlencode(kept)}" if kept else request.url.path
     return d.render(
-        request, "jobs.html", schema=schema, filters=filters, page=page, next_url=next_url
+        request,
+        "jobs.html",
+        schema=schema,
+        filters=filters,
+        page=page,
+        next_url=next_url,
+        first_url=first_url,
     )
 
 
