@@ -631,24 +631,30 @@ async def _needs_46(request: Request, d: Dashboard, schema: str, page: str) -> R
     return None
 
 
-async def instances_page(request: Request) -> Response:
+async def _page_46(
+    request: Request, page: str, template: str, key: str, work: Callable[[QueueService], Any]
+) -> Response:
+    """A page of what only schema 46 records: the rows ``work`` reads, rendered as
+    ``key`` in ``template``; below 46, a page saying what it needs."""
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
-    refused = await _needs_46(request, d, schema, "Instances")
+    refused = await _needs_46(request, d, schema, page)
     if refused is not None:
         return refused
-    instances = await d.read(schema, lambda q: q.get_instances(limit=1000))
-    return d.render(request, "instances.html", schema=schema, instances=instances)
+    rows = await d.read(schema, work)
+    return d.render(request, template, schema=schema, **{key: rows})
+
+
+async def instances_page(request: Request) -> Response:
+    return await _page_46(
+        request, "Instances", "instances.html", "instances", lambda q: q.get_instances(limit=1000)
+    )
 
 
 async def warnings_page(request: Request) -> Response:
-    d: Dashboard = request.app.state.dashboard
-    schema = d.schema_of(request)
-    refused = await _needs_46(request, d, schema, "Warnings")
-    if refused is not None:
-        return refused
-    warnings = await d.read(schema, lambda q: q.get_warnings(limit=200))
-    return d.render(request, "warnings.html", schema=schema, warnings=warnings)
+    return await _page_46(
+        request, "Warnings", "warnings.html", "warnings", lambda q: q.get_warnings(limit=200)
+    )
 
 
 async def healthz(request: Request) -> Response:
