@@ -566,3 +566,31 @@ class Instance:
     heartbeat_on: dt.datetime
     stopped_on: dt.datetime | None
     live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of :meth:`~alkstore_sa.QueueService.find_jobs`, newest first.
+
+    :ivar jobs: the page's jobs (unreadable rows as :class:`UnreadableJob`).
+    :ivar next_cursor: pass it as ``after`` for the next page; ``None`` on the last.
+    """
+
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    """One queue's jobs counted by state (:meth:`~alkstore_sa.QueueService.count_jobs`).
+
+    :ivar name: the queue.
+    :ivar counts: jobs per state, every state present (0 when none).
+    :ivar oldest_ready_seconds: how long the longest-waiting ready job (created
+        or retry, its ``start_after`` passed) has been ready, by the database
+        clock; ``None`` when no job is ready.
+    """
+
+    name: str
+    counts: dict[str, int]
+    oldest_ready_seconds: float | None

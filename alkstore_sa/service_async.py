@@ -41,6 +41,8 @@ from .records import (
     FailResult,
     Instance,
     Job,
+    JobCounts,
+    JobPage,
     PersistedWarning,
     QueueInfo,
     QueueStats,
@@ -626,6 +628,52 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for an unknown state or a bad limit.
         """
         return await self._run(ops.inspect.list_jobs(self._ctx, name, state, limit))
+
+    async def find_jobs(
+        self,
+        name: str | None = None,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        group: str | None = None,
+        text: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """A page of jobs, newest first, for browsing (the dashboard's job list).
+
+        Every filter is optional: ``name`` (one queue; all queues otherwise),
+        ``state``, ``key`` (the singleton key), ``group`` (the group id, schema
+        46), ``text`` (a substring of the data's JSON text, case-insensitive),
+        ``since``/``until`` (aware datetimes bounding ``created_on``,
+        ``until`` excluded). Pages are keyset-paged on ``(created_on, id)``:
+        pass the returned ``next_cursor`` as ``after`` for the next page, which
+        stays as quick deep in a large table as on the first page.
+
+        :raises InvalidOptionsError: for a bad filter, cursor or ``limit``
+            (1 to 1,000), before any SQL.
+        :raises SchemaFeatureError: for ``group`` on a schema at 26.
+        """
+        filters: dict[str, object] = {
+            "state": state,
+            "key": key,
+            "group": group,
+            "text": text,
+            "since": since,
+            "until": until,
+            "after": after,
+        }
+        return await self._run(ops.inspect.find_jobs(self._ctx, name, filters, limit))
+
+    async def count_jobs(self, names: Sequence[str] | None = None) -> list[JobCounts]:
+        """Every queue's jobs (or the named queues') counted by state, with the
+        age of its oldest ready job; ordered by queue name.
+
+        Counts the job table (no cached counter), so it costs a scan of it.
+        """
+        return await self._run(ops.inspect.count_jobs(self._ctx, names))
 
     async def redrive(
         self,
