@@ -473,6 +473,16 @@ def observability_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert ns["report"].recorded == ("reports",)
 
 
+def dashboard_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def dashboard_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert 'data-schema="pgboss"' in ns["overview"].text
+    assert ns["page"].headers["x-frame-options"] == "DENY"
+
+
 MYAPP = '''
 """Stand-in for the reader's application, as testing.md assumes it."""
 from sqlalchemy import select
@@ -676,6 +686,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
+    "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
 }
 
 

@@ -62,6 +62,14 @@ def register(sub: Any) -> None:
         default=os.environ.get("ALKSTORE_DEMO_CONCURRENCY", "8"),
         help="handlers running at once (env ALKSTORE_DEMO_CONCURRENCY; default 8)",
     )
+    p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="afterwards, serve the web dashboard on the demo's database until Ctrl-C",
+    )
+    p.add_argument(
+        "--dashboard-port", type=int, default=8765, help="the dashboard's port (default 8765)"
+    )
     p.set_defaults(handler=_run)
 
 
@@ -75,6 +83,10 @@ def _run(args: argparse.Namespace) -> int:
         schema = f"alkstore_demo_{uuid.uuid4().hex[:8]}"
         try:
             report = run_demo(engine, schema, args.jobs, args.concurrency, progress)
+            if args.dashboard:
+                _show(args, {"database": where, **report})
+                _serve_until_interrupted(engine, schema, args.dashboard_port)
+                return 0
         finally:
             with contextlib.suppress(Exception), engine.begin() as conn:
                 conn.execute(DropSchema(schema, cascade=True, if_exists=True))
@@ -84,6 +96,23 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(summary(report))
     return 0
+
+
+def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.json:
+        emit(args, report)
+    else:
+        print(summary(report))
+    sys.stdout.flush()
+
+
+def _serve_until_interrupted(engine: Engine, schema: str, port: int) -> None:
+    """The dashboard on the demo's schema, on this machine only, until Ctrl-C
+    (the schema is dropped afterwards, as always)."""
+    from .dashboard import serve_dashboard
+
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_dashboard(engine, [schema], host="127.0.0.1", port=port, out=sys.stderr)
 
 
 @contextlib.contextmanager

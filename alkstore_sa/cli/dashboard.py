@@ -1,0 +1,98 @@
+"""``alkstore dashboard``: the web dashboard (docs/how-to/dashboard.md).
+
+Serves :func:`alkstore_sa.dashboard.create_app` with uvicorn until Ctrl-C.
+Basic-auth credentials come from the environment only (never the command line,
+where other users could read them): ``ALKSTORE_DASHBOARD_USER`` and
+``ALKSTORE_DASHBOARD_PASSWORD``. A host other than a loopback address needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from sqlalchemy import Engine
+
+from ..names import validate_schema
+from ._common import BadInput, CommandError, add_global_options, engine_from
+
+USER_ENV = "ALKSTORE_DASHBOARD_USER"
+PASSWORD_ENV = "ALKSTORE_DASHBOARD_PASSWORD"
+DEFAULT_PORT = 8765
+
+
+def register(sub: Any) -> None:
+    parent = argparse.ArgumentParser(add_help=False)
+    add_global_options(parent, suppress=True)
+    # Its --schema is repeatable: it replaces the global one (a single value) here.
+    p = sub.add_parser(
+        "dashboard",
+        help="serve the web dashboard (needs the dashboard extra)",
+        parents=[parent],
+        conflict_handler="resolve",
+    )
+    p.add_argument(
+        "--schema",
+        dest="schemas",
+        action="append",
+        metavar="SCHEMA",
+        help="a queue schema to show; repeat for more (default: the global --schema)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--read-only", action="store_true", help="show no actions; refuse every POST")
+    p.set_defaults(handler=_run)
+
+
+def basic_auth_from_env() -> tuple[str, str] | None:
+    """``(user, password)`` from the environment, or ``None``.
+
+    One without the other is bad input."""
+    user, password = os.environ.get(USER_ENV, ""), os.environ.get(PASSWORD_ENV, "")
+    if bool(user) != bool(password):
+        raise BadInput(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+    return (user, password) if user else None
+
+
+def serve_dashboard(
+    engine: Engine,
+    schemas: list[str],
+    *,
+    host: str,
+    port: int,
+    read_only: bool = False,
+    out: Any = None,
+) -> None:
+    """Check the bind, print the URL, and serve the dashboard until interrupted."""
+    try:
+        from ..dashboard import check_bind, create_app, serve
+    except ImportError as exc:
+        raise CommandError(
+            f"the dashboard needs its extra: pip install 'alkstore_sa[dashboard]' ({exc})"
+        ) from None
+    if not 1 <= port <= 65535:
+        raise BadInput("--port must be between 1 and 65535")
+    auth = basic_auth_from_env()
+    check_bind(host, auth is not None)
+    app = create_app(engine, schemas=schemas, read_only=read_only, basic_auth=auth)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", file=out or sys.stderr)
+    serve(app, host=host, port=port, has_auth=auth is not None)
+
+
+def _run(args: argparse.Namespace) -> int:
+    schemas = [validate_schema(s) for s in (args.schemas or [args.schema])]
+    # Before connecting: an unauthenticated public bind is refused at once.
+    auth = basic_auth_from_env()
+    try:
+        from ..dashboard import check_bind
+    except ImportError as exc:
+        raise CommandError(
+            f"the dashboard needs its extra: pip install 'alkstore_sa[dashboard]' ({exc})"
+        ) from None
+    check_bind(args.host, auth is not None)
+    with engine_from(args) as engine:
+        serve_dashboard(engine, schemas, host=args.host, port=args.port, read_only=args.read_only)
+    return 0

@@ -1,0 +1,18 @@
+"""A small web dashboard over the queue schemas: queues, jobs, schedules,
+workers, warnings, and the operator's actions (docs/how-to/dashboard.md).
+
+Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, python-multipart);
+``import alkstore_sa`` never imports it.
+
+* :func:`create_app` returns a Starlette application: serve it with uvicorn, or
+  mount it in your own Starlette or FastAPI application.
+* :func:`check_bind` refuses to expose an unauthenticated dashboard beyond the
+  local machine; :func:`serve` checks, then runs uvicorn.
+"""
+
+from __future__ import annotations
+
+from ._app import create_app
+from ._serve import check_bind, serve
+
+__all__ = ["check_bind", "create_app", "serve"]

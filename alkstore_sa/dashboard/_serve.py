@@ -1,0 +1,51 @@
+"""Serving the dashboard: the bind check and a uvicorn runner."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from ..errors import InvalidOptionsError
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) only listens on this machine."""
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, has_auth: bool) -> None:
+    """Refuse to serve the dashboard on a non-loopback ``host`` without authentication.
+
+    The dashboard can retry, cancel and delete jobs: anyone who reaches it
+    can. On ``127.0.0.1``, ``::1`` or ``localhost`` only this machine can;
+    any other address (``0.0.0.0`` included) needs basic auth or an auth hook.
+
+    :raises InvalidOptionsError: a non-loopback host and ``has_auth`` false.
+    """
+    if not has_auth and not is_loopback(host):
+        raise InvalidOptionsError(
+            "host",
+            f"refusing to serve the dashboard on {host!r} without authentication: set "
+            "ALKSTORE_DASHBOARD_USER and ALKSTORE_DASHBOARD_PASSWORD (basic auth) or bind "
+            "to 127.0.0.1",
+        )
+
+
+def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8765, has_auth: bool = False) -> None:
+    """Check the bind (:func:`check_bind`), then run ``app`` with uvicorn until
+    interrupted.
+
+    :raises InvalidOptionsError: as :func:`check_bind`, before listening.
+    """
+    check_bind(host, has_auth)
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning")

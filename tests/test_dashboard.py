@@ -1,0 +1,260 @@
+"""The web dashboard (alkstore_sa.dashboard) on a real PostgreSQL, through Starlette's TestClient.
+
+Pages at schema 46 and 26, the job list's filters and keyset pages, hostile job
+data rendered escaped, and the security rules: CSRF, read-only, basic auth, the
+bind check, bad filters.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+from starlette.testclient import TestClient
+
+from alkstore_sa import InvalidOptionsError, QueueService
+from alkstore_sa.dashboard import check_bind, create_app
+
+HOSTILE = {
+    "script": "<script>alert(1)</script>",
+    "attr": '"><img src=x onerror=alert(1)>',
+    "url": "javascript:alert(document.cookie)",
+    "rlo": "invoice\u202egpj.exe",
+    "big": "x" * 1_000_000,
+}
+
+
+def _seed(engine: Engine, schema: str) -> dict[str, Any]:
+    """Queue ``mail`` (dead letter ``mail_dlq``): 3 created jobs, one failed, one hostile."""
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        q.create_queue("mail_dlq")
+        q.create_queue("mail", dead_letter="mail_dlq", retry_limit=0)
+        created = [q.send("mail", {"n": n, "to": f"user{n}@example.com"}) for n in range(3)]
+        q.send("mail", {"n": 9}, singleton_key="k-9")
+        q.schedule("mail", "*/5 * * * *", key="five")
+        failing = q.send("mail", {"n": 100}, priority=10)
+        assert failing is not None
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        assert [j.id for j in q.fetch("mail", 1)] == [failing]
+        q.fail("mail", failing, {"error": "<script>boom()</script>"})
+    with Session(engine) as session, session.begin():
+        hostile = QueueService(session, schema=schema).send("mail", HOSTILE)
+    return {"created": created, "failed": failing, "hostile": hostile}
+
+
+def _client(engine: Engine, schema: str, **options: Any) -> TestClient:
+    return TestClient(create_app(engine, schemas=[schema], **options))
+
+
+def _token(html: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+def _state(engine: Engine, schema: str, job_id: uuid.UUID) -> str:
+    with Session(engine) as session, session.begin():
+        job = QueueService(session, schema=schema).get_job("mail", job_id)
+        assert job is not None
+        return str(job.state)
+
+
+@pytest.fixture
+def seeded46(engine: Engine, schema46: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield schema46, _seed(engine, schema46)
+
+
+def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+    overview = client.get("/")
+    assert overview.status_code == 200
+    assert f'<table class="queues" data-schema="{schema}">' in overview.text
+    row = re.search(r'<tr data-queue="mail".*?</tr>', overview.text, re.S)
+    assert row is not None
+    assert re.search(r'class="count-failed"><a [^>]*>1</a>', row.group(0))
+    # The queue with a failed job comes first: problem queues lead.
+    assert overview.text.index('data-queue="mail"') < overview.text.index('data-queue="mail_dlq"')
+    for path in ("queues/mail", "jobs", "schedules", "instances", "warnings"):
+        page = client.get(f"/s/{schema}/{path}")
+        assert page.status_code == 200, (path, page.text[:500])
+    queue = client.get(f"/s/{schema}/queues/mail").text
+    assert '<dl id="queue-options">' in queue and 'id="dead-letter-link"' in queue
+    schedules = client.get(f"/s/{schema}/schedules").text
+    assert re.search(r'class="next-fire">\d{4}-\d\d-\d\d \d\d:\d[05]:00 UTC', schedules)
+    job = client.get(f"/s/{schema}/jobs/{ids['failed']}")
+    assert job.status_code == 200
+    assert '<span id="job-state" class="state-failed">failed</span>' in job.text
+    assert '<ol id="timeline">' in job.text and 'id="action-retry"' in job.text
+    assert client.get("/healthz").text == "ok"
+    headers = overview.headers
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"]
+
+
+def test_schema_26_pages(engine: Engine, schema: str) -> None:
+    ids = _seed(engine, schema)
+    client = _client(engine, schema)
+    overview = client.get("/")
+    assert overview.status_code == 200 and 'data-queue="mail"' in overview.text
+    assert "needs schema 46" in overview.text
+    job = client.get(f"/s/{schema}/jobs/{ids['created'][0]}?queue=mail")
+    assert job.status_code == 200 and ">created</span>" in job.text
+    assert client.get(f"/s/{schema}/jobs?queue=mail").status_code == 200
+    warnings = client.get(f"/s/{schema}/warnings")
+    assert warnings.status_code == 200 and 'id="needs-46"' in warnings.text
+    # A group filter needs 46: a message, not a server error.
+    assert client.get(f"/s/{schema}/jobs?group=g").status_code == 400
+
+
+def test_filters_and_keyset_pages(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+
+    def listed(query: str) -> list[tuple[str, str]]:
+        page = client.get(f"/s/{schema}/jobs?{query}")
+        assert page.status_code == 200, page.text[:500]
+        return re.findall(r'<tr data-job-id="([0-9a-f-]{36})" data-state="(\w+)">', page.text)
+
+    assert listed("queue=mail&state=failed") == [(str(ids["failed"]), "failed")]
+    assert [j for j, _ in listed("queue=mail&key=k-9")] and len(listed("key=k-9")) == 1
+    assert len(listed("q=user1%40example")) == 1
+    assert listed("queue=mail_dlq&state=failed") == []
+    assert len(listed("since=2000-01-01&until=2999-01-01")) >= 6
+
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema).send_many(
+            "mail", [{"data": {"bulk": n}} for n in range(120)]
+        )
+    first = client.get(f"/s/{schema}/jobs?queue=mail")
+    first_ids = re.findall(r'<tr data-job-id="([0-9a-f-]{36})"', first.text)
+    link = re.search(r'<a id="next-page" href="([^"]+)"', first.text)
+    assert link is not None and len(first_ids) == 50
+    second = client.get(link.group(1).replace("&amp;", "&"))
+    second_ids = re.findall(r'<tr data-job-id="([0-9a-f-]{36})"', second.text)
+    assert len(second_ids) == 50 and not set(first_ids) & set(second_ids)
+
+
+def test_hostile_data_is_escaped(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+    for path in (f"jobs/{ids['hostile']}?queue=mail", "jobs?queue=mail", f"jobs/{ids['failed']}"):
+        html = client.get(f"/s/{schema}/{path}").text
+        assert "<script>" not in html and "<img" not in html
+        assert "\u202e" not in html
+    job = client.get(f"/s/{schema}/jobs/{ids['hostile']}?queue=mail").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in job
+    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in job
+    assert "\\u202e" in job and "x" * 1_000_000 in job
+    assert 'href="javascript:' not in job
+    failed = client.get(f"/s/{schema}/jobs/{ids['failed']}").text
+    assert "&lt;script&gt;boom()&lt;/script&gt;" in failed
+
+
+def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+    page = client.get(f"/s/{schema}/jobs/{ids['failed']}?queue=mail").text
+    form = {"ids": str(ids["failed"]), "queue": "mail", "csrf_token": _token(page)}
+    confirm = client.post(f"/s/{schema}/actions/retry", data=form)
+    assert confirm.status_code == 200 and 'id="confirm"' in confirm.text
+    assert 'name="confirm" value="yes"' in confirm.text
+    assert _state(engine, schema, ids["failed"]) == "failed"
+    done = client.post(
+        f"/s/{schema}/actions/retry", data={**form, "confirm": "yes"}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    assert _state(engine, schema, ids["failed"]) == "retry"
+    after = client.get(done.headers["location"])
+    assert '<div class="flash">retried 1 job(s)</div>' in after.text
+    assert ">retry</span>" in after.text
+
+    # Bulk, from the job list's checkboxes: the list's own form, then the confirmation.
+    listing = client.get(f"/s/{schema}/jobs?queue=mail&state=created").text
+    assert 'name="scope" value="selected"' in listing
+    chosen = [str(i) for i in ids["created"][:2]]
+    bulk = {"ids": chosen, "scope": "selected", "csrf_token": _token(listing)}
+    assert client.post(f"/s/{schema}/actions/cancel", data={**bulk, "ids": []}).status_code == 400
+    assert 'id="confirm"' in client.post(f"/s/{schema}/actions/cancel", data=bulk).text
+    client.post(f"/s/{schema}/actions/cancel", data={**bulk, "confirm": "yes"})
+    assert [_state(engine, schema, uuid.UUID(i)) for i in chosen] == ["cancelled"] * 2
+    assert _state(engine, schema, ids["created"][2]) == "created"
+
+
+def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+    client.get("/")  # the CSRF cookie
+    form = {"ids": str(ids["failed"]), "queue": "mail", "confirm": "yes"}
+    assert client.post(f"/s/{schema}/actions/retry", data=form).status_code == 403
+    forged = client.post(f"/s/{schema}/actions/retry", data={**form, "csrf_token": "0" * 64})
+    assert forged.status_code == 403
+    assert _state(engine, schema, ids["failed"]) == "failed"
+
+    token = _token(client.get(f"/s/{schema}/queues/mail").text)
+    bad_json = client.post(
+        f"/s/{schema}/send", data={"queue": "mail", "data": "{nope", "csrf_token": token}
+    )
+    assert bad_json.status_code == 400 and "not valid JSON" in bad_json.text
+    bad_option = client.post(
+        f"/s/{schema}/queues",
+        data={"mode": "create", "name": "q2", "retry_limit": "-5", "csrf_token": token},
+    )
+    assert bad_option.status_code == 400 and "retry_limit" in bad_option.text
+    assert "Traceback" not in bad_option.text
+    assert client.get(f"/s/{schema}/jobs?state=bogus").status_code == 400
+    assert client.get(f"/s/{schema}/jobs?since=yesterday").status_code == 400
+    assert client.get(f"/s/{schema}/jobs?after=garbage").status_code == 400
+    assert client.get(f"/s/{schema}/jobs/not-a-uuid").status_code == 400
+
+    ro = _client(engine, schema, read_only=True)
+    page = ro.get(f"/s/{schema}/jobs/{ids['failed']}?queue=mail").text
+    assert "<form" in ro.get(f"/s/{schema}/jobs").text  # the GET filter form only
+    assert 'method="post"' not in page and 'id="action-retry"' not in page
+    assert 'method="post"' not in ro.get(f"/s/{schema}/queues/mail").text
+    refused = ro.post(f"/s/{schema}/actions/retry", data={**form, "csrf_token": token})
+    assert refused.status_code == 403
+    assert _state(engine, schema, ids["failed"]) == "failed"
+
+
+def test_basic_auth_and_bind(engine: Engine, schema46: str) -> None:
+    client = _client(engine, schema46, basic_auth=("admin", "s3cret"))
+    denied = client.get("/")
+    assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Basic")
+    wrong = base64.b64encode(b"admin:nope").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
+    right = base64.b64encode(b"admin:s3cret").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
+    assert client.get("/healthz").status_code == 200  # for load balancers
+    assert client.get(f"/s/{schema46}/queues/healthz").status_code == 401
+
+    hooked = _client(engine, schema46, auth=lambda request: request.headers.get("x-ok") == "1")
+    assert hooked.get("/").status_code == 403
+    assert hooked.get("/", headers={"x-ok": "1"}).status_code == 200
+
+    with pytest.raises(InvalidOptionsError, match="without authentication"):
+        check_bind("0.0.0.0", has_auth=False)
+    with pytest.raises(InvalidOptionsError, match="without authentication"):
+        check_bind("192.168.1.10", has_auth=False)
+    check_bind("0.0.0.0", has_auth=True)
+    for host in ("127.0.0.1", "::1", "localhost"):
+        check_bind(host, has_auth=False)
+
+
+def test_cli_refuses_public_bind(monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
+    from alkstore_sa.cli import main
+
+    monkeypatch.delenv("ALKSTORE_DASHBOARD_USER", raising=False)
+    monkeypatch.delenv("ALKSTORE_DASHBOARD_PASSWORD", raising=False)
+    code = main(["dashboard", "--database-url", database_url, "--host", "0.0.0.0"])
+    assert code == 2
