@@ -76,8 +76,9 @@ def driver() -> Iterator[WebDriver]:
     options.binary_location = str(chromium)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(arg)
-    options.add_argument("--window-size=1280,800")
     browser = webdriver.Chrome(options=options, service=Service(str(chromedriver)))
+    metrics = {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     browser.set_page_load_timeout(30)
     yield browser
     browser.quit()
