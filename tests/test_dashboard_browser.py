@@ -239,16 +239,25 @@ def test_overview_shows_each_queue_and_its_counts(dash: Dashboard) -> None:
     assert dash.driver.current_url.endswith(dash.spath("/queues/emails"))
 
 
-def test_job_list_filtered_by_state_shows_only_those_jobs(dash: Dashboard) -> None:
+def test_job_list_pages_and_filters_by_state(dash: Dashboard) -> None:
     from selenium.webdriver.support.ui import Select
 
     dash.tx(lambda q: q.create_queue("emails", retry_limit=0))
-    queued = {dash.send("emails", {"n": n}) for n in range(3)}
+    sent = dash.tx(lambda q: q.send_many("emails", [{"data": {"n": n}} for n in range(53)]))
     failed = {dash.failed("emails", {"n": n}, {"error": "boom"}) for n in range(2)}
+    every = {str(i) for i in [*sent, *failed]}
+    assert len(every) == 55
 
-    dash.visit(dash.spath("/jobs?queue=emails"), "all-jobs")
-    shown = {r.get_attribute("data-job-id") for r in dash.all("#jobs tr[data-job-id]")}
-    assert shown == {str(i) for i in queued | failed}
+    # A page of 50 (the dashboard's page size), then the rest behind the next-page link.
+    dash.visit(dash.spath("/jobs?queue=emails"), "jobs-page-1")
+    first = [r.get_attribute("data-job-id") for r in dash.all("#jobs tr[data-job-id]")]
+    dash.one("a#next-page").click()
+    dash.wait_for("#jobs")
+    dash.shot("jobs-page-2")
+    second = [r.get_attribute("data-job-id") for r in dash.all("#jobs tr[data-job-id]")]
+    assert (len(first), len(second)) == (50, 5)
+    assert set(first) | set(second) == every
+    assert dash.all("a#next-page") == []
 
     form = dash.one("form#job-filters")
     Select(form.find_element("css selector", 'select[name="state"]')).select_by_value("failed")
