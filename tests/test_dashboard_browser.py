@@ -177,15 +177,14 @@ class Dashboard:
 
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
-    def wait_for(self, css: str) -> WebElement:
-        from selenium.webdriver.common.by import By
+    def leave_page(self, act: Callable[[], object]) -> None:
+        """Run ``act`` (a click or a submit) and wait until the next page replaced this one."""
         from selenium.webdriver.support import expected_conditions as ec
         from selenium.webdriver.support.ui import WebDriverWait
 
-        found: WebElement = WebDriverWait(self.driver, 10).until(
-            ec.presence_of_element_located((By.CSS_SELECTOR, css))
-        )
-        return found
+        page = self.one("html")
+        act()
+        WebDriverWait(self.driver, 10).until(ec.staleness_of(page))
 
     def pwned(self) -> Any:
         return self.driver.execute_script("return window.__pwned")
@@ -233,9 +232,9 @@ def test_overview_shows_each_queue_and_its_counts(dash: Dashboard) -> None:
     # The queue with a failed job comes first, and its name leads to the queue's page.
     rows = [r.get_attribute("data-queue") for r in table.find_elements("css selector", "tr")]
     assert [r for r in rows if r] == ["emails", "reports"]
-    emails.find_element("link text", "emails").click()
-    dash.wait_for("#queue-options")
+    dash.leave_page(emails.find_element("link text", "emails").click)
     dash.shot("queue")
+    assert dash.one("#queue-options").is_displayed()
     assert dash.driver.current_url.endswith(dash.spath("/queues/emails"))
 
 
@@ -251,8 +250,7 @@ def test_job_list_pages_and_filters_by_state(dash: Dashboard) -> None:
     # A page of 50 (the dashboard's page size), then the rest behind the next-page link.
     dash.visit(dash.spath("/jobs?queue=emails"), "jobs-page-1")
     first = [r.get_attribute("data-job-id") for r in dash.all("#jobs tr[data-job-id]")]
-    dash.one("a#next-page").click()
-    dash.wait_for("#jobs")
+    dash.leave_page(dash.one("a#next-page").click)
     dash.shot("jobs-page-2")
     second = [r.get_attribute("data-job-id") for r in dash.all("#jobs tr[data-job-id]")]
     assert (len(first), len(second)) == (50, 5)
@@ -261,8 +259,7 @@ def test_job_list_pages_and_filters_by_state(dash: Dashboard) -> None:
 
     form = dash.one("form#job-filters")
     Select(form.find_element("css selector", 'select[name="state"]')).select_by_value("failed")
-    form.submit()
-    dash.wait_for("#jobs")
+    dash.leave_page(form.submit)
     dash.shot("failed-jobs")
 
     assert "state=failed" in dash.driver.current_url
@@ -280,12 +277,12 @@ def test_retry_a_failed_job_from_its_page_after_confirming(dash: Dashboard) -> N
     assert dash.one("#job-state").text.strip() == "failed"
     assert "smtp down" in dash.one("#job-output").text
 
-    dash.one("#action-retry").click()
-    confirm = dash.wait_for("#confirm")
+    dash.leave_page(dash.one("#action-retry").click)
+    confirm = dash.one("#confirm")
     dash.shot("confirm-retry")
     assert dash.state("emails", job_id) == "failed", "nothing may change before confirming"
-    confirm.click()
-    dash.wait_for(".flash")
+    dash.leave_page(confirm.click)
+    dash.one(".flash")
     dash.shot("retried-job")
 
     assert dash.driver.current_url.split("?")[0].endswith(dash.spath(f"/jobs/{job_id}"))
