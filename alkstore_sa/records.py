@@ -450,6 +450,23 @@ class UpsertResult(UpdateResult):
         return self.updated == 0 and self.inserted == 0
 
 
+@dataclass(frozen=True, slots=True)
+class JobDependency:
+    """A parent or a child of a flow job (schema 46), as
+    ``QueueService.get_dependencies`` and ``get_dependents`` return it: pg-boss's
+    ``DependencyRef`` (``name``, ``id``) with the job's state.
+
+    :ivar name: the related job's queue.
+    :ivar id: the related job's id.
+    :ivar state: its state when read; ``None`` if the job no longer exists (it was
+        deleted, and maintenance has not yet dropped the dependency).
+    """
+
+    name: str
+    id: uuid.UUID
+    state: JobState | None
+
+
 # ---------------------------------------------------------------- observability
 
 

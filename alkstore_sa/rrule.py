@@ -237,31 +237,40 @@ class Rule:
         :data:`_MAX_SEARCH_PERIODS` periods: past that the answer is ``True``
         (the timekeeper reports a row it cannot fire).
         """
+        found, cut = self._first_after(after)
+        return found is not None or cut
+
+    def next_after(self, after: dt.datetime) -> dt.datetime | None:
+        """The first occurrence after ``after``, or ``None`` when there is none
+        (or none within the search :meth:`sends_after` describes)."""
+        return self._first_after(after)[0]
+
+    def _first_after(self, after: dt.datetime) -> tuple[dt.datetime | None, bool]:
+        """The first occurrence after ``after``, and whether the search was cut
+        short by its budget (see :meth:`sends_after`)."""
         horizon = after + dt.timedelta(days=366 * 400)
         end = self._end()
         if end is not None:
             horizon = min(horizon, end)
-        horizon = max([horizon, *[d for d in self.rdates if d > after]])
+        later = [d for d in self.rdates if d > after]
+        horizon = max([horizon, *later])
         period = _PERIODS.get(self._value("FREQ") or "")
+        cut = False
         if self._exact and period is not None:
             budget = after + period * int(self._value("INTERVAL") or "1") * _MAX_SEARCH_PERIODS
             if budget < horizon:
-                if any(d > after for d in self.rdates):
-                    return True
-                horizon = budget
-                cut = True
-            else:
-                cut = False
-        else:
-            cut = False
+                horizon, cut = budget, True
         width, lower = _FIRST_STEP, after
         while lower < horizon:
             upper = min(horizon, lower + width)
-            if self.between(lower, upper):
-                return True
+            found = self.between(lower, upper)
+            if found:
+                return found[0], False
             lower = upper
             width *= 4
-        return cut
+        if cut and later:
+            return min(later), False
+        return None, cut
 
     def _end(self) -> dt.datetime | None:
         """The last instant the rule part can recur at (``UNTIL``, or the

@@ -42,6 +42,7 @@ from .records import (
     Instance,
     Job,
     JobCounts,
+    JobDependency,
     JobPage,
     PersistedWarning,
     QueueInfo,
@@ -318,6 +319,49 @@ class AsyncQueueService:
             written and the transaction stays usable.
         """
         return await self._run(ops.flows.flow(self._ctx, jobs))
+
+    async def get_dependencies(
+        self,
+        name: str,
+        id: uuid.UUID | str,
+        *,
+        limit: int | None = None,
+        after: JobDependency | tuple[str, uuid.UUID | str] | None = None,
+    ) -> list[JobDependency]:
+        """The parents of a flow job: the jobs it waits for (pg-boss's
+        ``getDependencies``), each with its state.
+
+        Ordered by queue, then id; at most ``limit`` (1 to 100,000, default
+        1,000); ``after``, the last row of the previous page (or its
+        ``(queue, id)``), continues a listing. A job without parents, or one
+        that does not exist, has none: ``[]``, as in pg-boss. Read from
+        ``job_dependency``, in the caller's transaction.
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
+            ``after``, before any SQL.
+        """
+        return await self._run(ops.flows.related_jobs(self._ctx, name, id, True, limit, after))
+
+    async def get_dependents(
+        self,
+        name: str,
+        id: uuid.UUID | str,
+        *,
+        limit: int | None = None,
+        after: JobDependency | tuple[str, uuid.UUID | str] | None = None,
+    ) -> list[JobDependency]:
+        """The children of a flow job: the jobs that wait for it (pg-boss's
+        ``getDependents``), each with its state.
+
+        As :meth:`get_dependencies` otherwise (order, ``limit``, ``after``, ``[]``
+        for a job without children or an unknown job).
+
+        :raises SchemaFeatureError: below schema 46, before any SQL.
+        :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
+            ``after``, before any SQL.
+        """
+        return await self._run(ops.flows.related_jobs(self._ctx, name, id, False, limit, after))
 
     # ------------------------------------------------------------ by key (schema 46)
 

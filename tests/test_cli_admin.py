@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -441,6 +442,73 @@ def test_jobs_redrive_moves_dead_lettered_jobs_back(cli: Cli) -> None:
     assert cli.sql("SELECT name, data FROM {s}.job WHERE id <> :i", i=dead) == [
         ("work", {"again": True})
     ]
+
+
+# --------------------------------------------------------------------- flow (schema 46)
+
+
+@pytest.fixture
+def cli46(
+    capsys: pytest.CaptureFixture[str], database_url: str, schema46: str, engine: Engine
+) -> Cli:
+    return Cli(capsys, database_url, schema46, engine)
+
+
+def _flow_file(tmp_path: Path, jobs: Any) -> str:
+    path = tmp_path / "flow.json"
+    path.write_text(json.dumps(jobs))
+    return str(path)
+
+
+def test_flow_send_writes_the_flow_and_show_lists_parents_and_children(
+    cli46: Cli, tmp_path: Path
+) -> None:
+    cli46.json("queue", "create", "q")
+    jobs = [
+        {"ref": "p", "name": "q", "data": {"n": 1}},
+        {"ref": "c", "name": "q", "options": {"priority": 3}, "depends_on": ["p"]},
+    ]
+    ids = cli46.json("flow", "send", _flow_file(tmp_path, jobs))
+    assert list(ids) == ["p", "c"]
+    assert cli46.sql("SELECT parent_id::text, child_id::text FROM {s}.job_dependency") == [
+        (ids["p"], ids["c"])
+    ]
+    cli46.service(lambda q: q.complete("q", q.fetch("q")[0]))  # only p is ready
+    shown = cli46.json("flow", "show", "q", ids["c"])
+    assert shown == {
+        "job": {"name": "q", "id": ids["c"], "state": "created"},
+        "parents": [{"name": "q", "id": ids["p"], "state": "completed"}],
+        "children": [],
+    }
+    text = cli46("flow", "show", "q", ids["p"])
+    assert text.code == 0
+    assert "parents (0)" in text.out and "children (1)" in text.out and ids["c"] in text.out
+    missing = str(uuid.uuid4())
+    _one_line_error(cli46("flow", "show", "q", missing), f"no job {missing}")
+
+
+def test_flow_send_of_a_bad_graph_exits_2_and_writes_nothing(cli46: Cli, tmp_path: Path) -> None:
+    cli46.json("queue", "create", "q")
+    cycle = [
+        {"ref": "a", "name": "q", "depends_on": ["b"]},
+        {"ref": "b", "name": "q", "depends_on": ["a"]},
+    ]
+    ran = cli46("flow", "send", _flow_file(tmp_path, cycle))
+    assert ran.code == 2
+    _one_line_error(ran, "dependency cycle: 'a' -> 'b' -> 'a'")
+    (tmp_path / "flow.json").write_text("[{oops")
+    bad_json = cli46("flow", "send", str(tmp_path / "flow.json"))
+    assert bad_json.code == 2
+    _one_line_error(bad_json, "is not valid JSON")
+    assert cli46.sql("SELECT count(*) FROM {s}.job") == [(0,)]
+
+
+def test_flow_send_at_schema_26_says_it_needs_46(cli: Cli, tmp_path: Path) -> None:
+    cli.json("queue", "create", "q")
+    pair = [{"ref": "p", "name": "q"}, {"ref": "c", "name": "q", "depends_on": ["p"]}]
+    ran = cli("flow", "send", _flow_file(tmp_path, pair))
+    assert ran.code == 1
+    _one_line_error(ran, "flow needs a pg-boss schema at version 46")
 
 
 # --------------------------------------------------------------------- schedule

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -198,6 +201,50 @@ def test_worker_command_rejects_a_queue_the_app_has_no_handler_for(
     code = main(["worker", "--app", "demo_app:build", "--queue", "nope", "--log-level", "ERROR"])
     assert code == 2
     assert "no handler registered for 'nope'" in capsys.readouterr().err
+
+
+def test_worker_command_serves_the_workers_metrics_on_metrics_port(
+    app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str
+) -> None:
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    send(engine, schema, {"sleep": 0})
+    proc = start_worker(
+        app_dir, database_url, schema, "sync", "--metrics-port", f"127.0.0.1:{port}"
+    )
+
+    def scraped() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                body = r.read().decode()
+        except OSError:
+            return False
+        return any(
+            s.name == "alkstore_worker_jobs_completed_total"
+            and s.labels == {"schema": schema, "queue": "q"}
+            and s.value == 1
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+        )
+
+    try:
+        wait_started(app_dir, proc)
+        deadline = time.monotonic() + 15
+        while not scraped() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert scraped()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+
+
+def test_worker_command_rejects_a_bad_metrics_port(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--app", "x:y", "--metrics-port", "http"]) == 2
+    assert "is not a port or HOST:PORT" in capsys.readouterr().err
+    assert main(["worker", "--app", "x:y", "--metrics-port", "0.0.0.0:70000"]) == 2
+    assert "must be 1 to 65535" in capsys.readouterr().err
 
 
 def test_load_worker_applies_queue_and_concurrency_overrides(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
@@ -74,6 +74,17 @@ def seeded46(engine: Engine, schema46: str) -> Iterator[tuple[str, dict[str, Any
 
 def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
     schema, ids = seeded46
+    with engine.begin() as conn:  # two recorded stats rows: a sparkline
+        for minutes, done in ((20, 5), (10, 9)):
+            conn.execute(
+                text(
+                    f'INSERT INTO "{schema}".queue_stats (name, captured_on, queued_count,'
+                    " deferred_count, total_count, completed_delta, delta_on)"
+                    " VALUES ('mail', now() - make_interval(mins => :m), 1, 0, 5, :d,"
+                    " now() - make_interval(mins => :m))"
+                ),
+                {"m": minutes, "d": done},
+            )
     client = _client(engine, schema)
     overview = client.get("/")
     assert overview.status_code == 200
@@ -83,6 +94,7 @@ def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) 
     assert re.search(r'class="count-failed"><a [^>]*>1</a>', row.group(0))
     # The queue with a failed job comes first: problem queues lead.
     assert overview.text.index('data-queue="mail"') < overview.text.index('data-queue="mail_dlq"')
+    assert '<polyline points="' in row.group(0)
     for path in ("queues/mail", "jobs", "schedules", "instances", "warnings"):
         page = client.get(f"/s/{schema}/{path}")
         assert page.status_code == 200, (path, page.text[:500])
@@ -190,6 +202,15 @@ def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[st
     assert [_state(engine, schema, uuid.UUID(i)) for i in chosen] == ["cancelled"] * 2
     assert _state(engine, schema, ids["created"][2]) == "created"
 
+    # Redrive the dead-letter copy of the failed job back to the queue it failed in.
+    queue_page = client.get(f"/s/{schema}/queues/mail_dlq").text
+    redrive = {"queue": "mail_dlq", "csrf_token": _token(queue_page), "confirm": "yes"}
+    moved = client.post(f"/s/{schema}/actions/redrive", data=redrive)
+    assert '<div class="flash">redrove 1 job(s) out of mail_dlq</div>' in moved.text
+    with Session(engine) as session, session.begin():
+        left = QueueService(session, schema=schema).find_jobs("mail_dlq", state="created")
+        assert left.jobs == []
+
 
 def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
     schema, ids = seeded46
@@ -258,3 +279,23 @@ def test_cli_refuses_public_bind(monkeypatch: pytest.MonkeyPatch, database_url: 
     monkeypatch.delenv("ALKSTORE_DASHBOARD_PASSWORD", raising=False)
     code = main(["dashboard", "--database-url", database_url, "--host", "0.0.0.0"])
     assert code == 2
+
+
+def test_flow_links_on_job_page(engine: Engine, schema46: str) -> None:
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        q.create_queue("steps")
+        refs = q.flow(
+            [
+                {"ref": "fetch", "name": "steps", "data": {"step": 1}},
+                {"ref": "report", "name": "steps", "data": {"step": 2}, "depends_on": ["fetch"]},
+            ]
+        )
+    client = _client(engine, schema46)
+    child = client.get(f"/s/{schema46}/jobs/{refs['report']}?queue=steps").text
+    parents = re.search(r'<ul id="flow-parents">(.*?)</ul>', child, re.S)
+    assert parents is not None and f'data-job-id="{refs["fetch"]}"' in parents.group(1)
+    assert 'id="flow-children"' not in child
+    parent = client.get(f"/s/{schema46}/jobs/{refs['fetch']}?queue=steps").text
+    children = re.search(r'<ul id="flow-children">(.*?)</ul>', parent, re.S)
+    assert children is not None and f'data-job-id="{refs["report"]}"' in children.group(1)

@@ -473,9 +473,24 @@ def observability_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert ns["report"].recorded == ("reports",)
 
 
+def metrics_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
 def dashboard_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
+
+
+def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert b"alkstore_queue_oldest_ready_job_age_seconds" in ns["body"]
+    assert ns["content_type"].startswith("text/plain")
+    labels = {"schema": "pgboss", "queue": "emails"}
+    registry = ns["worker_registry"]
+    assert registry.get_sample_value("alkstore_worker_jobs_completed_total", labels) == 1
+    assert registry.get_sample_value("alkstore_worker_jobs_claimed_total", labels) == 1
+    assert [j.state for j in ctx.jobs("emails")] == ["completed"]
 
 
 def dashboard_check(ctx: Ctx, ns: dict[str, Any]) -> None:
@@ -665,6 +680,11 @@ def flows_check(ctx: Ctx, ns: dict[str, Any]) -> None:
         assert all(times[ids[p]][1] <= times[ids[child]][0] for p in parents)
     [mail] = ctx.jobs("mail-report")
     assert (mail.state, mail.retry_limit) == ("completed", 5)
+    listed = {(p.name, p.id, p.state) for p in ns["parents"]}
+    assert listed == {("fetch-prices", ids[r], "completed") for r in ("eu", "us")}
+    assert [(c.name, c.id, c.state) for c in ns["children"]] == [
+        ("mail-report", ids["mail"], "completed")
+    ]
 
 
 PAGES: dict[str, Page] = {
@@ -686,6 +706,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
+    "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
     "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
 }
 

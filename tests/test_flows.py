@@ -19,6 +19,8 @@ from support.worker import Harness, wait_for
 from alkstore_sa import (
     FlowConflictError,
     InvalidOptionsError,
+    JobDependency,
+    JobState,
     QueueNotFoundError,
     QueueService,
     SchemaFeatureError,
@@ -376,6 +378,81 @@ def test_flow_needs_schema_46(engine: Engine, schema: str) -> None:
     refused = pytest.raises(SchemaFeatureError, match="flow needs a pg-boss schema at version 46")
     with Session(engine) as session, session.begin(), refused:
         QueueService(session, schema=schema).flow(PAIR)
+
+
+# ------------------------------------------------------------------ reading a flow
+
+
+def test_dependencies_and_dependents_list_parents_and_children_with_their_states(
+    env46: Any,
+) -> None:
+    env46.tx(lambda q: [q.create_queue("a"), q.create_queue("b")])
+    ids = env46.tx(
+        lambda q: q.flow(
+            [
+                {"ref": "p1", "name": "b"},
+                {"ref": "p2", "name": "a"},
+                {"ref": "c", "name": "b", "depends_on": ["p1", "p2"]},
+                {"ref": "g", "name": "a", "depends_on": ["c"]},
+            ]
+        )
+    )
+
+    def dep(ref: str, state: str | None) -> JobDependency:
+        queue = {"p1": "b", "p2": "a", "c": "b", "g": "a"}[ref]
+        return JobDependency(queue, ids[ref], None if state is None else JobState(state))
+
+    # Ordered by queue, then id, as pg-boss orders them.
+    parents = [dep("p2", "created"), dep("p1", "created")]
+    assert env46.tx(lambda q: q.get_dependencies("b", ids["c"])) == parents
+    [child] = env46.tx(lambda q: q.get_dependents("b", ids["p1"]))
+    assert child == dep("c", "created") and type(child.state) is JobState
+    assert env46.tx(lambda q: q.get_dependents("a", ids["g"])) == []
+    assert env46.tx(lambda q: q.get_dependencies("a", str(ids["p2"]))) == []
+    # States are read when asked: a completed parent shows as completed.
+    assert run_one(env46, "a") == ids["p2"]
+    assert env46.tx(lambda q: q.get_dependencies("b", ids["c"]))[0] == dep("p2", "completed")
+    # Pages: the last row of one page (or its (queue, id)) continues the listing.
+    first = env46.tx(lambda q: q.get_dependencies("b", ids["c"], limit=1))
+    assert first == [dep("p2", "completed")]
+    rest = env46.tx(lambda q: q.get_dependencies("b", ids["c"], after=first[-1]))
+    assert rest == [dep("p1", "created")]
+    assert env46.tx(lambda q: q.get_dependencies("b", ids["c"], after=("b", ids["p1"]))) == []
+    # A deleted parent is still listed until maintenance drops its row, without a state.
+    env46.tx(lambda q: q.delete_job("b", ids["p1"]))
+    assert env46.tx(lambda q: q.get_dependencies("b", ids["c"]))[1] == dep("p1", None)
+    # An unknown job (or queue) has no parents and no children, as in pg-boss.
+    assert env46.tx(lambda q: q.get_dependencies("b", uuid.uuid4())) == []
+    assert env46.tx(lambda q: q.get_dependents("nowhere", ids["c"])) == []
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        (lambda q: q.get_dependencies("q", "not-a-uuid"), "id"),
+        (lambda q: q.get_dependents("bad name!", uuid.uuid4()), "name"),
+        (lambda q: q.get_dependencies("q", uuid.uuid4(), limit=0), "limit"),
+        (lambda q: q.get_dependents("q", uuid.uuid4(), limit=100_001), "limit"),
+        (lambda q: q.get_dependencies("q", uuid.uuid4(), after="q"), "after"),
+        (lambda q: q.get_dependencies("q", uuid.uuid4(), after=("q", "x")), "after"),
+    ],
+)
+def test_dependency_reads_refuse_bad_input_before_any_sql(
+    engine: Engine, schema: str, call: Any, problem: str
+) -> None:
+    # At schema 26 the call itself is refused: bad input is named before that.
+    with Session(engine) as session, session.begin(), pytest.raises(InvalidOptionsError) as bad:
+        call(QueueService(session, schema=schema))
+    assert bad.value.option == problem
+
+
+def test_dependency_reads_need_schema_46(engine: Engine, schema: str) -> None:
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        with pytest.raises(SchemaFeatureError, match=r"get_dependencies needs .* version 46"):
+            q.get_dependencies("q", uuid.uuid4())
+        with pytest.raises(SchemaFeatureError, match=r"get_dependents needs .* version 46"):
+            q.get_dependents("q", uuid.uuid4())
 
 
 # ------------------------------------------------------------------ failure and deletion

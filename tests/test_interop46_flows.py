@@ -112,6 +112,20 @@ def test_node_and_python_write_the_same_flow(engine: Engine, schema46_by: str, n
         ("fa", str(ours["p1"])),
         ("fb", str(ours["p2"])),
     }
+    # Our readers give Node's answer for Node's flow, in Node's order, with states.
+    for node_reader, reader in (
+        ("getDependencies", "get_dependencies"),
+        ("getDependents", "get_dependents"),
+    ):
+        expected = [(r["name"], r["id"]) for r in boss.call(node_reader, "fb", str(theirs["c"]))]
+
+        def read(q: Any, reader: str = reader) -> Any:
+            return getattr(q, reader)("fb", theirs["c"])
+
+        got = in_tx(engine, schema, read)
+        assert len(expected) == (2 if reader == "get_dependencies" else 1)
+        assert [(d.name, str(d.id)) for d in got] == expected
+        assert {d.state for d in got} == {"created"}
 
 
 def test_a_python_flow_is_worked_and_released_by_node(

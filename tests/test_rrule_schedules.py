@@ -190,3 +190,17 @@ def test_sync_and_async_services_store_and_read_a_rule(env46: Any) -> None:
     assert (info.kind, info.cron, info.timezone) == ("rrule", "FREQ=DAILY;BYHOUR=9", "Europe/Paris")
     with pytest.raises(InvalidOptionsError, match="no occurrence left"):
         env46.tx(lambda q: q.schedule("reports", "FREQ=DAILY;UNTIL=20200101T000000Z", key="x"))
+
+
+def test_next_after_finds_the_first_occurrence_without_walking_the_horizon() -> None:
+    from alkstore_sa import rrule
+
+    now = dt.datetime(2026, 3, 29, 0, 30, tzinfo=dt.UTC)
+    # Every second: found at once, not by listing ten years of seconds.
+    assert rrule.parse("FREQ=SECONDLY", "UTC").next_after(now) == now + dt.timedelta(seconds=1)
+    # 02:30 Berlin does not exist on 2026-03-29 (DST): the next one is a day later.
+    daily = rrule.parse("DTSTART;TZID=Europe/Berlin:20260301T023000\nFREQ=DAILY", "Europe/Berlin")
+    found = daily.next_after(now)
+    assert found == dt.datetime(2026, 3, 30, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"))
+    spent = rrule.parse("DTSTART:20200101T000000Z\nFREQ=DAILY;COUNT=2", "UTC")
+    assert spent.next_after(now) is None and not spent.sends_after(now)

@@ -55,6 +55,14 @@ def register(sub: Any) -> None:
         help="seconds running jobs get to finish on SIGTERM (env ALKSTORE_SHUTDOWN_TIMEOUT)",
     )
     p.add_argument(
+        "--metrics-port",
+        type=_metrics_address,
+        default=env("ALKSTORE_METRICS_PORT"),
+        metavar="[HOST:]PORT",
+        help="serve the worker's Prometheus metrics at http://HOST:PORT/metrics (HOST "
+        "defaults to 0.0.0.0; needs the metrics extra) (env ALKSTORE_METRICS_PORT)",
+    )
+    p.add_argument(
         "--log-level",
         # ``type`` also checks the environment default, which ``choices`` alone would not.
         type=_log_level,
@@ -86,6 +94,43 @@ def _seconds(text: str) -> float:
     if not value >= 0:  # NaN included
         raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
     return value
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    host, _, port = text.strip().rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port or HOST:PORT") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: the port must be 1 to 65535")
+    return host.strip("[]") or "0.0.0.0", number
+
+
+def _serve_metrics(worker: Worker | AsyncWorker, address: tuple[str, int]) -> None:
+    """Start the HTTP server of ``--metrics-port`` for the worker's registry."""
+    registry = worker.metrics_registry
+    if registry is None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise BadInput(
+                "--metrics-port needs prometheus-client: pip install 'alkstore_sa[metrics]'"
+            ) from None
+        raise BadInput("--metrics-port: the worker was created with metrics=False")
+    from ..metrics import serve
+
+    host, port = address
+    try:
+        serve(port, host, registry)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from None
+    logging.getLogger("alkstore_sa.worker").info(
+        "metrics at http://%s:%d/metrics",
+        host,
+        port,
+        extra={"action": "metrics_serving", "host": host, "port": port},
+    )
 
 
 def load_worker(spec: str) -> Worker | AsyncWorker:
@@ -130,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     worker.configure(queues=queues, concurrency=args.concurrency)
     if args.shutdown_timeout is not None:
         worker.shutdown_timeout = args.shutdown_timeout
+    if args.metrics_port is not None:
+        _serve_metrics(worker, args.metrics_port)
     if isinstance(worker, AsyncWorker):
         asyncio.run(worker.run())
     else:

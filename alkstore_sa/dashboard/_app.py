@@ -39,7 +39,7 @@ from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_schema
-from ..records import Job, ScheduleInfo
+from ..records import Job, JobDependency, ScheduleInfo
 from ..service import QueueService
 
 T = TypeVar("T")
@@ -50,6 +50,7 @@ STATES = tuple(s.value for s in JobState)
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 PAGE_SIZE = 50
 BULK_MAX = 1000
+FLOW_LINKS = 100  # parents and children shown on a job page, each
 """At most this many jobs per queue-wide action (one confirmation, one transaction)."""
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
@@ -144,8 +145,8 @@ def next_fire(schedule: ScheduleInfo, now: dt.datetime) -> dt.datetime | None:
     tz = schedule.timezone or "UTC"
     try:
         if schedule.kind == "rrule" or rrule.is_rrule(schedule.cron):
-            found = rrule.parse(schedule.cron, tz).between(now, now + dt.timedelta(days=3660))
-            return found[0].astimezone(dt.UTC) if found else None
+            found = rrule.parse(schedule.cron, tz).next_after(now)
+            return None if found is None else found.astimezone(dt.UTC)
         zone = cron.timezone(tz)
         return next(CronSim(schedule.cron, now.astimezone(zone))).astimezone(dt.UTC)
     except (AlkstoreError, ValueError, StopIteration, LookupError):
@@ -428,7 +429,10 @@ async def overview(request: Request) -> Response:
                 name = row["counts"].name
 
                 def history(q: QueueService, name: str = name) -> list[int]:
-                    snaps = q.get_queue_stats_history(name, limit=1000, max_data_points=30)
+                    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+                    snaps = q.get_queue_stats_history(
+                        name, from_=since, limit=10_000, max_data_points=30
+                    )
                     return [s.completed_delta or 0 for s in reversed(snaps)]
 
                 row["history"] = await d.read(schema, history)
@@ -515,11 +519,28 @@ async def job_detail(request: Request) -> Response:
     job = await d.read(schema, read)
     if job is None:
         raise HTTPException(404, f"no job {job_id} in schema {schema!r}")
+    parents: list[JobDependency] = []
+    children: list[JobDependency] = []
+    version = await d.version(schema)
+    if version is not None and version >= 46:
+        # A flow job's parents and children (pg-boss's job_dependency rows), the
+        # first FLOW_LINKS of each; most jobs have none.
+        name = job.name
+        parents, children = await d.read(
+            schema,
+            lambda q: (
+                q.get_dependencies(name, job_id, limit=FLOW_LINKS),
+                q.get_dependents(name, job_id, limit=FLOW_LINKS),
+            ),
+        )
     return d.render(
         request,
         "job.html",
         schema=schema,
         job=job,
+        parents=parents,
+        children=children,
+        flow_links=FLOW_LINKS,
         trace_id=_trace_id(job.trace_context),
         unreadable=getattr(job, "unreadable", None),
     )

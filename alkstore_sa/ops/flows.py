@@ -14,8 +14,11 @@ from typing import Any
 
 from .. import limits
 from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
-from ..models.enums import QueuePolicy
+from ..models.enums import JobState, QueuePolicy
 from ..names import validate_queue
+from ..options import check_int
+from ..options import job_id as _job_id
+from ..records import JobDependency
 from ..sql.v46 import flow as flow_sql
 from ..sql.v46 import node_channel
 from ._core import Call, Conflict, Context, Op
@@ -222,4 +225,54 @@ def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
     return dict(zip(graph.refs, ids, strict=True))
 
 
-__all__ = ["FLOWS_SINCE", "flow"]
+DEPENDENCIES_LIMIT = 1000
+"""How many parents or children one read returns by default (pg-boss's list default)."""
+
+DEPENDENCIES_LIMIT_MAX = 100_000
+"""The most one read may ask for (pg-boss's list maximum)."""
+
+
+def _after(after: object) -> tuple[str, uuid.UUID] | None:
+    if after is None:
+        return None
+    if isinstance(after, JobDependency):
+        return after.name, after.id
+    if isinstance(after, tuple) and len(after) == 2 and isinstance(after[0], str) and after[0]:
+        try:
+            return after[0], _job_id(after[1])
+        except InvalidOptionsError:
+            pass
+    raise InvalidOptionsError(
+        "after",
+        f"must be the last JobDependency of the previous page or a (queue, id) pair, not {after!r}",
+    )
+
+
+def related_jobs(
+    ctx: Context, name: str, id: object, parents: bool, limit: object, after: object
+) -> Op[list[JobDependency]]:
+    """A flow job's parents or children (``QueueService.get_dependencies`` and
+    ``get_dependents``); an unknown job has none."""
+    validate_queue(name)
+    ident = _job_id(id)
+    count = check_int(
+        "limit",
+        DEPENDENCIES_LIMIT if limit is None else limit,
+        minimum=1,
+        maximum=DEPENDENCIES_LIMIT_MAX,
+    )
+    past = _after(after)
+    if ctx.version < FLOWS_SINCE:
+        feature = "get_dependencies" if parents else "get_dependents"
+        raise SchemaFeatureError(ctx.schema, feature, FLOWS_SINCE, ctx.version)
+    params: dict[str, Any] = {"qname": name, "id": ident, "limit": count}
+    if past is not None:
+        params["after_name"], params["after_id"] = past
+    stmt = flow_sql.related_jobs(parents=parents, after=past is not None)
+    rows = (yield Call(stmt, params)).all()
+    return [
+        JobDependency(r.name, r.id, None if r.state is None else JobState(r.state)) for r in rows
+    ]
+
+
+__all__ = ["DEPENDENCIES_LIMIT", "DEPENDENCIES_LIMIT_MAX", "FLOWS_SINCE", "flow", "related_jobs"]

@@ -65,6 +65,9 @@ def find_jobs(
     if until:
         stmt = stmt.where(c.created_on < bindparam("until", type_=TIMESTAMP(timezone=True)))
     if after:
+        # The plain bound first: an index on (name, created_on) can start there;
+        # the row comparison then only settles ties on created_on.
+        stmt = stmt.where(c.created_on <= bindparam("after_on", type_=TIMESTAMP(timezone=True)))
         stmt = stmt.where(
             tuple_(c.created_on, c.id)
             < tuple_(

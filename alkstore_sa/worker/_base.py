@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
@@ -29,6 +29,7 @@ from .._engine_cache import (
     version_due,
 )
 from ..errors import InvalidOptionsError, SchemaVersionError
+from ..models.enums import JobState
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops import observe46, working
 from ..ops._core import may_be_schema_change
@@ -54,6 +55,9 @@ from ._backoff import Backoff
 from ._registry import DEFAULT_HEARTBEAT_SECONDS, Registration, check_heartbeat
 from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry, spec_group_limits
 from .listener import Listener, Subscription
+
+if TYPE_CHECKING:
+    from ..metrics import WorkerMetrics
 
 log = logging.getLogger("alkstore_sa.worker")
 
@@ -211,6 +215,7 @@ class WorkerBase(Registry, Generic[B]):
         name: str | None = None,
         register_instance: bool = True,
         instance_heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
+        metrics: object = None,
     ) -> None:
         self.engine, self.sessions = self._bind(bind)
         super().__init__(
@@ -234,6 +239,7 @@ class WorkerBase(Registry, Generic[B]):
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
         self.name = name or type(self).__name__
+        self._metrics = _worker_metrics(metrics, self.schema)
         # The instance registry (schema 46): registered at start, a heartbeat every
         # instance_heartbeat_seconds, stopped_on at stop; only a given name is recorded.
         self.register_instance = check_bool("register_instance", register_instance)
@@ -300,6 +306,12 @@ class WorkerBase(Registry, Generic[B]):
         raise NotImplementedError
 
     # ------------------------------------------------------------ properties
+
+    @property
+    def metrics_registry(self) -> Any:
+        """The ``prometheus_client`` registry this worker counts into (``None``: metrics
+        off); see the ``metrics`` option and docs/how-to/metrics.md."""
+        return None if self._metrics is None else self._metrics.registry
 
     @property
     def listener(self) -> Listener | None:
@@ -501,6 +513,8 @@ class WorkerBase(Registry, Generic[B]):
             backoff.reset()
             self._refusals.clear()
             state.claimed(len(jobs), want)
+            if jobs and self._metrics is not None:
+                self._metrics.claimed(spec.queue, jobs)
             for job in jobs:
                 state.group_started(job)
             attempts = [self._begin(spec, job, fetched_at) for job in jobs]
@@ -619,7 +633,10 @@ class WorkerBase(Registry, Generic[B]):
                 else:
                     pending = self._finished(attempt, "complete", result)
             if attempt.status != ABANDONED:
-                state.ran(monotonic() - started)
+                seconds = monotonic() - started
+                state.ran(seconds)
+                if self._metrics is not None:
+                    self._metrics.ran(attempt.job.name, seconds)
             if pending is not None:
                 self._inbox.put(pending)
         finally:
@@ -651,6 +668,8 @@ class WorkerBase(Registry, Generic[B]):
             # together: fail the job so that it runs again.
             return self._finished(attempt, "fail", exc, taken=attempt.status == SETTLING)
         self._count(attempt.job.name, "completed")
+        if self._metrics is not None:
+            self._metrics.completed(attempt.job.name)
         log.debug("job %s completed", attempt.job.id, extra=self._extra("job_completed", attempt))
         return None
 
@@ -1002,6 +1021,11 @@ class WorkerBase(Registry, Generic[B]):
                 self._lost(attempt, f"could not be {verb}")
                 continue
             self._count(job.name, "completed" if p.kind == "complete" else "failed")
+            if self._metrics is not None:
+                if p.kind == "complete":
+                    self._metrics.completed(job.name)
+                else:
+                    self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
             if p.kind == "complete":
                 log.debug("job %s completed", job.id, extra=self._extra("job_completed", attempt))
             else:
@@ -1018,6 +1042,8 @@ class WorkerBase(Registry, Generic[B]):
             return
         attempt.lost = True
         self._count(attempt.job.name, "lost")
+        if self._metrics is not None:
+            self._metrics.lost(attempt.job.name)
         log.warning(
             "job %s of %r %s: this attempt no longer owns it (expired, re-fetched, "
             "cancelled or deleted)",
@@ -1061,6 +1087,25 @@ class WorkerBase(Registry, Generic[B]):
             extra={"action": f"{where}_error", "worker": self.name, "queue": queue, "delay": delay},
         )
         self._report(exc, None)
+
+
+def _worker_metrics(option: object, schema: str) -> WorkerMetrics | None:
+    """The worker's ``metrics`` option: ``None`` counts when ``prometheus_client`` is
+    installed, ``True`` requires it, ``False`` counts nothing, a registry counts there.
+    :mod:`alkstore_sa.metrics` (and ``prometheus_client``) is imported only here."""
+    if option is False:
+        return None
+    try:
+        from .. import metrics
+    except ImportError as exc:
+        if exc.name != "prometheus_client":
+            raise
+        if option is None:
+            return None
+        raise InvalidOptionsError(
+            "metrics", "needs prometheus-client: pip install 'alkstore_sa[metrics]'"
+        ) from None
+    return metrics.worker_metrics(option, schema)
 
 
 def listen_conninfo(url: URL) -> str:

@@ -70,6 +70,14 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         :meth:`~alkstore_sa.QueueService.get_instances`; nothing at schema 26.
     :param instance_heartbeat_seconds: 1 to 3600 (30, pg-boss's default); the
         row reads as not live after three missed heartbeats.
+    :param metrics: Prometheus counters of the jobs this worker claims, completes,
+        fails, retries and loses, and histograms of handler duration and pickup
+        latency (``alkstore_worker_*``, see docs/how-to/metrics.md). ``None`` (the
+        default): counted into ``prometheus_client``'s default registry when it
+        is installed (the ``metrics`` extra), else not; ``True``: the same, and
+        an error without it; ``False``: nothing counted; a
+        ``prometheus_client.CollectorRegistry``: counted there. Every worker of
+        a process shares the same metric objects (labels ``schema`` and ``queue``).
     """
 
     _supervisor_class = Supervisor

@@ -34,12 +34,14 @@ from sqlalchemy import (
     Select,
     Text,
     Uuid,
+    and_,
     bindparam,
     cast,
     column,
     func,
     null,
     select,
+    tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
@@ -174,4 +176,38 @@ def lock_queues() -> Select[Any]:
     )
 
 
-__all__ = ["DEPENDENCY_INPUTS", "FLOW_COLUMNS", "insert_flow", "lock_queues"]
+@functools.cache
+def related_jobs(*, parents: bool, after: bool) -> Select[Any]:
+    """The parents (``parents``) or the children of job ``:qname``/``:id`` as
+    rows ``(name, id, state)``, ordered by queue then id, at most ``:limit``;
+    with ``after``, only those past ``(:after_name, :after_id)``.
+
+    They are read from ``job_dependency``, as pg-boss's ``getDependencies`` and
+    ``getDependents`` read them; ``state`` comes from the job row and is NULL
+    when the job no longer exists (maintenance drops such rows later).
+    """
+    d = JOB_DEPENDENCY
+    if parents:
+        mine, other = (d.c.child_name, d.c.child_id), (d.c.parent_name, d.c.parent_id)
+    else:
+        mine, other = (d.c.parent_name, d.c.parent_id), (d.c.child_name, d.c.child_id)
+    j = JOB.alias("j")
+    conditions = [
+        mine[0] == bindparam("qname", type_=Text),
+        mine[1] == bindparam("id", type_=Uuid),
+    ]
+    if after:
+        conditions.append(
+            tuple_(*other)
+            > tuple_(bindparam("after_name", type_=Text), bindparam("after_id", type_=Uuid))
+        )
+    return (
+        select(other[0].label("name"), other[1].label("id"), j.c.state)
+        .select_from(d.outerjoin(j, and_(j.c.name == other[0], j.c.id == other[1])))
+        .where(*conditions)
+        .order_by(*other)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+__all__ = ["DEPENDENCY_INPUTS", "FLOW_COLUMNS", "insert_flow", "lock_queues", "related_jobs"]
