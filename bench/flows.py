@@ -17,19 +17,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from alkstore_sa import QueueService, migrate
+from alkstore_sa import FlowJob, JobSpec, QueueService, migrate
 from alkstore_sa.supervision import Supervisor
 
 from .common import DEFAULT_URL, median, new_schema, sa_url
 
 
-def flow_of_100(queue: str) -> list[dict[str, Any]]:
-    jobs: list[dict[str, Any]] = [{"ref": f"r{i}", "name": queue} for i in range(10)]
+def flow_of_100(queue: str) -> list[FlowJob]:
+    jobs: list[FlowJob] = [{"ref": f"r{i}", "name": queue} for i in range(10)]
     for i in range(90):
         parents = sorted({f"r{i % 10}", f"r{(i * 3) % 10}", f"r{(i * 7) % 10}"})
         jobs.append({"ref": f"c{i}", "name": queue, "data": {"i": i}, "depends_on": parents})
@@ -60,7 +59,7 @@ def main() -> None:
                 conn.execute(text(f'VACUUM ANALYZE "{schema}".job_common'))
 
         graph = flow_of_100("flows")
-        plain = [{"data": {"i": i}} for i in range(100)]
+        plain: list[JobSpec] = [{"data": {"i": i}} for i in range(100)]
         flow_ms: list[float] = []
         send_ms: list[float] = []
         for _ in range(args.reps):
@@ -85,7 +84,7 @@ def main() -> None:
         for _ in range(args.reps):
             reset()
             for chunk in range(10):
-                pairs: list[dict[str, Any]] = []
+                pairs: list[FlowJob] = []
                 for i in range(1000):
                     n = chunk * 1000 + i
                     pairs.append({"ref": f"p{n}", "name": "flows"})

@@ -14,8 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
+from starlette.applications import Starlette
+from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from alkstore_sa import InvalidOptionsError, QueueService
@@ -155,6 +158,8 @@ def test_filters_and_keyset_pages(engine: Engine, seeded46: tuple[str, dict[str,
     second = client.get(link.group(1).replace("&amp;", "&"))
     second_ids = re.findall(r'<tr data-job-id="([0-9a-f-]{36})"', second.text)
     assert len(second_ids) == 50 and not set(first_ids) & set(second_ids)
+    assert f'<a id="first-page" href="/s/{schema}/jobs?queue=mail">' in second.text
+    assert 'id="first-page"' not in first.text
 
 
 def test_hostile_data_is_escaped(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
@@ -171,6 +176,16 @@ def test_hostile_data_is_escaped(engine: Engine, seeded46: tuple[str, dict[str, 
     assert 'href="javascript:' not in job
     failed = client.get(f"/s/{schema}/jobs/{ids['failed']}").text
     assert "&lt;script&gt;boom()&lt;/script&gt;" in failed
+    # Error pages quote what was asked for, escaped.
+    for path, status in (
+        ("/s/%3Cscript%3E/jobs", 404),
+        (f"/s/{schema}/jobs?state=%3Cscript%3E", 400),
+        (f"/s/{schema}/jobs?queue=%3Cscript%3E", 400),
+        (f"/s/{schema}/queues/%3Cscript%3E", 400),
+    ):
+        page = client.get(path)
+        assert page.status_code == status and "&lt;script&gt;" in page.text, path
+        assert "<script>" not in page.text
 
 
 def test_retry_through_confirmation(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
@@ -233,6 +248,17 @@ def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str
     )
     assert bad_option.status_code == 400 and "retry_limit" in bad_option.text
     assert "Traceback" not in bad_option.text
+    # Queue-wide: the confirmation counts the jobs; bad fields are refused before it.
+    wide = {"queue": "mail", "csrf_token": token}
+    confirm = client.post(f"/s/{schema}/actions/retry", data=wide).text
+    assert '<p id="confirm-matching">1 job(s) match now.</p>' in confirm
+    for act, bad in (
+        ("delete", {}),  # no state
+        ("retry", {"queue": "no spaces"}),
+        ("redrive", {"to": "<b>"}),
+    ):
+        refused_page = client.post(f"/s/{schema}/actions/{act}", data={**wide, **bad})
+        assert refused_page.status_code == 400 and "<b>" not in refused_page.text, act
     assert client.get(f"/s/{schema}/jobs?state=bogus").status_code == 400
     assert client.get(f"/s/{schema}/jobs?since=yesterday").status_code == 400
     assert client.get(f"/s/{schema}/jobs?after=garbage").status_code == 400
@@ -246,6 +272,16 @@ def test_csrf_read_only_and_errors(engine: Engine, seeded46: tuple[str, dict[str
     refused = ro.post(f"/s/{schema}/actions/retry", data={**form, "csrf_token": token})
     assert refused.status_code == 403
     assert _state(engine, schema, ids["failed"]) == "failed"
+    assert 'method="post"' not in ro.get(f"/s/{schema}/jobs?queue=mail").text
+    created = {"mode": "create", "name": "ro_made", "csrf_token": token}
+    assert ro.post(f"/s/{schema}/queues", data=created).status_code == 403
+    sent = {"queue": "mail", "data": "{}", "csrf_token": token}
+    assert ro.post(f"/s/{schema}/send", data=sent).status_code == 403
+    assert ro.post("/", data={}).status_code == 403
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        assert q.get_queue("ro_made") is None
+        assert len(q.find_jobs("mail").jobs) == 6
 
 
 def test_basic_auth_and_bind(engine: Engine, schema46: str) -> None:
@@ -258,6 +294,9 @@ def test_basic_auth_and_bind(engine: Engine, schema46: str) -> None:
     assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
     assert client.get("/healthz").status_code == 200  # for load balancers
     assert client.get(f"/s/{schema46}/queues/healthz").status_code == 401
+    for path in ("/metrics", "/static/style.css", f"/s/{schema46}/jobs"):
+        assert client.get(path).status_code == 401, path
+    assert client.post(f"/s/{schema46}/queues", data={"name": "x"}).status_code == 401
 
     hooked = _client(engine, schema46, auth=lambda request: request.headers.get("x-ok") == "1")
     assert hooked.get("/").status_code == 403
@@ -299,3 +338,98 @@ def test_flow_links_on_job_page(engine: Engine, schema46: str) -> None:
     parent = client.get(f"/s/{schema46}/jobs/{refs['fetch']}?queue=steps").text
     children = re.search(r'<ul id="flow-children">(.*?)</ul>', parent, re.S)
     assert children is not None and f'data-job-id="{refs["report"]}"' in children.group(1)
+
+
+def test_next_cookies_and_limits(engine: Engine, seeded46: tuple[str, dict[str, Any]]) -> None:
+    schema, ids = seeded46
+    # Mounted under /ops, served over https: the cookies say so.
+    outer = Starlette(routes=[Mount("/ops", app=create_app(engine, schemas=[schema]))])
+    client = TestClient(outer, base_url="https://testserver")
+    page = client.get(f"/ops/s/{schema}/jobs/{ids['failed']}?queue=mail")
+    cookie = page.headers["set-cookie"].lower()
+    assert "alkstore_csrf=" in cookie and "path=/ops" in cookie and "httponly" in cookie
+    assert "samesite=strict" in cookie and "secure" in cookie
+    form = {"ids": str(ids["failed"]), "queue": "mail", "csrf_token": _token(page.text)}
+    fallback = f"/ops/s/{schema}/jobs/{ids['failed']}?queue=mail"
+    for evil in (
+        "https://evil.example",
+        "//evil.example",
+        "/\\evil.example",
+        "/\t/evil.example",
+        "/elsewhere",  # this site, but not the dashboard
+    ):
+        done = client.post(
+            f"/ops/s/{schema}/actions/retry",
+            data={**form, "confirm": "yes", "next": evil},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303 and done.headers["location"] == fallback, evil
+    assert "secure" in done.headers["set-cookie"].lower()  # the flash cookie too
+    kept = f"/ops/s/{schema}/jobs?queue=mail"
+    done = client.post(
+        f"/ops/s/{schema}/actions/retry",
+        data={**form, "confirm": "yes", "next": kept},
+        follow_redirects=False,
+    )
+    assert done.headers["location"] == kept
+    confirm = client.post(f"/ops/s/{schema}/actions/delete", data={**form, "next": kept}).text
+    assert str(ids["failed"]) in confirm and f'id="cancel-confirm" href="{kept}"' in confirm
+
+    # A token or a flash cookie out of ASCII is refused, not a server error.
+    odd = client.post(f"/ops/s/{schema}/actions/retry", data={**form, "csrf_token": "\u00e9" * 8})
+    assert odd.status_code == 403
+    many = [str(uuid.uuid4()) for _ in range(1001)]
+    too_many = client.post(f"/ops/s/{schema}/actions/cancel", data={**form, "ids": many})
+    assert too_many.status_code == 400 and "at most 1000" in too_many.text
+    odd_flash = "alkstore_flash=a.\u00c3\u00a9".encode("latin-1")
+    flash = client.get("/ops/", headers={b"cookie": odd_flash})
+    assert flash.status_code == 200 and 'class="flash"' not in flash.text
+
+
+def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None:
+    app = create_app(engine, schemas=[schema46], statement_timeout_ms=200)
+    client = TestClient(app)
+    assert f"No queues in schema {schema46} yet." in client.get("/").text
+    with pytest.raises(DBAPIError, match="statement timeout"):
+        app.state.dashboard._session_work(
+            schema46, lambda q: q.session.execute(text("SELECT pg_sleep(5)")), False
+        )
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        for n in range(200):
+            q.create_queue(f"q{n:03}")
+        q.send("q007", {"n": 1})
+    overview = client.get("/").text
+    assert len(re.findall(r'<tr data-queue="q\d{3}"', overview)) == 200
+    assert overview.count("(first 50 queues only)") == 150
+    assert "cached-counts" not in overview
+
+    # The job table locked: counting it times out. The overview falls back to
+    # the queue table's cached counters and says so; a queue page is a 503 page.
+    with engine.connect() as locker:
+        locker.execute(text(f'LOCK TABLE "{schema46}".job IN ACCESS EXCLUSIVE MODE'))
+        slow = client.get("/")
+        assert slow.status_code == 200 and f'id="cached-counts-{schema46}"' in slow.text
+        assert len(re.findall(r'<tr data-queue="q\d{3}"', slow.text)) == 200
+        stuck = client.get(f"/s/{schema46}/queues/q007")
+        assert stuck.status_code == 503 and "statement timeout" in stuck.text
+        locker.rollback()
+
+    # Every pooled connection busy: a 503 page too.
+    small = create_engine(engine.url, pool_size=1, max_overflow=0, pool_timeout=0.1)
+    try:
+        with small.connect():
+            busy = TestClient(create_app(small, schemas=[schema46])).get("/")
+            assert busy.status_code == 503 and 'id="error-message"' in busy.text
+    finally:
+        small.dispose()
+
+    down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/none")
+    try:
+        outage = TestClient(create_app(down, schemas=["pgboss"]))
+        for path in ("/", "/s/pgboss/jobs"):
+            page = outage.get(path)
+            assert page.status_code == 503 and 'id="error-message"' in page.text, path
+            assert "Traceback" not in page.text
+    finally:
+        down.dispose()

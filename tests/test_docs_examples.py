@@ -457,6 +457,48 @@ def limits_cleanup(ctx: Ctx) -> None:
         alkstore_sa.limits.MAX_PAYLOAD_BYTES = ctx.notes["max_payload"]
 
 
+def tracing_prelude(ctx: Ctx) -> dict[str, Any]:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    install_schema(ctx)
+    ctx.notes["provider"] = trace._TRACER_PROVIDER
+    rendered: list[Any] = []
+    ctx.notes["rendered"] = rendered
+
+    def render(order: int) -> None:
+        rendered.append((order, trace.get_current_span().get_span_context()))
+
+    return {"exporter": InMemorySpanExporter(), "render": render}
+
+
+def tracing_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    ns["provider"].force_flush()
+    spans = {s.name: s for s in ns["exporter"].get_finished_spans()}
+    checkout, send, process = spans["checkout"], spans["send invoices"], spans["process invoices"]
+    assert {s.context.trace_id for s in (send, process)} == {checkout.context.trace_id}
+    assert process.parent.span_id == send.context.span_id
+    [(order, rendering)] = ctx.notes["rendered"]
+    assert order == 42 and spans["render pdf"].context.span_id == rendering.span_id
+    assert spans["render pdf"].parent.span_id == process.context.span_id
+    [(stored,)] = ctx.sql("SELECT trace_context FROM pgboss.job WHERE name = 'invoices'")
+    assert stored == {
+        "traceparent": f"00-{send.context.trace_id:032x}-"
+        f"{send.context.span_id:016x}-{send.context.trace_flags:02x}"
+    }
+
+
+def tracing_cleanup(ctx: Ctx) -> None:
+    # The page set the process's global tracer provider: put back the unset one.
+    from opentelemetry import trace
+    from opentelemetry.util._once import Once
+
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    if trace._TRACER_PROVIDER is not ctx.notes.get("provider"):
+        trace._TRACER_PROVIDER.shutdown()  # type: ignore[union-attr]
+    trace._TRACER_PROVIDER = ctx.notes.get("provider")
+
+
 def observability_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
@@ -697,6 +739,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/group-concurrency.md": Page(groups_prelude, groups_check),
     "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
     "docs/how-to/observability.md": Page(observability_prelude, observability_check),
+    "docs/how-to/tracing.md": Page(tracing_prelude, tracing_check, cleanup=tracing_cleanup),
     "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),

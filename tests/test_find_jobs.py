@@ -41,9 +41,19 @@ def test_pages_filters_and_counts(env46: Any) -> None:
     keys = [(j.created_on, j.id) for j in everything]
     assert keys == sorted(keys, reverse=True)
     assert {j.name for j in _walk(q, name="a")} == {"a"} and len(_walk(q, name="a")) == 7
+    # send_many wrote the 7 jobs of "a" in one transaction: one created_on, ties
+    # that only the id settles, and the pages of 3 above neither skip nor repeat.
+    assert len({j.created_on for j in _walk(q, name="a")}) == 1
     # The text filter matches literally: % and _ are not wildcards.
     [discount] = q.find_jobs(text="50%_OFF").jobs
     assert discount.data["n"] == 3
+    assert [j.data["n"] for j in q.find_jobs(text="%").jobs] == [3]
+    assert [j.data["n"] for j in q.find_jobs(text="_").jobs] == [3]
+    # An offset is honoured: an hour ago written at +14:00 still means an hour ago.
+    ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).astimezone(
+        dt.timezone(dt.timedelta(hours=14))
+    )
+    assert len(q.find_jobs(since=ago).jobs) == 9
     assert [j.singleton_key for j in q.find_jobs(key="k1").jobs] == ["k1"]
     assert q.find_jobs("b", state="completed").jobs == []
     assert len(q.find_jobs(since=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).jobs) == 9

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from support.blocking import run_blocked
 
 from alkstore_sa import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from alkstore_sa.cli import main
@@ -186,39 +186,14 @@ def test_a_claim_colliding_on_the_policy_index_keeps_the_callers_earlier_writes(
     other.exec_driver_sql(
         f"UPDATE \"{env46.schema}\".job SET state = 'active', started_on = now() WHERE id = '{a1}'"
     )
-    other_pid = other.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     svc = env46.service()
     earlier = svc.send("audit", "written before the claim")
-    outcome: dict[str, Any] = {}
-
-    def claim() -> None:
-        try:
-            outcome["jobs"] = svc.fetch(queue, 10)
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-
-    claimer = threading.Thread(target=claim)
-    claimer.start()
     try:
-        waited = False
-        with engine.connect() as probe:
-            for _ in range(400):
-                waited = bool(
-                    probe.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        f"WHERE {int(other_pid)} = ANY(pg_blocking_pids(pid))"
-                    ).scalar_one()
-                )
-                if waited or not claimer.is_alive():
-                    break
-                time.sleep(0.025)
-        other.commit()
-        claimer.join(30)
-        assert waited, "our claim never waited on the other client's job_i8 entry"
-        assert "error" not in outcome and outcome["jobs"] == []
+        claim = run_blocked(engine, other, lambda: svc.fetch(queue, 10))
+        assert claim.waited, "our claim never waited on the other client's job_i8 entry"
+        assert claim.error is None and claim.result == []
         env46.commit()
     finally:
-        claimer.join(30)
         other.close()
     assert env46.sql("SELECT data FROM {s}.job WHERE id = :id", id=earlier) == [
         ("written before the claim",)

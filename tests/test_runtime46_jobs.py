@@ -8,14 +8,13 @@ path is the specification (docs/concepts/compatibility.md).
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
 import uuid
 from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import Engine
+from support.blocking import run_blocked
 
 from alkstore_sa import InvalidOptionsError, Job, QueuePolicy, UnreadableJob
 from alkstore_sa.ops import Settlement
@@ -319,42 +318,17 @@ def test_a_key_strict_fifo_conflict_with_another_client_is_an_empty_fetch(
     other.exec_driver_sql(
         f"UPDATE \"{env46.schema}\".job SET state = 'active', started_on = now() WHERE id = '{a2}'"
     )
-    other_pid = other.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     svc = env46.service()
-    outcome: dict[str, Any] = {}
-
-    def claim() -> None:
-        try:
-            outcome["jobs"] = svc.fetch(queue, 10)
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-
-    claimer = threading.Thread(target=claim)
-    claimer.start()
     try:
         # Commit only once our claim is seen waiting for the other client's transaction
         # (no timing: the wait is read from pg_blocking_pids).
-        waited = False
-        with engine.connect() as probe:
-            for _ in range(400):
-                waited = bool(
-                    probe.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        f"WHERE {int(other_pid)} = ANY(pg_blocking_pids(pid))"
-                    ).scalar_one()
-                )
-                if waited or not claimer.is_alive():
-                    break
-                time.sleep(0.025)
-        other.commit()
-        claimer.join(30)
-        assert waited, "our claim never waited on the other client's job_i8 entry"
-        assert "error" not in outcome and outcome["jobs"] == []
+        claim = run_blocked(engine, other, lambda: svc.fetch(queue, 10))
+        assert claim.waited, "our claim never waited on the other client's job_i8 entry"
+        assert claim.error is None and claim.result == []
         # The caller's transaction is still usable.
         assert svc.send(queue, "b", singleton_key="b") is not None
         env46.commit()
     finally:
-        claimer.join(30)
         other.close()
 
 

@@ -271,6 +271,18 @@ def test_advisory_keys_are_computed_as_node_computes_them(
     assert ours == node_key(current_db(engine), schema46, key)
 
 
+def test_the_migration_lock_key_is_node_s_key(engine: Engine) -> None:
+    """The key revisions lock (rendered as text) is pg-boss's, for an awkward name too."""
+    from sqlalchemy import text
+
+    from alkstore_sa.migrations.helpers import lock_key_sql
+
+    with engine.connect() as conn:
+        for schema in ("pgboss", "Odd'Name"):
+            ours = conn.execute(text(f"SELECT {lock_key_sql(schema)}")).scalar_one()
+            assert ours == node_key(current_db(engine), schema, "")
+
+
 def test_a_schedule_at_46_names_its_kind_zone_key_and_missed_policy(env46: Any) -> None:
     env46.tx(lambda s: s.create_queue("q"))
     env46.tx(lambda s: s.schedule("q", "*/5 * * * *", {"a": 1}, missed="once"))

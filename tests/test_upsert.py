@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
+from support.blocking import run_blocked
 
 from alkstore_sa import (
     InvalidOptionsError,
@@ -148,40 +149,17 @@ def test_a_concurrent_upsert_of_the_key_is_waited_for_and_edited_in_the_callers_
         f'INSERT INTO "{env46.schema}".job (name, data, singleton_key, upsert_by_key, policy) '
         "VALUES ('u', '{\"by\": \"other\"}', 'k', true, 'standard')"
     )
-    other_pid = other.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
     svc = env46.service()
     earlier = svc.send("other", "written first")
-    outcome: dict[str, Any] = {}
-
-    def upsert() -> None:
-        try:
-            outcome["result"] = svc.upsert("u", {"by": "us"}, singleton_key="k")
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-
-    upserter = threading.Thread(target=upsert)
-    upserter.start()
     try:
-        waited = False
-        with engine.connect() as probe:
-            for _ in range(400):
-                waited = bool(
-                    probe.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        f"WHERE {int(other_pid)} = ANY(pg_blocking_pids(pid))"
-                    ).scalar_one()
-                )
-                if waited or not upserter.is_alive():
-                    break
-                time.sleep(0.025)
-        other.commit()
-        upserter.join(30)
-        assert waited, "our upsert never waited on the other client's job_i13 entry"
-        assert "error" not in outcome, outcome
-        assert (outcome["result"].updated, outcome["result"].inserted) == (1, 0)
+        upsert = run_blocked(
+            engine, other, lambda: svc.upsert("u", {"by": "us"}, singleton_key="k")
+        )
+        assert upsert.waited, "our upsert never waited on the other client's job_i13 entry"
+        assert upsert.error is None, upsert.error
+        assert (upsert.result.updated, upsert.result.inserted) == (1, 0)
         env46.commit()
     finally:
-        upserter.join(30)
         other.close()
     [job] = jobs_of(env46, "u")
     assert job.data == {"by": "us"}

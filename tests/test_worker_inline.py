@@ -11,9 +11,11 @@ still running at shutdown is failed for retry like any other.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 from support.worker import Harness, send, state_of, wait_for
 
 from alkstore_sa.records import Job
@@ -22,10 +24,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture
-def h(harness: Harness) -> Harness:
-    if harness.is_async:
-        pytest.skip("the AsyncWorker's hand-off is a task, not a thread to wake")
-    return harness
+def h(engine: Engine, schema: str, database_url: str) -> Iterator[Harness]:
+    """The threaded Worker only: the AsyncWorker's hand-off is a task, not a thread
+    to wake, so it never runs a job on its fetch loop."""
+    harness = Harness("sync", engine, schema, database_url)
+    yield harness
+    harness.close()
 
 
 def warm(h: Harness, worker: Any, queue: str, n: int = 5) -> None:

@@ -19,12 +19,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 from cronsim import CronSim
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -38,8 +39,8 @@ from starlette.routing import Route
 from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
-from ..names import validate_schema
-from ..records import Job, JobDependency, ScheduleInfo
+from ..names import validate_queue, validate_schema
+from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
 
 T = TypeVar("T")
@@ -50,8 +51,10 @@ STATES = tuple(s.value for s in JobState)
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 PAGE_SIZE = 50
 BULK_MAX = 1000
+"""At most this many jobs per action (one confirmation, one transaction)."""
 FLOW_LINKS = 100  # parents and children shown on a job page, each
-"""At most this many jobs per queue-wide action (one confirmation, one transaction)."""
+SEND_MAX = 1_000_000  # characters of JSON in the send form
+HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 CSRF_COOKIE = "alkstore_csrf"
 FLASH_COOKIE = "alkstore_flash"
 HERE = Path(__file__).parent
@@ -160,6 +163,9 @@ class _Security(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         denied = await self.dashboard.authenticate(request)
+        if denied is None and self.dashboard.read_only and request.method not in ("GET", "HEAD"):
+            # Every route's own check aside: nothing but reading, whatever the route.
+            denied = PlainTextResponse("this dashboard is read-only", status_code=403)
         response = denied if denied is not None else await call_next(request)
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
@@ -272,9 +278,10 @@ class Dashboard:
     def check_csrf(self, request: Request, form: Any) -> None:
         nonce = request.cookies.get(CSRF_COOKIE, "")
         token = form.get("csrf_token", "")
-        if not nonce or not isinstance(token, str):
+        if not nonce or not isinstance(token, str) or not token:
             raise HTTPException(403, "missing CSRF token: reload the page and try again")
-        if not hmac.compare_digest(token, self._sign("csrf:" + nonce)):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 403).
+        if not hmac.compare_digest(token.encode(), self._sign("csrf:" + nonce).encode()):
             raise HTTPException(403, "invalid CSRF token: reload the page and try again")
 
     def _root(self, request: Request) -> str:
@@ -288,6 +295,7 @@ class Dashboard:
             path=self._root(request) or "/",
             httponly=True,
             samesite="strict",
+            secure=request.url.scheme == "https",
         )
 
     def take_flash(self, request: Request) -> str | None:
@@ -295,7 +303,7 @@ class Dashboard:
         if not raw:
             return None
         encoded, _, mac = raw.partition(".")
-        if not hmac.compare_digest(mac, self._sign("flash:" + encoded)[:32]):
+        if not hmac.compare_digest(mac.encode(), self._sign("flash:" + encoded)[:32].encode()):
             return None
         try:
             return base64.urlsafe_b64decode(encoded.encode()).decode()
@@ -359,10 +367,21 @@ class Dashboard:
         nonce = getattr(request.state, "new_nonce", None)
         if nonce:
             response.set_cookie(
-                CSRF_COOKIE, nonce, path=root or "/", httponly=True, samesite="strict"
+                CSRF_COOKIE,
+                nonce,
+                path=root or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
             )
         if flash is not None:
-            response.delete_cookie(FLASH_COOKIE, path=root or "/")
+            response.delete_cookie(
+                FLASH_COOKIE,
+                path=root or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
         return response
 
     def error(self, request: Request, status: int, message: str) -> HTMLResponse:
@@ -389,13 +408,38 @@ def _parse_uuid(name: str, value: str) -> uuid.UUID:
 
 
 def _safe_next(root: str, value: str | None, fallback: str) -> str:
-    """A redirect target on this dashboard only (a path, never another site)."""
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return fallback
+    """A redirect target on this dashboard only: a path under ``root``, never
+    another site (no scheme, no ``//host``, no backslash, no control character
+    or space a browser would drop or rewrite)."""
+    if (
+        not value
+        or not value.startswith(root + "/")
+        or value.startswith("//")
+        or "\\" in value
+        or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+    ):
+        return fallback
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return fallback
+    return value
 
 
 # ------------------------------------------------------------------ pages
+
+
+def _timed_out(exc: DBAPIError) -> bool:
+    """Whether ``exc`` is PostgreSQL cancelling a statement (``statement_timeout``)."""
+    return getattr(exc.orig, "sqlstate", None) == "57014"
+
+
+def _cached_counts(info: QueueInfo) -> JobCounts:
+    """A queue's counts from the queue table's cached counters (kept by
+    supervision): only created (queued) and active are known; the rest 0."""
+    per = dict.fromkeys(STATES, 0)
+    per["created"] = info.queued_count
+    per["active"] = info.active_count
+    return JobCounts(info.name, per, None)
 
 
 async def overview(request: Request) -> Response:
@@ -404,14 +448,25 @@ async def overview(request: Request) -> Response:
     for schema in d.schemas:
         version = await d.version(schema)
         if version is None:
-            sections.append({"schema": schema, "version": None, "rows": [], "error": None})
+            sections.append({"schema": schema, "version": None, "rows": [], "cached": False})
             continue
 
         def read(q: QueueService) -> Any:
             queues = {info.name: info for info in q.get_queues()}
             return queues, q.count_jobs()
 
-        queues, counts = await d.read(schema, read)
+        # Exact counts scan the job table (one grouped query). Where that takes
+        # longer than the statement timeout, the queue table's cached counters
+        # stand in, marked as such (docs/how-to/dashboard.md).
+        cached = False
+        try:
+            queues, counts = await d.read(schema, read)
+        except DBAPIError as exc:
+            if not _timed_out(exc):
+                raise
+            queues = {info.name: info for info in await d.read(schema, lambda q: q.get_queues())}
+            counts = [_cached_counts(info) for info in queues.values()]
+            cached = True
         rows = []
         for c in counts:
             info = queues.get(c.name)
@@ -424,20 +479,24 @@ async def overview(request: Request) -> Response:
             )
             rows.append({"counts": c, "info": info, "problem": problem, "history": None})
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
-        if version >= 46:
-            for row in rows[:50]:
-                name = row["counts"].name
+        if version >= 46 and rows:
+            # Sparklines for the first HISTORY_ROWS rows, read in one transaction.
+            names = [row["counts"].name for row in rows[:HISTORY_ROWS]]
 
-                def history(q: QueueService, name: str = name) -> list[int]:
-                    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+            def history(q: QueueService, names: list[str] = names) -> list[list[int]]:
+                since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+                out = []
+                for name in names:
                     snaps = q.get_queue_stats_history(
                         name, from_=since, limit=10_000, max_data_points=30
                     )
-                    return [s.completed_delta or 0 for s in reversed(snaps)]
+                    out.append([s.completed_delta or 0 for s in reversed(snaps)])
+                return out
 
-                row["history"] = await d.read(schema, history)
-        sections.append({"schema": schema, "version": version, "rows": rows, "error": None})
-    return d.render(request, "overview.html", sections=sections)
+            for row, points in zip(rows, await d.read(schema, history), strict=False):
+                row["history"] = points
+        sections.append({"schema": schema, "version": version, "rows": rows, "cached": cached})
+    return d.render(request, "overview.html", sections=sections, history_rows=HISTORY_ROWS)
 
 
 async def queue_detail(request: Request) -> Response:
@@ -491,12 +550,20 @@ async def job_list(request: Request) -> Response:
         )
 
     page = await d.read(schema, read)
-    next_url = None
+    kept = {k: v for k, v in filters.items() if v and k != "after"}
+    next_url = first_url = None
     if page.next_cursor is not None:
-        kept = {k: v for k, v in filters.items() if v and k != "after"}
         next_url = f"{request.url.path}?{urlencode({**kept, 'after': page.next_cursor})}"
+    if filters["after"]:
+        first_url = f"{request.url.path}?{urlencode(kept)}" if kept else request.url.path
     return d.render(
-        request, "jobs.html", schema=schema, filters=filters, page=page, next_url=next_url
+        request,
+        "jobs.html",
+        schema=schema,
+        filters=filters,
+        page=page,
+        next_url=next_url,
+        first_url=first_url,
     )
 
 
@@ -564,24 +631,30 @@ async def _needs_46(request: Request, d: Dashboard, schema: str, page: str) -> R
     return None
 
 
-async def instances_page(request: Request) -> Response:
+async def _page_46(
+    request: Request, page: str, template: str, key: str, work: Callable[[QueueService], Any]
+) -> Response:
+    """A page of what only schema 46 records: the rows ``work`` reads, rendered as
+    ``key`` in ``template``; below 46, a page saying what it needs."""
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
-    refused = await _needs_46(request, d, schema, "Instances")
+    refused = await _needs_46(request, d, schema, page)
     if refused is not None:
         return refused
-    instances = await d.read(schema, lambda q: q.get_instances(limit=1000))
-    return d.render(request, "instances.html", schema=schema, instances=instances)
+    rows = await d.read(schema, work)
+    return d.render(request, template, schema=schema, **{key: rows})
+
+
+async def instances_page(request: Request) -> Response:
+    return await _page_46(
+        request, "Instances", "instances.html", "instances", lambda q: q.get_instances(limit=1000)
+    )
 
 
 async def warnings_page(request: Request) -> Response:
-    d: Dashboard = request.app.state.dashboard
-    schema = d.schema_of(request)
-    refused = await _needs_46(request, d, schema, "Warnings")
-    if refused is not None:
-        return refused
-    warnings = await d.read(schema, lambda q: q.get_warnings(limit=200))
-    return d.render(request, "warnings.html", schema=schema, warnings=warnings)
+    return await _page_46(
+        request, "Warnings", "warnings.html", "warnings", lambda q: q.get_warnings(limit=200)
+    )
 
 
 async def healthz(request: Request) -> Response:
@@ -624,18 +697,35 @@ async def metrics(request: Request) -> Response:
 async def _form(request: Request, d: Dashboard) -> Any:
     if d.read_only:
         raise HTTPException(403, "this dashboard is read-only")
-    form = await request.form()
+    # Room for BULK_MAX ids and a few fields more, so that too many ids get
+    # the action's own message; no file uploads.
+    form = await request.form(max_files=0, max_fields=BULK_MAX + 50)
     d.check_csrf(request, form)
     return form
 
 
-def _action_targets(form: Any) -> tuple[list[uuid.UUID], str]:
-    ids = [_parse_uuid("ids", str(v)) for v in form.getlist("ids") if str(v).strip()]
+def _action_targets(action: str, form: Any) -> tuple[list[uuid.UUID], str]:
+    """The jobs or queue an action names, every field checked before the
+    confirmation page (nothing unchecked is shown or re-posted)."""
+    raw = [str(v).strip() for v in form.getlist("ids") if str(v).strip()]
+    if len(raw) > BULK_MAX:
+        raise BadRequest(f"ids: at most {BULK_MAX} jobs per action, not {len(raw)}")
+    ids = list(dict.fromkeys(_parse_uuid("ids", v) for v in raw))
     queue = str(form.get("queue", "")).strip()
     if form.get("scope") == "selected" and not ids:
         raise BadRequest("select at least one job")
     if not ids and not queue:
         raise BadRequest("name the jobs (ids) or the queue to act on")
+    if queue:
+        validate_queue(queue, "queue")
+    to = str(form.get("to", "")).strip()
+    if action == "redrive":
+        if not queue:
+            raise BadRequest("redrive needs the dead-letter queue (queue)")
+        if to:
+            validate_queue(to, "to")
+    if action == "delete" and not ids and str(form.get("state", "")) not in STATES:
+        raise BadRequest(f"a queue-wide delete needs a state (state): one of {', '.join(STATES)}")
     return ids, queue
 
 
@@ -654,6 +744,10 @@ def _describe(action: str, ids: list[uuid.UUID], queue: str, form: Any) -> str:
         "delete": str(form.get("state", "")) or "(no state given)",
     }[action]
     return f"{action.capitalize()} up to {BULK_MAX} {which} jobs of queue {queue}."
+
+
+_QUEUE_WIDE = {"retry": ["failed"], "cancel": ["created", "retry"], "resume": ["cancelled"]}
+"""The states a queue-wide action takes its jobs from (delete: the state chosen)."""
 
 
 def _run_action(
@@ -675,12 +769,7 @@ def _run_action(
                     for job in q.get_jobs(info.name, ids):
                         targets.setdefault(info.name, []).append(job.id)
         else:
-            states = {
-                "retry": ["failed"],
-                "cancel": ["created", "retry"],
-                "resume": ["cancelled"],
-                "delete": [str(form.get("state", ""))],
-            }[action]
+            states = _QUEUE_WIDE.get(action) or [str(form.get("state", ""))]
             if states == [""] or not all(s in STATES for s in states):
                 raise BadRequest("a queue-wide delete needs a known state (state)")
             for state in states:
@@ -711,7 +800,7 @@ async def action(request: Request) -> Response:
     name = str(request.path_params["action"])
     if name not in ACTIONS:
         raise HTTPException(404, f"no action {name!r}: one of {', '.join(ACTIONS)}")
-    ids, queue = _action_targets(form)
+    ids, queue = _action_targets(name, form)
     root = d._root(request)
     fallback = (
         f"{root}/s/{schema}/jobs/{ids[0]}" + (f"?{urlencode({'queue': queue})}" if queue else "")
@@ -723,6 +812,12 @@ async def action(request: Request) -> Response:
     target = _safe_next(root, str(form.get("next", "")), fallback)
     if form.get("confirm") != "yes":
         fields = [(k, str(v)) for k, v in form.multi_items() if k not in ("csrf_token", "confirm")]
+        matching = None
+        if not ids and name != "redrive":
+            # A queue-wide action: how many jobs it would touch now.
+            wanted = _QUEUE_WIDE[name] if name != "delete" else [str(form.get("state"))]
+            counts = await d.read(schema, lambda q: q.count_jobs([queue]))
+            matching = sum(counts[0].counts[s] for s in wanted) if counts else 0
         return d.render(
             request,
             "confirm.html",
@@ -731,6 +826,9 @@ async def action(request: Request) -> Response:
             description=_describe(name, ids, queue, form),
             fields=fields,
             ids=ids,
+            matching=matching,
+            bulk_max=BULK_MAX,
+            back=target,
         )
     message = await d.write(schema, _run_action(name, ids, queue, form))
     if name == "delete" and target.startswith(f"{root}/s/{schema}/jobs/"):
@@ -758,6 +856,8 @@ async def save_queue(request: Request) -> Response:
     form = await _form(request, d)
     name = str(form.get("name", "")).strip()
     mode = str(form.get("mode", "create"))
+    if mode not in ("create", "update"):
+        raise BadRequest(f"mode: {mode!r} is not create or update")
     options: dict[str, Any] = {}
     for option in _INT_OPTIONS:
         raw = str(form.get(option, "")).strip()
@@ -794,6 +894,8 @@ async def send_job(request: Request) -> Response:
     form = await _form(request, d)
     name = str(form.get("queue", "")).strip()
     raw = str(form.get("data", "")).strip()
+    if len(raw) > SEND_MAX:
+        raise BadRequest(f"data: at most {SEND_MAX:,} characters of JSON here, not {len(raw):,}")
     try:
         data = json.loads(raw) if raw else None
     except json.JSONDecodeError as exc:
@@ -903,6 +1005,7 @@ def create_app(
             BadRequest: _bad_request,
             AlkstoreError: _service_error,
             DBAPIError: _database_error,
+            PoolTimeoutError: _database_error,  # every pooled connection busy
             HTTPException: _http_error,
         },
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 from ..errors import SchemaVersionError
 
@@ -100,11 +101,13 @@ def lock_key_sql(schema: str) -> str:
     the very same key means a Node ``start()`` and one of our revisions never migrate
     the same schema at once.
     """
-    return (
-        "('x' || encode(sha224((current_database() || '.pgboss.' || "
-        + literal(schema)
-        + ")::bytea), 'hex'))::bit(64)::bigint"
-    )
+    # The runtime's own expression, rendered as text (revisions also render as an
+    # offline script): one derivation of the key for both.
+    from ..sql._common import advisory_key
+
+    key = advisory_key(sa.literal(schema, sa.Text))
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    return str(key.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
 def migration_lock(schema: str) -> None:

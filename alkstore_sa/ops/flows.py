@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import limits
+from .. import limits, tracing
 from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState, QueuePolicy
 from ..names import validate_queue
@@ -22,7 +22,7 @@ from ..records import JobDependency
 from ..sql.v46 import flow as flow_sql
 from ..sql.v46 import node_channel
 from ._core import Call, Conflict, Context, Op
-from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed
+from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, traced
 
 FLOWS_SINCE = 46
 """The schema version from which ``flow`` exists here (pg-boss's dependencies
@@ -180,8 +180,29 @@ def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
                 f"jobs[{i}].options.id",
                 f"id {job_id} is also the id of jobs[{first}] in queue {queue!r}",
             )
-    # The queues, locked so that none is deleted before the flow is in.
     wanted = list(dict.fromkeys(graph.queues))
+
+    def body(span: tracing.Producing) -> Op[dict[str, uuid.UUID]]:
+        return _flow(ctx, graph, ids, arrays, wanted, span.carrier)
+
+    # pg-boss names the span after the flow's queue when it has only one.
+    destination = wanted[0] if len(wanted) == 1 else None
+    return (yield from traced(ctx, "flow", destination, len(ids), body, _flow_ids))
+
+
+def _flow_ids(refs: dict[str, uuid.UUID]) -> list[uuid.UUID]:
+    return list(refs.values())
+
+
+def _flow(
+    ctx: Context,
+    graph: _Graph,
+    ids: list[uuid.UUID],
+    arrays: dict[str, Any],
+    wanted: list[str],
+    carrier: str | None,
+) -> Op[dict[str, uuid.UUID]]:
+    # The queues, locked so that none is deleted before the flow is in.
     result = yield Call(flow_sql.lock_queues(), {"names": wanted})
     policies = {row.name: row.policy for row in result.all()}
     for queue in wanted:
@@ -214,8 +235,9 @@ def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
         "in_flow_pending": [len(p) for p in graph.parents],
         "channel": ctx.channel,
         "node_channel": node_channel(ctx.schema),
+        "trace_context": carrier,
     }
-    stmt = flow_sql.insert_flow(notify=ctx.notify, given=given)
+    stmt = flow_sql.insert_flow(notify=ctx.notify, given=given, traced=carrier is not None)
     try:
         row = (yield Call(stmt, params, savepoint=True)).one()
     except Conflict:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import options as opt
+from .. import tracing
 from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import QueuePolicy
 from ..names import validate_queue
@@ -20,7 +21,7 @@ from ..sql.v46 import node_channel
 from ..sql.v46 import send as send46_sql
 from ._core import Call, Conflict, Context, Op
 from .queues import queue_policy, require_queue
-from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed
+from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, traced
 
 KEYS_SINCE = 46
 """The schema version from which ``update``, ``upsert`` and ``get_blocked_keys``
@@ -171,16 +172,38 @@ def upsert(
         # A job inserted on a miss needs a key there (the queue's CHECK), and
         # pg-boss refuses such an upsert whatever it would have found.
         raise _refuse_unkeyed(name)
+
+    def body(span: tracing.Producing) -> Op[UpsertResult]:
+        return _upsert(ctx, name, target, update_call, arrays, span.carrier)
+
+    # Only an insert is a send: an edited job keeps the trace of the send that made it.
+    return (yield from traced(ctx, "upsert", name, 1, body, _inserted))
+
+
+def _inserted(result: UpsertResult) -> tuple[uuid.UUID, ...]:
+    return result.jobs if result.inserted else ()
+
+
+def _upsert(
+    ctx: Context,
+    name: str,
+    target: _Target,
+    update_call: Call,
+    arrays: dict[str, Any],
+    carrier: str | None,
+) -> Op[UpsertResult]:
     insert = send46_sql.insert_jobs(
         notify=ctx.notify,
         given=frozenset(k[3:] for k in arrays),
         upsert_by_key=target.key is not None,
+        traced=carrier is not None,
     )
     insert_params = {
         "qname": name,
         "channel": ctx.channel,
         "node_channel": node_channel(ctx.schema),
         "all_keyed": target.key is not None,
+        "trace_context": carrier,
         **arrays,
     }
     for _ in range(UPSERT_ROUNDS):

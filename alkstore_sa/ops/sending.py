@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import operator
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 
-from .. import limits
+from .. import limits, tracing
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..models.enums import QueuePolicy
@@ -22,6 +22,8 @@ from ..sql.v46 import job_now, node_channel
 from ..sql.v46 import send as send46_sql
 from ._core import Call, Context, Op
 from .queues import queue_policy, require_queue
+
+T = TypeVar("T")
 
 _DATA_ONLY = frozenset({"data"})
 _BY_INT = operator.attrgetter("int")  # sorts as UUID's own order, without its __lt__
@@ -132,9 +134,46 @@ def _job_list(jobs: object) -> list[Any]:
     return list(jobs)
 
 
+def traced(
+    ctx: Context,
+    operation: str,
+    queue: str | None,
+    count: int,
+    body: Callable[[tracing.Producing], Op[T]],
+    ids_of: Callable[[T], Sequence[Any]],
+    parent: tracing.Producing | None = None,
+) -> Op[T]:
+    """``body(span)`` in the PRODUCER span of ``operation`` (:mod:`alkstore_sa.tracing`),
+    a child of ``parent`` if given, else of the current span; ``span.carrier``: the
+    ``trace_context`` its jobs store, or ``None``."""
+    span = tracing.producing(operation, queue, count, ctx.schema, ctx.version, parent)
+    try:
+        result = yield from body(span)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        span.failed(exc)
+        raise
+    else:
+        span.sent(ids_of(result))
+    finally:
+        span.end()
+    return result
+
+
+def _sent_ids(ids: list[uuid.UUID | None]) -> list[uuid.UUID | None]:
+    return ids
+
+
 def send_many(
-    ctx: Context, name: str, jobs: Iterable[Mapping[str, Any]]
+    ctx: Context,
+    name: str,
+    jobs: Iterable[Mapping[str, Any]],
+    operation: str = "insert",
+    parent: tracing.Producing | None = None,
 ) -> Op[list[uuid.UUID | None]]:
+    """``operation`` and ``parent``: the span's name (``insert``, pg-boss's name of
+    it, or ``send``) and parent, see :func:`traced`."""
     validate_queue(name)
     specs = _job_list(jobs)
     for index, spec in enumerate(specs):
@@ -143,13 +182,28 @@ def send_many(
     if not specs:
         return []
     arrays, ids = _job_arrays(specs, ctx.version)
+
+    def body(span: tracing.Producing) -> Op[list[uuid.UUID | None]]:
+        return _send_many(ctx, name, specs, arrays, ids, span.carrier)
+
+    return (yield from traced(ctx, operation, name, len(specs), body, _sent_ids, parent))
+
+
+def _send_many(
+    ctx: Context,
+    name: str,
+    specs: Sequence[Mapping[str, Any]],
+    arrays: dict[str, Any],
+    ids: list[uuid.UUID],
+    carrier: str | None,
+) -> Op[list[uuid.UUID | None]]:
     yield from _check_dead_letters(name, specs)
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.
     given = frozenset(k[3:] for k in arrays)
     rows: Sequence[Any]
     if ctx.version >= 46:
-        rows = yield from _insert_46(ctx, name, specs, given, arrays)
+        rows = yield from _insert_46(ctx, name, specs, given, arrays, carrier)
     else:
         stmt = send_sql.insert_jobs(notify=ctx.notify, given=given)
         result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **arrays})
@@ -177,6 +231,7 @@ def _insert_46(
     specs: Sequence[Mapping[str, Any]],
     given: frozenset[str],
     arrays: Mapping[str, list[Any]],
+    carrier: str | None,
 ) -> Op[Sequence[Any]]:
     """The insert at schema 46; its rows as :func:`alkstore_sa.sql.v46.send.insert_jobs`'s."""
     all_keyed = all(spec.get("singleton_key") is not None for spec in specs)
@@ -188,12 +243,13 @@ def _insert_46(
         policy = yield from queue_policy(ctx, name)
         if policy == QueuePolicy.KEY_STRICT_FIFO:
             raise _refuse_unkeyed(name)
-    stmt = send46_sql.insert_jobs(notify=ctx.notify, given=given)
+    stmt = send46_sql.insert_jobs(notify=ctx.notify, given=given, traced=carrier is not None)
     params = {
         "qname": name,
         "channel": ctx.channel,
         "node_channel": node_channel(ctx.schema),
         "all_keyed": all_keyed,
+        "trace_context": carrier,
         **arrays,
     }
     result = yield Call(stmt, params)
@@ -204,8 +260,14 @@ def _insert_46(
     return rows
 
 
-def send(ctx: Context, name: str, data: Any, options: Mapping[str, Any]) -> Op[uuid.UUID | None]:
-    ids = yield from send_many(ctx, name, [{**options, "data": data}])
+def send(
+    ctx: Context,
+    name: str,
+    data: Any,
+    options: Mapping[str, Any],
+    parent: tracing.Producing | None = None,
+) -> Op[uuid.UUID | None]:
+    ids = yield from send_many(ctx, name, [{**options, "data": data}], "send", parent)
     return ids[0]
 
 
@@ -242,10 +304,25 @@ def publish(
     ctx: Context, event: str, data: Any, options: Mapping[str, Any]
 ) -> Op[list[uuid.UUID | None]]:
     _check_event(event)
+
+    def body(span: tracing.Producing) -> Op[list[uuid.UUID | None]]:
+        return _publish(ctx, event, data, options, span)
+
+    # As pg-boss: a span of its own (it counts no job), each send a child of it.
+    return (yield from traced(ctx, "publish", event, 0, body, _no_ids))
+
+
+def _no_ids(ids: list[uuid.UUID | None]) -> list[uuid.UUID | None]:
+    return []
+
+
+def _publish(
+    ctx: Context, event: str, data: Any, options: Mapping[str, Any], span: tracing.Producing
+) -> Op[list[uuid.UUID | None]]:
     result = yield Call(queue_sql.subscribers(), {"event": event})
     ids: list[uuid.UUID | None] = []
     for queue in result.scalars().all():
-        ids.append((yield from send(ctx, queue, data, options)))
+        ids.append((yield from send(ctx, queue, data, options, span)))
     return ids
 
 

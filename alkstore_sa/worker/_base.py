@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
-from .. import ops
+from .. import ops, tracing
 from .._engine_cache import (
     Refusals,
     execution_options,
@@ -625,7 +625,7 @@ class WorkerBase(Registry, Generic[B]):
                 pending = yield from self._transactional(attempt)
             else:
                 try:
-                    result = yield Call(attempt.spec.fn, (attempt.job,))
+                    result = yield Call(self._traced(attempt), (attempt.job,))
                 except GeneratorExit:
                     raise
                 except BaseException as exc:
@@ -654,6 +654,13 @@ class WorkerBase(Registry, Generic[B]):
                 state.wake.set()
         return abandoned
 
+    def _traced(self, attempt: Attempt) -> Callable[..., Any]:
+        """The handler, run in the job's ``process`` span (:mod:`alkstore_sa.tracing`)."""
+        job = attempt.job
+        return tracing.processing(
+            attempt.spec.fn, job.name, job.id, job.retry_count, job.trace_context, self._ctx.schema
+        )
+
     def _transactional(self, attempt: Attempt) -> Steps[Pending | None]:
         try:
             yield Call(self._in_transaction, (attempt,))
@@ -680,7 +687,7 @@ class WorkerBase(Registry, Generic[B]):
     def _committing(self, attempt: Attempt, session: Any) -> Steps[None]:
         """The handler and the job's completion, in the handler's transaction."""
         job = attempt.job
-        result = yield Call(attempt.spec.fn, (job, session))
+        result = yield Call(self._traced(attempt), (job, session))
         if not attempt.take(SETTLING):
             raise _Lost  # abandoned meanwhile: its fail wins, roll back
         self._forget(attempt)

@@ -305,6 +305,20 @@ def drain_variants(cfg: Config) -> list[Variant]:
                 target=0.5,
             ),
         ]
+        if batch == 100:
+            # What the optional instruments cost: the variant above counts into
+            # prometheus_client (when installed) and opens a span per job (when
+            # OpenTelemetry is, with whatever provider is set: none here).
+            out.append(
+                _variant(
+                    scenario,
+                    f"Worker b={batch} no metrics",
+                    _worker(n, {"batch_size": batch, "metrics": False}),
+                    n,
+                    base=ceil,
+                    note="metrics=False: the worker's Prometheus counters off",
+                )
+            )
         if batch == 10:
             out.append(
                 _variant(

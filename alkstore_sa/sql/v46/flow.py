@@ -97,16 +97,20 @@ def _count(selectable: Any) -> ColumnElement[Any]:
 
 
 @functools.cache
-def insert_flow(*, notify: bool, given: frozenset[str] = ALL_INPUTS) -> Select[Any]:
+def insert_flow(
+    *, notify: bool, given: frozenset[str] = ALL_INPUTS, traced: bool = False
+) -> Select[Any]:
     """Insert a flow's jobs and dependencies; one row ``(inserted, dependencies)``.
 
     ``given`` as in :func:`alkstore_sa.sql.send.insert_jobs`. A job whose queue
     does not exist is left out (the operation checks the queues first and locks
     them ``FOR KEY SHARE``, so that cannot happen by the time this runs).
+    ``traced``: every job stores ``:trace_context`` (see
+    :func:`alkstore_sa.sql.v46.send.job_values`).
     """
     src = _source(given)
     q = QUEUE.alias("q")
-    values = job_values(src, q)
+    values = job_values(src, q, traced=traced)
     values.update(
         blocked=src.c.flow_pending > 0,
         blocking=src.c.flow_blocking,

@@ -10,7 +10,9 @@ arrays that ``unnest`` turns into rows), written for the columns of 46:
 * ``policy`` is the queue's; ``blocked``, ``blocking`` and
   ``pending_dependencies`` are written explicitly as a plain send's (no flow);
   ``group_id``/``group_tier`` are the send options of 46; ``upsert_by_key`` (but
-  for an upsert), ``source_*`` and ``trace_context`` stay NULL;
+  for an upsert) and ``source_*`` stay NULL; ``trace_context`` is the one
+  ``:trace_context`` (JSON text) of every job when the statement is built
+  ``traced`` (:mod:`alkstore_sa.tracing`), NULL otherwise;
 * a key_strict_fifo queue refuses a job without ``singleton_key`` (its CHECK
   would abort the transaction): the statement then inserts nothing and reports
   the queue's policy, so the operation can raise a clear error;
@@ -31,6 +33,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     case,
+    cast,
     exists,
     false,
     func,
@@ -40,7 +43,7 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ...options import OPTION, OPTIONS, OptionSpec
 from .._common import seconds
@@ -62,11 +65,12 @@ def _job_value(src: Any, q: Any, spec: OptionSpec) -> ColumnElement[Any]:
     return value
 
 
-def job_values(src: Any, q: Any) -> dict[str, ColumnElement[Any]]:
+def job_values(src: Any, q: Any, *, traced: bool = False) -> dict[str, ColumnElement[Any]]:
     """The ``job`` columns of an insert from the input rows ``src`` joined to their
     queue ``q``, as a send writes them (the flow columns are the caller's): each
     option's value or the queue's default, the throttle slot, ``start_after`` and
-    ``keep_until``. Shared by sends and flows."""
+    ``keep_until``; with ``traced``, ``trace_context`` from ``:trace_context``.
+    Shared by sends and flows."""
     now = job_now()
     start_after = func.coalesce(
         src.c.start_at,
@@ -100,12 +104,18 @@ def job_values(src: Any, q: Any) -> dict[str, ColumnElement[Any]]:
         keep_until=start_after + seconds(_job_value(src, q, OPTION["retention_seconds"])),
         policy=q.c.policy,
     )
+    if traced:
+        values["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
     return values
 
 
 @functools.cache
 def insert_jobs(
-    *, notify: bool, given: frozenset[str] = ALL_INPUTS, upsert_by_key: bool = False
+    *,
+    notify: bool,
+    given: frozenset[str] = ALL_INPUTS,
+    upsert_by_key: bool = False,
+    traced: bool = False,
 ) -> Select[Any]:
     """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
 
@@ -123,10 +133,12 @@ def insert_jobs(
     ``upsert_by_key``: the insert of an upsert by key (see
     :mod:`alkstore_sa.sql.v46.keys`): the jobs are marked ``upsert_by_key``, so
     ``job_i13`` keeps one created job per key among them.
+
+    ``traced``: every job stores ``:trace_context`` (see :func:`job_values`).
     """
     src = job_source(given)
     q = QUEUE.alias("q")
-    values = job_values(src, q)
+    values = job_values(src, q, traced=traced)
     values.update(
         blocked=false(),
         blocking=false(),
