@@ -433,3 +433,20 @@ def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None
             assert "Traceback" not in page.text
     finally:
         down.dispose()
+
+
+def test_a_job_page_offers_only_what_its_state_allows(
+    engine: Engine, seeded46: tuple[str, dict[str, Any]]
+) -> None:
+    schema, ids = seeded46
+    client = _client(engine, schema)
+
+    def buttons(job_id: uuid.UUID) -> list[str]:
+        page = client.get(f"/s/{schema}/jobs/{job_id}?queue=mail").text
+        return re.findall(r'<button id="action-(\w+)"', page)
+
+    assert buttons(ids["failed"]) == ["retry", "delete"]
+    assert buttons(ids["created"][0]) == ["cancel", "delete"]
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema).cancel("mail", ids["created"][0])
+    assert buttons(ids["created"][0]) == ["resume", "delete"]

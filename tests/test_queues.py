@@ -201,13 +201,32 @@ def test_delete_queue_refuses_another_queues_dead_letter(env: Any) -> None:
     assert queue_row(env, "dlq") is not None
 
 
-def test_delete_queue_refuses_a_dead_letter_named_by_jobs(env: Any) -> None:
+@pytest.mark.parametrize("partition", [False, True])
+def test_delete_queue_refuses_a_dead_letter_named_by_jobs(env: Any, partition: bool) -> None:
     env.tx(lambda q: q.create_queue("dlq"))
-    env.tx(lambda q: q.create_queue("work"))
+    env.tx(lambda q: q.create_queue("work", partition=partition))
     env.tx(lambda q: q.send("work", None, dead_letter="dlq"))
-    with pytest.raises(InvalidOptionsError, match="dlq"):
-        env.tx(lambda q: q.delete_queue("dlq"))
-    assert queue_row(env, "dlq") is not None
+    # Found by the foreign key's check at the delete, in a savepoint: the caller's
+    # transaction goes on, with what it did before intact.
+    svc = env.service()
+    svc.create_queue("other")
+    with pytest.raises(InvalidOptionsError, match="jobs of other queues dead-letter into 'dlq'"):
+        svc.delete_queue("dlq")
+    assert svc.delete_queue("other") is True
+    env.commit()
+    assert queue_row(env, "dlq") is not None and queue_row(env, "other") is None
+    env.tx(lambda q: q.delete_queue("work"))
+    assert env.tx(lambda q: q.delete_queue("dlq")) is True
+
+
+def test_delete_queue_at_46_refuses_a_dead_letter_named_by_jobs(env46: Any) -> None:
+    env46.tx(lambda q: q.create_queue("dlq"))
+    env46.tx(lambda q: q.create_queue("work", partition=True))
+    env46.tx(lambda q: q.send("work", None, dead_letter="dlq"))
+    with pytest.raises(InvalidOptionsError, match="dead-letter into 'dlq'"):
+        env46.tx(lambda q: q.delete_queue("dlq"))
+    assert env46.tx(lambda q: q.delete_queue("work")) is True
+    assert env46.tx(lambda q: q.delete_queue("dlq")) is True
 
 
 def test_deleted_queue_can_be_created_again_with_another_policy(env: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 import uuid
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from alkstore_sa.ops.supervision46 import occurrence_key, slot_of
+from alkstore_sa.sql.v46 import supervision as supervision46_sql
 from alkstore_sa.supervision import Supervisor
 
 
@@ -169,6 +171,40 @@ def test_dependency_rows_whose_job_is_gone_are_cleaned(engine: Engine, schema46:
     run(engine, schema46)
     assert sql(engine, schema46, "SELECT count(*) FROM {s}.job_dependency")[0][0] == 0
     # Both rows named a job that is gone on one side: child first, then parent.
+
+
+@pytest.mark.parametrize("side", ["child", "parent"])
+@pytest.mark.parametrize("cursor", [False, True])
+def test_dependency_cleanup_probes_each_job_by_primary_key_without_statistics(
+    engine: Engine, schema46: str, side: str, cursor: bool
+) -> None:
+    # On tables never analyzed, a job lookup bounded by the batch's key range was
+    # planned as a range scan repeated for every dependency row (seconds to
+    # minutes per batch of 10,000). The lookup must be an index probe on the job's
+    # (name, id), whatever the statistics say.
+    make_queue(engine, schema46, "q")
+    sql(engine, schema46, "INSERT INTO {s}.job (name) SELECT 'q' FROM generate_series(1, 3000)")
+    sql(
+        engine,
+        schema46,
+        """INSERT INTO {s}.job_dependency (child_name, child_id, parent_name, parent_id)
+        SELECT 'q', id, 'q', gen_random_uuid() FROM {s}.job""",
+    )
+    stmt = supervision46_sql.cleanup_dependencies(side, cursor=cursor)
+    compiled = stmt.compile(
+        dialect=engine.dialect,
+        schema_translate_map={"pgboss": schema46},
+        render_schema_translate=True,
+    )
+    after = uuid.UUID(int=1 << 127) if cursor else None
+    params = compiled.construct_params({"qname": "q", "after": after, "batch": 10_000})
+    with engine.begin() as conn:
+        plan = "\n".join(
+            r[0] for r in conn.exec_driver_sql("EXPLAIN " + compiled.string, params).all()
+        )
+    removed = plan.split("CTE removed")[1]
+    assert "Anti Join" not in removed and "Join Filter" not in removed, plan
+    assert re.search(rf"Index Cond: .*\(id = job_dependency\w*\.{side}_id\)", removed), plan
 
 
 def test_instance_upkeep_deletes_rows_quiet_for_a_week(engine: Engine, schema46: str) -> None:

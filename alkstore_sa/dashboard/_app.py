@@ -48,6 +48,7 @@ T = TypeVar("T")
 AuthHook = Callable[[Request], "bool | Awaitable[bool]"]
 
 STATES = tuple(s.value for s in JobState)
+UNFINISHED = frozenset(s.value for s in (JobState.CREATED, JobState.RETRY, JobState.ACTIVE))
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 PAGE_SIZE = 50
 BULK_MAX = 1000
@@ -567,6 +568,19 @@ async def job_list(request: Request) -> Response:
     )
 
 
+def job_actions(state: str) -> list[tuple[str, str]]:
+    """The actions a job in ``state`` can take (the service refuses the rest):
+    retry a failed job, cancel an unfinished one, resume a cancelled one; delete any."""
+    actions = []
+    if state == JobState.FAILED:
+        actions.append(("retry", "Retry"))
+    if state in UNFINISHED:
+        actions.append(("cancel", "Cancel"))
+    if state == JobState.CANCELLED:
+        actions.append(("resume", "Resume"))
+    return [*actions, ("delete", "Delete")]
+
+
 async def job_detail(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
@@ -607,6 +621,7 @@ async def job_detail(request: Request) -> Response:
         job=job,
         parents=parents,
         children=children,
+        job_actions=job_actions(str(job.state)),
         flow_links=FLOW_LINKS,
         trace_id=_trace_id(job.trace_context),
         unreadable=getattr(job, "unreadable", None),

@@ -18,11 +18,14 @@ T = TypeVar("T")
 class Call:
     """One statement to run. ``savepoint``: run it inside a SAVEPOINT and send a
     conflict (see :func:`is_conflict`) back into the operation as :class:`Conflict`
-    instead of poisoning the transaction."""
+    instead of poisoning the transaction. ``refused`` (with ``savepoint``): the
+    names of the constraints whose violation is sent back instead, and nothing else
+    is (the statement's errors are raised as they are)."""
 
     statement: Executable
     params: Mapping[str, Any] | None = None
     savepoint: bool = False
+    refused: frozenset[str] = frozenset()
 
 
 Op = Generator[Call, Result[Any], T]
@@ -119,7 +122,12 @@ def may_be_schema_change(error: BaseException) -> bool:
 
 class Conflict(Exception):
     """Sent into an operation when its savepoint statement hit a unique index
-    (or deadlocked on one with another session)."""
+    (or deadlocked on one with another session), or violated a constraint the
+    :class:`Call` named as ``refused`` (``constraint``: its name)."""
+
+    def __init__(self, constraint: str | None = None) -> None:
+        super().__init__(constraint)
+        self.constraint = constraint
 
 
 # A unique violation (a policy or throttle index) or a deadlock on a unique index
@@ -128,6 +136,23 @@ class Conflict(Exception):
 # violation must not pass for "nothing happened", and under SERIALIZABLE the
 # caller must retry a serialization failure itself.
 _CONFLICT_CODES = frozenset({"23505", "40P01"})  # unique_violation, deadlock_detected
+
+
+def refused_constraint(call: Call, error: BaseException) -> str | None:
+    """The name of the constraint of ``call.refused`` that ``error`` (a SQLAlchemy
+    ``DBAPIError``) violated, if any."""
+    diag = getattr(getattr(error, "orig", None), "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    return name if name in call.refused else None
+
+
+def sent_back(call: Call, error: BaseException) -> Conflict | None:
+    """What a savepoint ``call`` that failed with ``error`` sends back into its
+    operation: a :class:`Conflict`, or None when ``error`` is to be raised."""
+    if call.refused:
+        name = refused_constraint(call, error)
+        return None if name is None else Conflict(name)
+    return Conflict() if is_conflict(error) else None
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -3,7 +3,8 @@
 Every entry point (the services, supervision, maintenance, the CLI) runs operations
 through :func:`run` or :func:`arun`, so what counts as a conflict inside a savepoint
 is decided once, by :func:`~alkstore_sa.ops.is_conflict`: a unique violation or a
-deadlock is sent back into the operation as :class:`~alkstore_sa.ops.Conflict`;
+deadlock (or a violation of a constraint the call names as refused) is sent back
+into the operation as :class:`~alkstore_sa.ops.Conflict`;
 any other error is raised, and the caller's transaction is left as the error left it.
 
 With ``autocommit=True`` the target is a Connection in autocommit (the workers'
@@ -22,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
-from ._core import Call, Conflict, Op, is_conflict
+from ._core import Call, Op, sent_back
 
 T = TypeVar("T")
 
@@ -46,18 +47,20 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any], *, autocommit: bo
                 try:
                     result = _execute(target, call, options)
                 except DBAPIError as exc:
-                    if not is_conflict(exc):
+                    conflict = sent_back(call, exc)
+                    if conflict is None:
                         raise
-                    call = op.throw(Conflict())
+                    call = op.throw(conflict)
                     continue
             elif call.savepoint:
                 try:
                     with target.begin_nested():
                         result = _settled(_execute(target, call, options))
                 except DBAPIError as exc:
-                    if not is_conflict(exc):
+                    conflict = sent_back(call, exc)
+                    if conflict is None:
                         raise
-                    call = op.throw(Conflict())
+                    call = op.throw(conflict)
                     continue
             else:
                 result = _execute(target, call, options)
@@ -78,9 +81,10 @@ async def arun(
                 try:
                     result = await _aexecute(target, call, options)
                 except DBAPIError as exc:
-                    if not is_conflict(exc):
+                    conflict = sent_back(call, exc)
+                    if conflict is None:
                         raise
-                    call = op.throw(Conflict())
+                    call = op.throw(conflict)
                     continue
             elif call.savepoint:
                 try:
@@ -88,9 +92,10 @@ async def arun(
                         executed = await _aexecute(target, call, options)
                         result = _settled(executed)
                 except DBAPIError as exc:
-                    if not is_conflict(exc):
+                    conflict = sent_back(call, exc)
+                    if conflict is None:
                         raise
-                    call = op.throw(Conflict())
+                    call = op.throw(conflict)
                     continue
             else:
                 result = await _aexecute(target, call, options)

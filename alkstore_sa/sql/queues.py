@@ -69,23 +69,18 @@ def update_queue(columns: tuple[str, ...]) -> Update:
 
 @functools.cache
 def queue_references() -> Select[Any]:
-    """Queues that name ``:qname`` as dead letter queue, and whether any job does."""
+    """Queues that name ``:qname`` as dead letter queue (``queues``, NULL for none).
+
+    Jobs that do are left to the foreign key's check at the delete: nothing
+    indexes ``job.dead_letter``, and asking here would read the job table once
+    more (docs/concepts/limits.md)."""
     other = QUEUE.alias("other")
     uses = (
         select(func.array_agg(other.c.name))
         .where(other.c.dead_letter == bindparam("qname", type_=Text))
         .scalar_subquery()
     )
-    jobs = (
-        select(JOB.c.id)
-        .where(
-            JOB.c.dead_letter == bindparam("qname", type_=Text),
-            JOB.c.name != bindparam("qname", type_=Text),
-        )
-        .limit(1)
-        .exists()
-    )
-    return select(uses.label("queues"), jobs.label("jobs"))
+    return select(uses.label("queues"))
 
 
 @functools.cache

@@ -550,13 +550,23 @@ def cleanup_dependencies(side: str, *, cursor: bool) -> Select[Any]:
     key, name = d.c[f"{side}_id"], d.c[f"{side}_name"]
     edge = _edge(key, name, cursor=cursor)
     j = JOB.alias("j")
-    job_range = _walk_range(j.c.id, j.c.name, cursor=cursor, edge=edge)
+    # One primary-key probe per dependency row of the batch: the job is looked up
+    # by (name, id) alone. Bounding the job side by the batch's key range too (as
+    # Node's statement does) deletes the same rows, but on tables never analyzed
+    # the planner takes the range for one row and scans all of it for every
+    # dependency row (a nested loop over the whole batch: minutes per pass for
+    # 10,000-child flows). OFFSET 0 keeps the NOT EXISTS a per-row subplan, so no
+    # estimate can turn it into a join over the queue's jobs (bench/README.md,
+    # "Flows").
+    live: Select[Any] = (
+        select(literal_column("1"))
+        .select_from(j)
+        .where(j.c.name == bindparam("qname", type_=Text), j.c.id == key)
+        .offset(literal_column("0"))
+    )
     removed = (
         delete(d)
-        .where(
-            _walk_range(key, name, cursor=cursor, edge=edge),
-            ~exists().where(job_range, j.c.id == key),
-        )
+        .where(_walk_range(key, name, cursor=cursor, edge=edge), ~exists(live))
         .returning(literal_column("1").label("one"))
         .cte("removed")
     )
