@@ -29,6 +29,7 @@ from .models.enums import JobState, QueuePolicy
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION
 from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
+    EventSubscription,
     FailResult,
     Instance,
     Job,
@@ -64,6 +65,7 @@ __all__ = [
     "AlkstoreError",
     "AsyncQueueService",
     "AsyncWorker",
+    "EventSubscription",
     "FailResult",
     "FlowConflictError",
     "FlowJob",

@@ -229,6 +229,17 @@ class ScheduleInfo:
     last_job_id: uuid.UUID | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EventSubscription:
+    """A queue's subscription to a published event (a ``subscription`` row):
+    :meth:`~alkstore_sa.QueueService.publish` of ``event`` sends a job to ``name``."""
+
+    event: str
+    name: str
+    created_on: dt.datetime
+    updated_on: dt.datetime
+
+
 # ---------------------------------------------------------------- results
 #
 # One result type per family of calls (docs/reference/api.md, "Results"):

@@ -38,6 +38,7 @@ from .ops._core import may_be_schema_change
 from .ops.keys import KEEP_DATA
 from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (
+    EventSubscription,
     FailResult,
     Instance,
     Job,
@@ -289,6 +290,16 @@ class AsyncQueueService:
     async def unsubscribe(self, event: str, name: str) -> bool:
         """Stop delivering ``event`` to ``name``; ``False`` if it was not subscribed."""
         return await self._run(ops.unsubscribe(self._ctx, event, name))
+
+    async def get_subscriptions(
+        self, name: str | None = None, event: str | None = None
+    ) -> list[EventSubscription]:
+        """Stored subscriptions, by event then queue; optionally of one queue and
+        one event. A queue or event without any has none: ``[]``.
+
+        :raises InvalidOptionsError: for a bad queue name or event, before any SQL.
+        """
+        return await self._run(ops.get_subscriptions(self._ctx, name, event))
 
     # ------------------------------------------------------------ flows (schema 46)
 

@@ -134,6 +134,7 @@ EVERY_NAMED_CALL: dict[str, Call] = {
     "schedule": lambda q, n: q.schedule(n, "* * * * *"),
     "unschedule": lambda q, n: q.unschedule(n),
     "get_schedules": lambda q, n: q.get_schedules(n),
+    "get_subscriptions": lambda q, n: q.get_subscriptions(n),
     "subscribe": lambda q, n: q.subscribe("event", n),
     "unsubscribe": lambda q, n: q.unsubscribe("event", n),
     "update": lambda q, n: q.update(n, 1, singleton_key="k"),
@@ -161,7 +162,7 @@ def test_invalid_queue_name_is_refused_before_any_sql(env: Any, ready: str) -> N
     svc = env.service()
     for method, call in EVERY_NAMED_CALL.items():
         for name in BAD_NAMES:
-            if name is None and method == "get_schedules":
+            if name is None and method in ("get_schedules", "get_subscriptions"):
                 continue  # None there means "every queue"
             with statements(env) as seen:
                 try:
@@ -243,6 +244,7 @@ UNKNOWN_QUEUE_CALLS = {
     k: v
     for k, v in EVERY_NAMED_CALL.items()
     if k not in ("create_queue", "delete_queue", "get_queue", "get_queues", "get_schedules")
+    and k != "get_subscriptions"
     and k not in ("unschedule", "unsubscribe")
     # At schema 26 (this module's schema) these are refused for the version first
     # (SchemaFeatureError); their unknown queue at 46 is tested with each feature.

@@ -263,6 +263,18 @@ def test_queue_list_of_no_queues_says_none(cli: Cli) -> None:
     assert cli("queue", "list").out.strip() == "(none)"
 
 
+def test_queue_subscriptions_lists_events_of_all_or_one_queue(cli: Cli) -> None:
+    cli.json("queue", "create", "alpha")
+    cli.json("queue", "create", "beta")
+    cli.service(lambda q: (q.subscribe("paid", "beta"), q.subscribe("paid", "alpha")))
+    header, *rows = cli("queue", "subscriptions").out.strip().splitlines()
+    assert header.split() == ["EVENT", "NAME", "CREATED_ON"]
+    assert [r.split()[:2] for r in rows] == [["paid", "alpha"], ["paid", "beta"]]
+    [only] = cli.json("queue", "subscriptions", "beta", "--event", "paid")
+    assert (only["event"], only["name"]) == ("paid", "beta")
+    assert cli("queue", "subscriptions", "--event", "shipped").out.strip() == "(none)"
+
+
 def test_queue_stats_counts_live_jobs(cli: Cli) -> None:
     cli.json("queue", "create", "q")
     cli.json("send", "q")

@@ -42,6 +42,7 @@ def _seed(engine: Engine, schema: str) -> dict[str, Any]:
         created = [q.send("mail", {"n": n, "to": f"user{n}@example.com"}) for n in range(3)]
         q.send("mail", {"n": 9}, singleton_key="k-9")
         q.schedule("mail", "*/5 * * * *", key="five")
+        q.subscribe("mail.sent", "mail")
         failing = q.send("mail", {"n": 100}, priority=10)
         assert failing is not None
     with Session(engine) as session, session.begin():
@@ -103,6 +104,8 @@ def test_every_page_at_46(engine: Engine, seeded46: tuple[str, dict[str, Any]]) 
         assert page.status_code == 200, (path, page.text[:500])
     queue = client.get(f"/s/{schema}/queues/mail").text
     assert '<dl id="queue-options">' in queue and 'id="dead-letter-link"' in queue
+    subscriptions = re.search(r'<table id="queue-subscriptions">(.*?)</table>', queue, re.S)
+    assert subscriptions is not None and "<code>mail.sent</code>" in subscriptions.group(1)
     schedules = client.get(f"/s/{schema}/schedules").text
     assert re.search(r'class="next-fire">\d{4}-\d\d-\d\d \d\d:\d[05]:00 UTC', schedules)
     job = client.get(f"/s/{schema}/jobs/{ids['failed']}")

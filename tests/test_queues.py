@@ -189,6 +189,24 @@ def test_delete_queue_removes_its_schedules_and_subscriptions(env: Any) -> None:
     assert env.sql("SELECT name FROM {s}.subscription") == [("b",)]
 
 
+def test_subscriptions_are_listed_by_event_then_queue(env: Any) -> None:
+    for name in ("a", "b"):
+        env.tx(lambda q, name=name: q.create_queue(name))
+    env.tx(lambda q: q.subscribe("paid", "b"))
+    env.tx(lambda q: q.subscribe("paid", "a"))
+    env.tx(lambda q: q.subscribe("created", "b"))
+    every = env.tx(lambda q: q.get_subscriptions())
+    assert [(s.event, s.name) for s in every] == [("created", "b"), ("paid", "a"), ("paid", "b")]
+    assert every[0].created_on <= every[0].updated_on
+    of_b = env.tx(lambda q: q.get_subscriptions("b"))
+    assert [s.event for s in of_b] == ["created", "paid"]
+    assert [s.name for s in env.tx(lambda q: q.get_subscriptions(event="paid"))] == ["a", "b"]
+    assert env.tx(lambda q: q.get_subscriptions("a", "created")) == []
+    assert env.tx(lambda q: q.get_subscriptions("unknown")) == []
+    with pytest.raises(InvalidOptionsError, match="event"):
+        env.tx(lambda q: q.get_subscriptions(event=""))
+
+
 def test_delete_missing_queue_returns_false(env: Any) -> None:
     assert env.tx(lambda q: q.delete_queue("nope")) is False
 

@@ -59,6 +59,13 @@ def register(sub: Any) -> None:
     blocked.add_argument("--after", metavar="KEY", help="only keys after this one (next page)")
     blocked.set_defaults(handler=_blocked_keys)
 
+    subscriptions = leaf(
+        actions, "subscriptions", "events queues subscribe to (all, or of one queue)"
+    )
+    subscriptions.add_argument("name", nargs="?")
+    subscriptions.add_argument("--event", help="only the subscriptions to this event")
+    subscriptions.set_defaults(handler=_subscriptions)
+
     delete = leaf(actions, "delete", "delete a queue with its jobs and schedules")
     delete.add_argument("name")
     delete.set_defaults(handler=_delete)
@@ -102,6 +109,12 @@ def _blocked_keys(args: argparse.Namespace) -> int:
         args, lambda q: q.get_blocked_keys(args.name, limit=args.limit, after=args.after)
     )
     emit(args, keys)
+    return 0
+
+
+def _subscriptions(args: argparse.Namespace) -> int:
+    rows = in_transaction(args, lambda q: q.get_subscriptions(args.name, args.event))
+    emit(args, rows, columns=("event", "name", "created_on"))
     return 0
 
 

@@ -510,9 +510,14 @@ async def queue_detail(request: Request) -> Response:
         if info is None:
             raise QueueNotFoundError(name, schema)
         counts = q.count_jobs([name])
-        return info, counts[0] if counts else None, q.get_schedules(name)
+        return (
+            info,
+            counts[0] if counts else None,
+            q.get_schedules(name),
+            q.get_subscriptions(name),
+        )
 
-    info, counts, schedules = await d.read(schema, read)
+    info, counts, schedules, subscriptions = await d.read(schema, read)
     now = dt.datetime.now(dt.UTC)
     fires = [(s, next_fire(s, now)) for s in schedules]
     return d.render(
@@ -522,6 +527,7 @@ async def queue_detail(request: Request) -> Response:
         queue=info,
         counts=counts,
         schedules=fires,
+        subscriptions=subscriptions,
         policies=("standard", "short", "singleton", "stately", "exclusive", "key_strict_fifo"),
     )
 

@@ -17,7 +17,15 @@ from .queues import (
     update_queue,
 )
 from .schedules import get_schedules, schedule, unschedule
-from .sending import publish, send, send_debounced, send_many, subscribe, unsubscribe
+from .sending import (
+    get_subscriptions,
+    publish,
+    send,
+    send_debounced,
+    send_many,
+    subscribe,
+    unsubscribe,
+)
 from .working import (
     FailResult,
     Settlement,
@@ -58,6 +66,7 @@ __all__ = [
     "get_queue_stats",
     "get_queues",
     "get_schedules",
+    "get_subscriptions",
     "heartbeats",
     "inspect",
     "is_conflict",

@@ -16,6 +16,7 @@ from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..models.enums import QueuePolicy
 from ..names import validate_queue
+from ..records import EventSubscription
 from ..sql import queues as queue_sql
 from ..sql import send as send_sql
 from ..sql.v46 import job_now, node_channel
@@ -330,6 +331,19 @@ def subscribe(ctx: Context, event: str, name: str) -> Op[None]:
     _check_event(event)
     yield from require_queue(ctx, name)
     yield Call(queue_sql.subscribe(), {"event": event, "qname": name})
+
+
+def get_subscriptions(
+    ctx: Context, name: str | None, event: str | None
+) -> Op[list[EventSubscription]]:
+    params: dict[str, Any] = {}
+    if name is not None:
+        params["qname"] = validate_queue(name)
+    if event is not None:
+        params["event"] = _check_event(event)
+    stmt = queue_sql.get_subscriptions(by_name=name is not None, by_event=event is not None)
+    result = yield Call(stmt, params)
+    return [EventSubscription(**r) for r in result.mappings().all()]
 
 
 def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:

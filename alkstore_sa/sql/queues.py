@@ -188,6 +188,16 @@ def unsubscribe() -> Any:
 
 
 @functools.cache
+def get_subscriptions(*, by_name: bool, by_event: bool) -> Select[Any]:
+    stmt = select(*SUBSCRIPTION.c).order_by(SUBSCRIPTION.c.event, SUBSCRIPTION.c.name)
+    if by_name:
+        stmt = stmt.where(SUBSCRIPTION.c.name == bindparam("qname", type_=Text))
+    if by_event:
+        stmt = stmt.where(SUBSCRIPTION.c.event == bindparam("event", type_=Text))
+    return stmt
+
+
+@functools.cache
 def subscribers() -> Select[Any]:
     return (
         select(SUBSCRIPTION.c.name)
