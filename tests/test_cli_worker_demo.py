@@ -311,6 +311,57 @@ def test_demo_without_a_database_runs_on_an_embedded_server(
     assert made and not any(Path(d).exists() for d in made)  # the server's data is gone
 
 
+def test_demo_with_dashboard_serves_the_demo_queues_until_interrupted(
+    database_url: str, engine: Engine
+) -> None:
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["demo", "--jobs", "10", "--database-url", database_url, "--json"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "alkstore_sa.cli",
+            *argv,
+            "--dashboard",
+            "--dashboard-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def overview() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None
+
+    try:
+        deadline = time.monotonic() + 60
+        page = overview()
+        while page is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            page = overview()
+        assert page is not None, "the dashboard never answered"
+        assert 'data-queue="orders"' in page and 'data-queue="orders_dlq"' in page
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"dashboard on http://127.0.0.1:{port}/" in err
+    schema = json.loads(out)["schema"]
+    with engine.connect() as conn:  # Ctrl-C ended the dashboard and dropped the demo's schema
+        left = conn.execute(
+            text("SELECT count(*) FROM information_schema.schemata WHERE schema_name = :s"),
+            {"s": schema},
+        ).scalar_one()
+    assert left == 0
+
+
 def test_demo_rejects_a_job_count_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--jobs", "0", "--database-url", "postgresql://unused/x"]) == 2
     assert "--jobs must be between 1 and 10000" in capsys.readouterr().err
