@@ -1,5 +1,8 @@
 """Test fixtures: a real PostgreSQL, a fresh schema per test, sync and async services.
 
+The two tiers (``support.tiers``): the README's ``python -m pytest`` runs the fast one,
+``python -m pytest -m slow`` the rest; under ``CI=true`` any skip fails the run.
+
 Database resolution (as the README says): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
 PostgreSQL when a Docker engine answers -> the embedded server of the ``embedded``
 extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
@@ -19,10 +22,39 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.schemas import install
+from support.skips import unavailable, under_ci
+from support.tiers import mark_tiers, unexpected_skips
 from support.worker import Harness
 
 from alkstore_sa import AsyncQueueService, QueueService, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # First, so that `-m "not slow"` (pyproject's addopts) sees the markers added here.
+    mark_tiers(items)
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Under CI a skip is a test that did not run: the run fails unless it is allowed.
+    found = unexpected_skips(_skipped) if under_ci() else []
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"{len(found)} test(s) skipped under CI=true:", red=True)
+            for nodeid in found:
+                reporter.write_line(f"  {nodeid}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _docker_url() -> str | None:
@@ -63,9 +95,7 @@ def database_url(pytestconfig: pytest.Config) -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         found = _resolve_database(stack)
         if found is None:
-            if os.environ.get("CI") == "true":
-                pytest.fail("no PostgreSQL for the tests: set ALKSTORE_TEST_DATABASE_URL")
-            pytest.skip(
+            unavailable(
                 "no PostgreSQL: set ALKSTORE_TEST_DATABASE_URL or install the embedded extra"
             )
         url, source = found
@@ -98,10 +128,11 @@ def drop_schema(engine: Engine, schema: str) -> None:
 
 
 @pytest.fixture
-def schema(engine: Engine) -> Iterator[str]:
-    """A fresh schema with the schema-26 objects, installed by our migration."""
+def schema(engine: Engine, database_url: str) -> Iterator[str]:
+    """A fresh schema with the schema-26 objects, built by our migration's offline script
+    (``support.schemas.install``: the catalog ``migrate.upgrade`` builds, in milliseconds)."""
     name = new_schema_name()
-    migrate.upgrade(engine, name, schema_version=26)
+    install(database_url, name, 26)
     yield name
     drop_schema(engine, name)
 
@@ -123,10 +154,11 @@ def unspoken46(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def schema46(engine: Engine, spoken46: None) -> Iterator[str]:
-    """A fresh schema at pg-boss schema version 46, made by our migrations, with 46 spoken."""
+def schema46(engine: Engine, database_url: str, spoken46: None) -> Iterator[str]:
+    """A fresh schema at pg-boss schema version 46, made by our migrations' offline script
+    (``support.schemas.install``), with 46 spoken."""
     name = new_schema_name()
-    migrate.upgrade(engine, name, schema_version=46)
+    install(database_url, name, 46)
     yield name
     drop_schema(engine, name)
 
@@ -271,5 +303,22 @@ def harness46(
 ) -> Iterator[Harness]:
     """``harness`` on a schema at 46 (``tests/support/worker.py``), sync and async."""
     h = Harness(request.param, engine, schema46, database_url)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def env46_sync(engine: Engine, schema46: str, database_url: str) -> Iterator[Env]:
+    """``env46`` in the sync flavour only: for comparisons with Node, where one flavour is
+    enough (the service code is the same; ``test_async_service_smoke.py`` checks async)."""
+    e = Env("sync", engine, schema46, database_url)
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def harness_async(engine: Engine, schema: str, database_url: str) -> Iterator[Harness]:
+    """``harness`` in the async flavour only: behaviour only coroutine handlers have."""
+    h = Harness("async", engine, schema, database_url)
     yield h
     h.close()

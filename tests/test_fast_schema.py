@@ -1,0 +1,70 @@
+"""The tests' fast schema (``support.schemas.install``) is the schema the migrations build.
+
+Most tests get their schema from our revisions' offline script, rendered once per session
+for a template name and renamed (milliseconds, against a quarter of a second for
+``migrate.upgrade``). These tests keep that shortcut from drifting: for each version the
+runtime speaks, the renamed script is the script rendered for the real name, and running it
+builds the same catalog, function bodies, version row and recorded revision as the online
+upgrade does.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine, text
+from support import catalog
+from support.schemas import (
+    TEMPLATE_SCHEMA,
+    install,
+    migration_script,
+    random_schema,
+    throwaway,
+)
+
+from alkstore_sa import migrate
+
+VERSIONS = [26, 46]
+
+
+def _bodies(engine: Engine, schema: str) -> list[tuple[str, str, str]]:
+    # Function bodies, with the schema's own name written as <schema>: the catalog
+    # snapshot leaves bodies out, and here they must match too.
+    sql = text(
+        "SELECT p.proname, pg_get_function_identity_arguments(p.oid), "
+        "replace(p.prosrc, :s, '<schema>') "
+        "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = :s ORDER BY 1, 2"
+    )
+    with engine.connect() as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(sql, {"s": schema})]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_renamed_script_is_the_script_rendered_for_the_name(version: int) -> None:
+    name = random_schema()
+    assert TEMPLATE_SCHEMA not in migration_script(version, name)
+    assert migration_script(version, name) == migrate.offline_sql(name, schema_version=version)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fast_schema_has_the_catalog_the_online_upgrade_builds(
+    engine: Engine, database_url: str, version: int
+) -> None:
+    online, fast = random_schema(), random_schema()
+    with throwaway(engine, online, fast):
+        migrate.upgrade(engine, online, schema_version=version)
+        install(database_url, fast, version)
+
+        catalog.assert_same(
+            catalog.structural(catalog.snapshot(engine, online, ignore=())),
+            catalog.structural(catalog.snapshot(engine, fast, ignore=())),
+            labels=("migrate.upgrade", "support.schemas.install"),
+        )
+        online_bodies, fast_bodies = _bodies(engine, online), _bodies(engine, fast)
+        assert online_bodies == fast_bodies
+        assert len(fast_bodies) > 0
+        assert migrate.current(engine, fast) == migrate.current(engine, online)
+        assert migrate.current(engine, fast) == migrate.revision_for(version)
+        assert migrate.current_version(engine, fast) == version
+        # And it is healthy by the same check the services run at start.
+        assert migrate.check(engine, fast) == version
