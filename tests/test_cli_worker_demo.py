@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from support.skips import require_module
 
 import alkstore_sa
 from alkstore_sa import QueueService
@@ -292,7 +293,7 @@ def test_demo_on_a_given_database_reports_and_drops_its_schema(
 def test_demo_without_a_database_runs_on_an_embedded_server(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("pgserver")
+    require_module("pgserver", "the demo's embedded server")
     monkeypatch.delenv("ALKSTORE_DATABASE_URL", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     made: list[str] = []

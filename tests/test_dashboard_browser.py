@@ -27,6 +27,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support.skips import unavailable
 
 from alkstore_sa import QueueService
 
@@ -44,13 +45,6 @@ HOSTILE = {
     "attribute": '"><img src=x onerror="window.__pwned=1">',
     "link": "javascript:window.__pwned=1",
 }
-
-
-def unavailable(reason: str) -> None:
-    """Skip locally; fail under CI, where the browser tests must run."""
-    if os.environ.get("CI"):
-        pytest.fail(f"browser tests cannot run under CI: {reason}")
-    pytest.skip(reason)
 
 
 def artifacts_dir() -> Path:

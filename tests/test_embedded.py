@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from support.skips import require_module
 
-pytest.importorskip("pgserver")
+require_module("pgserver", "the embedded extra's server")
 
 SCRIPT = """
 import sqlalchemy as sa

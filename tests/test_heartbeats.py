@@ -189,25 +189,23 @@ def test_supervision_fails_a_lapsed_heartbeat_and_spares_a_touched_one(env46: An
 
 @pytest.mark.interop
 def test_a_lapsed_heartbeat_is_failed_alike_by_node_1238_and_by_us(
-    env46: Any, node46: Callable[..., NodeBoss46]
+    env46_sync: Any, node46: Callable[..., NodeBoss46]
 ) -> None:
-    if env46.flavour == "async":
-        pytest.skip("one flavour is enough to compare with Node")
     for name in ("by_node", "by_us"):
-        env46.tx(lambda q, n=name: q.create_queue("dlq_" + n))
-        env46.tx(
+        env46_sync.tx(lambda q, n=name: q.create_queue("dlq_" + n))
+        env46_sync.tx(
             lambda q, n=name: q.create_queue(
                 n, heartbeat_seconds=10, retry_limit=1, retry_delay=5, dead_letter="dlq_" + n
             )
         )
     jobs = {}
     for name in ("by_node", "by_us"):
-        env46.tx(lambda q, n=name: q.send(n, {"work": 1}, priority=3))
-        [jobs[name]] = env46.tx(lambda q, n=name: q.fetch(n))
-        age_heartbeat(env46, jobs[name].id, 30)
-    boss = node46(env46.schema)
+        env46_sync.tx(lambda q, n=name: q.send(n, {"work": 1}, priority=3))
+        [jobs[name]] = env46_sync.tx(lambda q, n=name: q.fetch(n))
+        age_heartbeat(env46_sync, jobs[name].id, 30)
+    boss = node46(env46_sync.schema)
     boss.call("supervise", "by_node")
-    env46.tx(lambda q: q.supervise("by_us", force=True))
+    env46_sync.tx(lambda q: q.supervise("by_us", force=True))
 
     columns = (
         "state::text, retry_count, retry_limit, output, heartbeat_on, heartbeat_seconds, "
@@ -216,7 +214,7 @@ def test_a_lapsed_heartbeat_is_failed_alike_by_node_1238_and_by_us(
     )
 
     def row(job: Job) -> dict[str, Any]:
-        [r] = env46.sql(f"SELECT {columns} FROM {{s}}.job WHERE id = :i", i=job.id)
+        [r] = env46_sync.sql(f"SELECT {columns} FROM {{s}}.job WHERE id = :i", i=job.id)
         return dict(r._mapping)
 
     ours, theirs = row(jobs["by_us"]), row(jobs["by_node"])
@@ -228,18 +226,18 @@ def test_a_lapsed_heartbeat_is_failed_alike_by_node_1238_and_by_us(
     )
     # The last attempt lapses too: both end failed, with a dead-letter copy alike.
     for name in ("by_node", "by_us"):
-        env46.sql("UPDATE {s}.job SET start_after = now() WHERE id = :i", i=jobs[name].id)
-        [jobs[name]] = env46.tx(lambda q, n=name: q.fetch(n))
-        age_heartbeat(env46, jobs[name].id, 30)
+        env46_sync.sql("UPDATE {s}.job SET start_after = now() WHERE id = :i", i=jobs[name].id)
+        [jobs[name]] = env46_sync.tx(lambda q, n=name: q.fetch(n))
+        age_heartbeat(env46_sync, jobs[name].id, 30)
     # Node's monitor turn for the queue comes once per interval: make it due again.
-    env46.sql("UPDATE {s}.queue SET monitor_claim_on = NULL, monitor_on = NULL")
+    env46_sync.sql("UPDATE {s}.queue SET monitor_claim_on = NULL, monitor_on = NULL")
     boss.call("supervise", "by_node")
-    env46.tx(lambda q: q.supervise("by_us", force=True))
+    env46_sync.tx(lambda q: q.supervise("by_us", force=True))
     ours, theirs = row(jobs["by_us"]), row(jobs["by_node"])
     assert ours == theirs and ours["state"] == "failed"
     copies = {}
     for name in ("by_node", "by_us"):
-        [copies[name]] = env46.sql(
+        [copies[name]] = env46_sync.sql(
             "SELECT data, priority, source_name = :n AS from_source, source_id, source_root_id, "
             "source_output, source_retry_count, heartbeat_seconds, output "
             "FROM {s}.job WHERE name = :d",

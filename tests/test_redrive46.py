@@ -334,34 +334,32 @@ NEW_JOB = (
 
 @pytest.mark.interop
 def test_node_and_python_redrive_each_others_dead_letters_alike(
-    env46: Any, node46: Callable[..., NodeBoss46]
+    env46_sync: Any, node46: Callable[..., NodeBoss46]
 ) -> None:
-    if env46.flavour == "async":
-        pytest.skip("one flavour is enough to compare with Node")
-    queues(env46, retry_delay=3, retention_seconds=600, heartbeat_seconds=30)
-    boss = node46(env46.schema)
+    queues(env46_sync, retry_delay=3, retention_seconds=600, heartbeat_seconds=30)
+    boss = node46(env46_sync.schema)
     originals = {}
     # Python dead-letters the first two, Node the other two.
     for side in ("py-a", "py-b", "node-a", "node-b"):
-        originals[side] = env46.tx(lambda q, s=side: q.send("orders", {"side": s}, priority=2))
+        originals[side] = env46_sync.tx(lambda q, s=side: q.send("orders", {"side": s}, priority=2))
     for _ in ("py-a", "py-b"):  # fetched oldest first
-        [job] = env46.tx(lambda q: q.fetch("orders"))
-        env46.tx(lambda q, j=job: q.fail("orders", j, {"by": "python"}))
+        [job] = env46_sync.tx(lambda q: q.fetch("orders"))
+        env46_sync.tx(lambda q, j=job: q.fail("orders", j, {"by": "python"}))
     for _ in ("node-a", "node-b"):
-        [job] = env46.tx(lambda q: q.fetch("orders"))
+        [job] = env46_sync.tx(lambda q: q.fetch("orders"))
         boss.call("fail", "orders", str(job.id), {"by": "node"})
-    copies = {c.data["side"]: c for c in env46.tx(lambda q: q.list_jobs("dlq"))}
+    copies = {c.data["side"]: c for c in env46_sync.tx(lambda q: q.list_jobs("dlq"))}
     assert {c.source_id for c in copies.values()} == set(originals.values())
 
     # Each side redrives one copy of each.
-    ours = env46.tx(lambda q: q.redrive("dlq", ids=[copies["py-a"].id, copies["node-a"].id]))
+    ours = env46_sync.tx(lambda q: q.redrive("dlq", ids=[copies["py-a"].id, copies["node-a"].id]))
     moved = boss.call("redrive", "dlq", {"ids": [str(copies["py-b"].id), str(copies["node-b"].id)]})
     assert (len(ours), moved) == (2, 2)
-    assert env46.sql("SELECT id FROM {s}.job WHERE name = 'dlq'") == []
+    assert env46_sync.sql("SELECT id FROM {s}.job WHERE name = 'dlq'") == []
 
     rows = {
         r.data["side"]: r
-        for r in env46.sql(
+        for r in env46_sync.sql(
             f"SELECT id, source_root_id, {NEW_JOB} FROM {{s}}.job "
             "WHERE name = 'orders' AND state = 'created'"
         )

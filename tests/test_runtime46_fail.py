@@ -583,27 +583,25 @@ def node_comparable(row: Any, *drop: str) -> dict[str, Any]:
 
 @pytest.mark.interop
 def test_a_job_failed_by_node_1238_and_one_failed_by_us_end_alike(
-    env46: Any, node46: Callable[..., NodeBoss46]
+    env46_sync: Any, node46: Callable[..., NodeBoss46]
 ) -> None:
-    if env46.flavour == "async":
-        pytest.skip("one flavour is enough to compare with Node")
-    create_queue(env46, "origin")
-    create_queue(env46, "dlq", retryLimit=4, heartbeatSeconds=20, expireInSeconds=99)
-    create_queue(env46, "q", deadLetter="dlq")
+    create_queue(env46_sync, "origin")
+    create_queue(env46_sync, "dlq", retryLimit=4, heartbeatSeconds=20, expireInSeconds=99)
+    create_queue(env46_sync, "q", deadLetter="dlq")
     twins = {}
     for side in ("node", "ours"):
         # Keys differ: twins sharing one would meet the unique indexes.
         columns = {**EVERY_COLUMN, "retry_limit": 1, "dead_letter": "dlq", "singleton_key": side}
-        twins[side] = add_job(env46, "q", **columns)
-        activate(env46, twins[side], T0)
-    boss = node46(env46.schema)
+        twins[side] = add_job(env46_sync, "q", **columns)
+        activate(env46_sync, twins[side], T0)
+    boss = node46(env46_sync.schema)
     boss.call("fail", "q", str(twins["node"]), {"error": "x"})
-    env46.tx(lambda q: q.fail("q", twins["ours"], {"error": "x"}))
+    env46_sync.tx(lambda q: q.fail("q", twins["ours"], {"error": "x"}))
 
-    node_row, our_row = row_of(env46, twins["node"]), row_of(env46, twins["ours"])
+    node_row, our_row = row_of(env46_sync, twins["node"]), row_of(env46_sync, twins["ours"])
     assert our_row.state == "failed"
     assert node_comparable(our_row) == node_comparable(node_row)
-    copies = {c.source_id: c for c in rows_of(env46, "dlq")}
+    copies = {c.source_id: c for c in rows_of(env46_sync, "dlq")}
     assert copies[twins["ours"]].singleton_key == "ours"
     assert node_comparable(
         copies[twins["ours"]], "source_id", "created_on", "start_after", "keep_until"
@@ -614,23 +612,21 @@ def test_a_job_failed_by_node_1238_and_one_failed_by_us_end_alike(
 
 @pytest.mark.interop
 def test_node_1238s_backoff_falls_in_the_range_of_the_formula_we_use(
-    env46: Any, node46: Callable[..., NodeBoss46]
+    env46_sync: Any, node46: Callable[..., NodeBoss46]
 ) -> None:
-    if env46.flavour == "async":
-        pytest.skip("one flavour is enough to compare with Node")
     # Node's random() cannot be seeded from here: its delays must lie where the
     # 12.38 formula puts them, ranges that schema 26's additive formula (10 + 2^n/2
     # * (1 + r): [11, 12), [12, 14), [14, 18)) does not reach from the second attempt.
-    create_queue(env46, "q")
-    job_id = add_job(env46, "q", retry_limit=9, retry_delay=10, retry_backoff=True)
-    boss = node46(env46.schema)
+    create_queue(env46_sync, "q")
+    job_id = add_job(env46_sync, "q", retry_limit=9, retry_delay=10, retry_backoff=True)
+    boss = node46(env46_sync.schema)
     for attempt in range(3):
-        env46.sql("UPDATE {s}.job SET retry_count = :n WHERE id = :i", n=attempt, i=job_id)
-        activate(env46, job_id)
-        [(before,)] = env46.sql("SELECT clock_timestamp()")
+        env46_sync.sql("UPDATE {s}.job SET retry_count = :n WHERE id = :i", n=attempt, i=job_id)
+        activate(env46_sync, job_id)
+        [(before,)] = env46_sync.sql("SELECT clock_timestamp()")
         boss.call("fail", "q", str(job_id), {"n": attempt})
-        [(after,)] = env46.sql("SELECT clock_timestamp()")
-        start_after = row_of(env46, job_id).start_after
+        [(after,)] = env46_sync.sql("SELECT clock_timestamp()")
+        start_after = row_of(env46_sync, job_id).start_after
         # Node's clock read lies between before and after.
         longest = (start_after - before).total_seconds()
         shortest = (start_after - after).total_seconds()

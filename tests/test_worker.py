@@ -72,11 +72,10 @@ def test_raising_handler_fails_job_for_retry_with_error_output(harness: Harness)
 
 
 def test_async_handler_leaking_a_cancelled_error_fails_its_job_instead_of_hanging(
-    harness: Harness,
+    harness_async: Harness,
 ) -> None:
-    h = harness
-    if not h.is_async:
-        pytest.skip("only coroutines can let a CancelledError of their own escape")
+    # Only coroutines can let a CancelledError of their own escape.
+    h = harness_async
     h.service_tx(lambda q: q.create_queue("q", retry_limit=1, retry_delay=30))
     job_id = send(h, "q")
 

@@ -41,6 +41,8 @@ from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService
 
+from .skips import unavailable
+
 INTEROP_DIR = Path(__file__).resolve().parents[1] / "interop"
 RPC_SCRIPT = INTEROP_DIR / "rpc.js"
 PGBOSS_VERSION = "11.1.2"
@@ -424,10 +426,7 @@ def node_modules() -> None:
     """Node and the pinned pg-boss, installed if needed (skip without Node unless CI)."""
     missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
     if missing:
-        reason = f"interop tests need Node.js: {' and '.join(missing)} not found on PATH"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"interop tests need Node.js: {' and '.join(missing)} not found on PATH")
     ensure_node_modules()
 
 
@@ -438,10 +437,7 @@ def node46_modules() -> None:
     Skips when npm is absent (and nothing is installed yet), unless ``CI=true``: then it fails.
     """
     if installed_pgboss46_version() != PGBOSS46_VERSION and shutil.which("npm") is None:
-        reason = "schema-46 interop tests need npm to install pg-boss 12.38.0 and Node 22"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable("schema-46 interop tests need npm to install pg-boss 12.38.0 and Node 22")
     ensure_node46_modules()
 
 
