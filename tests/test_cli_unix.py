@@ -311,6 +311,7 @@ def test_db_downgrade_with_nothing_installed_says_so_and_exits_0(
         assert not schema_exists(engine, name)
 
 
+@pytest.mark.interop
 def test_db_downgrade_leaves_a_schema_node_pg_boss_created_alone(
     capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
 ) -> None:
@@ -325,6 +326,7 @@ def test_db_downgrade_leaves_a_schema_node_pg_boss_created_alone(
         assert found == 26
 
 
+@pytest.mark.interop
 def test_db_upgrade_of_a_schema_node_pg_boss_created_says_adopted(
     capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
 ) -> None:
@@ -340,6 +342,7 @@ def test_db_upgrade_of_a_schema_node_pg_boss_created_says_adopted(
         )
 
 
+@pytest.mark.interop
 def test_db_upgrade_to_26_of_a_schema_node_pg_boss_created_only_adopts_it(
     capsys: pytest.CaptureFixture[str], database_url: str, engine: Engine
 ) -> None:

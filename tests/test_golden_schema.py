@@ -10,8 +10,10 @@ functions, which are our own code and are compared by behaviour in
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import Engine
-from support import catalog
+from support import catalog, pgboss_plans
+from support.node import node46_modules
 from support.schemas import (
     install_with_node_plan,
     random_schema,
@@ -20,6 +22,8 @@ from support.schemas import (
 )
 
 from alkstore_sa import migrate
+
+__all__ = ["node46_modules"]  # a fixture
 
 
 def _node_catalog(engine: Engine, database_url: str, schema: str) -> catalog.Catalog:
@@ -37,6 +41,7 @@ def _our_catalog(engine: Engine, schema: str) -> catalog.Catalog:
         return catalog.snapshot(engine, schema)
 
 
+@pytest.mark.interop
 def test_migration_catalog_equals_pgboss_construction_plan(
     engine: Engine, database_url: str
 ) -> None:
@@ -46,6 +51,7 @@ def test_migration_catalog_equals_pgboss_construction_plan(
     catalog.assert_same(theirs, ours, ("pg-boss 11.1.2", "alkstore migration"))
 
 
+@pytest.mark.interop
 def test_golden_catalog_covers_every_schema26_object(engine: Engine, database_url: str) -> None:
     # Guards the comparison itself: an empty or partial snapshot would compare equal too.
     theirs = _node_catalog(engine, database_url, random_schema())
@@ -74,6 +80,7 @@ def test_golden_catalog_covers_every_schema26_object(engine: Engine, database_ur
     assert len([c for c in theirs["columns"] if c.startswith("job.")]) == 22
 
 
+@pytest.mark.interop
 def test_migration_quotes_a_mixed_case_schema_name(engine: Engine, database_url: str) -> None:
     schema = random_schema("Boss_Q_")
     theirs = _node_catalog(engine, database_url, schema)
@@ -85,6 +92,7 @@ def test_migration_quotes_a_mixed_case_schema_name(engine: Engine, database_url:
     catalog.assert_same(theirs, ours, ("pg-boss 11.1.2 (folded name)", "alkstore migration"))
 
 
+@pytest.mark.interop
 def test_pgboss_folds_a_mixed_case_schema_name_to_lower_case(
     engine: Engine, database_url: str
 ) -> None:
@@ -110,3 +118,16 @@ def test_snapshot_diff_names_the_differing_fact(engine: Engine) -> None:
     assert "-[indexes] job_i6: CREATE UNIQUE INDEX job_i6 ON <schema>.job_common" in found
     changed = [line for line in found.splitlines() if line.startswith(("-[", "+["))]
     assert changed and all(line.startswith("-[") and "job_i6" in line for line in changed)
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("name", ["t_0123456789ab", "MixedCase_Name"])
+def test_node_plans_renamed_from_the_template_are_the_plans_node_writes(
+    name: str, node46_modules: None
+) -> None:
+    # The tests ask Node for each version's plan once and rename it (support.pgboss_plans).
+    assert pgboss_plans.TEMPLATE_SCHEMA not in pgboss_plans.construction_plan(name)
+    assert pgboss_plans.construction_plan(name) == pgboss_plans.construction_plan_from_node(name)
+    assert pgboss_plans.construction_plan46(name) == pgboss_plans.construction_plan46_from_node(
+        name
+    )

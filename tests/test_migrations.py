@@ -201,6 +201,7 @@ def test_user_environment_upgrade_heads_creates_user_table_and_queue_schema_46(
     )
 
 
+@pytest.mark.interop
 def test_user_environment_upgrade_to_the_26_revision_builds_the_golden_catalog(
     user_project: UserProject, engine: Engine, fresh: str, reference: catalog.Catalog
 ) -> None:
@@ -293,6 +294,7 @@ def test_user_environment_offline_sql_of_heads_builds_schema_46(
     assert _tables(engine, user_project.app_schema) == {"customer"}
 
 
+@pytest.mark.interop
 def test_user_environment_offline_sql_of_the_26_revision_builds_the_golden_catalog(
     user_project: UserProject,
     engine: Engine,
@@ -306,6 +308,7 @@ def test_user_environment_offline_sql_of_the_26_revision_builds_the_golden_catal
     catalog.assert_same(reference, catalog.snapshot(engine, fresh), ("pg-boss", "offline SQL"))
 
 
+@pytest.mark.interop
 def test_user_environment_adopts_a_schema_created_by_node(
     user_project: UserProject, engine: Engine, database_url: str, fresh: str
 ) -> None:
@@ -323,6 +326,7 @@ def test_user_environment_adopts_a_schema_created_by_node(
 # --------------------------------------------------------------------- (B) standalone
 
 
+@pytest.mark.interop
 def test_cli_db_upgrade_to_26_builds_the_golden_catalog(
     engine: Engine,
     database_url: str,
@@ -351,6 +355,7 @@ def test_cli_db_upgrade_builds_schema_46_by_default(
     assert migrate.current(engine, fresh) == "alkstore_0046"
 
 
+@pytest.mark.interop
 def test_console_script_upgrades_in_a_subprocess(
     engine: Engine, database_url: str, fresh: str, reference: catalog.Catalog
 ) -> None:
@@ -405,6 +410,7 @@ def test_upgrade_accepts_a_libpq_url(database_url: str, engine: Engine, fresh: s
 # --------------------------------------------------------------------- (C) offline
 
 
+@pytest.mark.interop
 def test_db_sql_script_builds_the_golden_catalog(
     engine: Engine,
     database_url: str,
@@ -445,6 +451,7 @@ def test_db_sql_script_installs_functions_that_work(
 # --------------------------------------------------------------------- adoption
 
 
+@pytest.mark.interop
 def test_upgrade_adopts_a_node_schema_without_touching_it(
     engine: Engine, database_url: str, fresh: str
 ) -> None:

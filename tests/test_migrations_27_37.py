@@ -106,6 +106,7 @@ def schemas(engine: Engine) -> Iterator[list[str]]:
             drop_schema(engine, name)
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("version", range(27, 38))
 def test_upgrade_to_each_version_equals_pg_boss_12_38_migrating_schema_26_to_it(
     version: int,
@@ -141,6 +142,7 @@ def test_upgrade_to_each_version_equals_pg_boss_12_38_migrating_schema_26_to_it(
     assert _queue_rows(engine, ours) == _queue_rows(engine, theirs)
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("version", [27, 28, 31, 32, 33, 37])
 def test_downgrade_from_each_version_restores_the_schema_26_catalog(
     version: int, engine: Engine, database_url: str, schemas: list[str]
@@ -162,6 +164,7 @@ def test_downgrade_from_each_version_restores_the_schema_26_catalog(
     assert _scalar(engine, f'SELECT version FROM "{ours}".version') == 26
 
 
+@pytest.mark.interop
 def test_index_builds_reach_job_common_and_old_partitions_and_leave_no_bam_rows(
     engine: Engine, database_url: str, schemas: list[str]
 ) -> None:
@@ -192,6 +195,7 @@ def test_index_builds_reach_job_common_and_old_partitions_and_leave_no_bam_rows(
     assert pending == 0
 
 
+@pytest.mark.interop
 def test_an_invalid_index_left_by_an_interrupted_build_is_rebuilt_by_the_next_upgrade(
     engine: Engine, database_url: str, schemas: list[str]
 ) -> None:
@@ -235,6 +239,7 @@ def test_an_invalid_index_left_by_an_interrupted_build_is_rebuilt_by_the_next_up
     assert _scalar(engine, f'SELECT version FROM "{schema}".version') == 27
 
 
+@pytest.mark.interop
 def test_upgrade_refuses_a_schema_another_program_migrated_and_changes_nothing(
     engine: Engine, database_url: str, schemas: list[str]
 ) -> None:
@@ -251,6 +256,7 @@ def test_upgrade_refuses_a_schema_another_program_migrated_and_changes_nothing(
     assert migrate.current(database_url, schema=schema) == _revision(26)
 
 
+@pytest.mark.interop
 def test_upgrade_waits_while_pg_boss_migration_lock_is_held(
     engine: Engine, database_url: str, schemas: list[str]
 ) -> None:

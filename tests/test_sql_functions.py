@@ -101,6 +101,7 @@ def _insert_jobs(pair: Pair, name: str, count: int) -> None:
         )
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize(("policy", "partition"), list(itertools.product(POLICIES, [False, True])))
 def test_create_queue_with_every_option_matches_pgboss(
     pair: Pair, policy: str, partition: bool
@@ -113,6 +114,7 @@ def test_create_queue_with_every_option_matches_pgboss(
     assert row["table_name"] == (partition_table_name("orders") if partition else "job_common")
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("partition", [False, True])
 def test_create_queue_without_options_applies_pgboss_defaults(pair: Pair, partition: bool) -> None:
     pair.client(["create-queue", "plain", {"partition": partition} if partition else {}])
@@ -131,6 +133,7 @@ def test_create_queue_without_options_applies_pgboss_defaults(pair: Pair, partit
     ) == (2, 0, False, None, 900, 1_209_600, 604_800, 0, None)
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("partition", [False, True])
 def test_create_queue_for_an_existing_queue_is_a_silent_no_op(pair: Pair, partition: bool) -> None:
     pair.client(
@@ -146,6 +149,7 @@ def test_create_queue_for_an_existing_queue_is_a_silent_no_op(pair: Pair, partit
     assert (row["policy"], row["partition"], row["retry_limit"]) == ("short", partition, 2)
 
 
+@pytest.mark.interop
 def test_partition_accepts_and_routes_only_its_own_queue(pair: Pair) -> None:
     pair.client(["create-queue", "mine", {"partition": True}], ["create-queue", "shared", {}])
     _insert_jobs(pair, "mine", 2)
@@ -161,6 +165,7 @@ def test_partition_accepts_and_routes_only_its_own_queue(pair: Pair) -> None:
     assert any(t.endswith(table) for t, _ in counts[0])
 
 
+@pytest.mark.interop
 def test_delete_of_a_partitioned_queue_drops_its_table_and_row(pair: Pair) -> None:
     pair.client(
         ["create-queue", "gone", {"policy": "singleton", "partition": True}],
@@ -176,6 +181,7 @@ def test_delete_of_a_partitioned_queue_drops_its_table_and_row(pair: Pair) -> No
     assert pair.sql(pair.ours, "SELECT name, count(*) FROM {s}.job GROUP BY name") == [("kept", 2)]
 
 
+@pytest.mark.interop
 def test_delete_of_a_shared_queue_removes_only_its_jobs_and_cascades(pair: Pair) -> None:
     pair.client(["create-queue", "gone", {}], ["create-queue", "kept", {}])
     _insert_jobs(pair, "gone", 3)
@@ -193,6 +199,7 @@ def test_delete_of_a_shared_queue_removes_only_its_jobs_and_cascades(pair: Pair)
     assert ours == theirs == [(0, 2, 0, 0)]
 
 
+@pytest.mark.interop
 def test_functions_quote_names_the_client_cannot_send(pair: Pair) -> None:
     # Node pastes names into SQL text; through bind parameters both functions must
     # cope with quotes, upper case and hyphens in a queue name.
@@ -232,6 +239,7 @@ def test_create_queue_partitions_inside_a_mixed_case_schema(engine: Engine) -> N
         assert table not in {r.split()[0] for r in catalog.snapshot(engine, schema)["relations"]}
 
 
+@pytest.mark.interop
 def test_delete_of_a_missing_queue_is_silent_in_ours(pair: Pair) -> None:
     # pg-boss's function raises here (a NULL table name reaches format('%I')); its
     # client checks first and swallows errors, so a no-op is the same observable result.
@@ -239,6 +247,7 @@ def test_delete_of_a_missing_queue_is_silent_in_ours(pair: Pair) -> None:
     assert pair.queues(pair.ours) == []
 
 
+@pytest.mark.interop
 def test_partition_flag_must_be_json_true_for_a_dedicated_table(pair: Pair) -> None:
     # Only the JSON value true selects a partition; the string "true" does too
     # (->> yields text), anything else leaves the queue on job_common.
@@ -261,6 +270,7 @@ def test_partition_flag_must_be_json_true_for_a_dedicated_table(pair: Pair) -> N
     }
 
 
+@pytest.mark.interop
 def test_delete_queue_never_drops_the_shared_partition(pair: Pair) -> None:
     # {"partition": 1} gives a row with partition = true but table job_common (in
     # both implementations). pg-boss's delete_queue then drops job_common with every
