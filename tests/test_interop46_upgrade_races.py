@@ -96,6 +96,7 @@ def _until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> Non
 def _cli_upgrade(database_url: str, schema: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["PGAPPNAME"] = f"alkstore-test-{schema}"  # libpq's application_name: see below
     return subprocess.Popen(
         [
             sys.executable,
@@ -182,6 +183,7 @@ def test_node_start_first_then_our_upgrade_waits_records_and_heals(
                 _scalar(
                     engine,
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    f"AND application_name = 'alkstore-test-{schema26}' "
                     "AND query LIKE 'SELECT pg_try_advisory_lock(%'",
                 )
                 >= 1

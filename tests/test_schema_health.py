@@ -528,9 +528,10 @@ def test_upgrade_holds_pg_boss_migration_lock_key_while_it_works(
     _clean46(engine, fresh)
 
 
-def _cli(database_url: str, *argv: str) -> subprocess.Popen[str]:
+def _cli(database_url: str, *argv: str, app: str = "alkstore-test") -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["PGAPPNAME"] = app  # libpq's application_name: finds these sessions, not others'
     return subprocess.Popen(
         [*CLI, *argv, "--database-url", database_url, "--json"],
         env=env,
@@ -540,12 +541,14 @@ def _cli(database_url: str, *argv: str) -> subprocess.Popen[str]:
     )
 
 
-def _lock_pollers(engine: Engine) -> int:
-    """Sessions whose last statement tried pg-boss's migration lock (waiting upgrades)."""
+def _lock_pollers(engine: Engine, app: str) -> int:
+    """Sessions named ``app`` whose last statement tried pg-boss's migration lock (waiting
+    upgrades); the name keeps other tests' upgrades, in parallel workers, out of the count."""
     found = _sql(
         engine,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND query LIKE 'SELECT pg_try_advisory_lock(%'",
+        "AND application_name = :app AND query LIKE 'SELECT pg_try_advisory_lock(%'",
+        app=app,
     )
     return int(found[0][0])
 
@@ -556,16 +559,17 @@ def test_two_upgrades_at_once_one_works_the_other_waits_and_finds_nothing_to_do(
     database = str(_sql(engine, "SELECT current_database()")[0][0])
     key = _lock_key(database, fresh)
     argv = ("db", "upgrade", "--schema-version", "46", "--schema", fresh)
-    before = _lock_pollers(engine)
+    app = f"alkstore-test-{fresh}"
+    before = _lock_pollers(engine, app)
     with engine.connect() as holder:
         # Both start while the lock is held, so both are waiting when it is released.
         holder.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
         holder.commit()
-        procs = [_cli(database_url, *argv), _cli(database_url, *argv)]
+        procs = [_cli(database_url, *argv, app=app), _cli(database_url, *argv, app=app)]
         deadline = time.monotonic() + 60
-        while _lock_pollers(engine) < before + 2 and time.monotonic() < deadline:
+        while _lock_pollers(engine, app) < before + 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        waiting = _lock_pollers(engine) - before
+        waiting = _lock_pollers(engine, app) - before
         assert all(p.poll() is None for p in procs)  # neither went ahead
         assert _sql(engine, "SELECT to_regclass(:t)", t=f'"{fresh}".version') == [(None,)]
         holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})

@@ -46,8 +46,9 @@ def slow_reason(item: pytest.Item) -> str | None:
         if item.get_closest_marker(kind) is not None:
             return why
     callspec = getattr(item, "callspec", None)
-    doubled = callspec is not None and item.path.name not in ASYNC_IN_FAST_TIER
-    if doubled and any(callspec.params.get(name) == "async" for name in ASYNC_DOUBLED):
+    if callspec is None or item.path.name in ASYNC_IN_FAST_TIER:
+        return None
+    if any(callspec.params.get(name) == "async" for name in ASYNC_DOUBLED):
         return "the async double of a service test"
     return None
 
