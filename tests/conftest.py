@@ -37,6 +37,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many workers ``-n auto`` (pyproject's addopts) starts: one more than the cores,
+    as the tests spend much of their time waiting on PostgreSQL, between 2 and 6 (each
+    worker holds a few connections; PostgreSQL's default limit is 100)."""
+    override = os.environ.get("ALKSTORE_TEST_WORKERS")
+    if override:
+        return int(override)
+    return max(2, min((os.cpu_count() or 1) + 1, 6))
+
+
 _skipped: list[str] = []
 
 

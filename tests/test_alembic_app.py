@@ -25,6 +25,8 @@ from sqlalchemy import Engine, create_engine, make_url, text
 
 from alkstore_sa.migrations import VERSIONS_DIR
 
+pytestmark = pytest.mark.docs_page  # docs/how-to/alembic.md, walked as its reader would
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "how-to" / "alembic.md"
 

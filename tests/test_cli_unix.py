@@ -100,6 +100,7 @@ def send_jobs(engine: Engine, schema: str, queue: str, count: int, data: object)
 # ------------------------------------------------------------ bad input: exit 2
 
 
+@pytest.mark.subprocess
 def test_bad_log_level_is_a_usage_error_on_one_line() -> None:
     ran = run("worker", "--app", "any:thing", "--log-level", "LOUD")
     assert_one_line_error(ran, 2, "--log-level", "'LOUD'", "DEBUG", "alkstore worker --help")
@@ -167,6 +168,7 @@ def test_missing_database_url_exits_2(capsys: pytest.CaptureFixture[str]) -> Non
 # ------------------------------------------------------------- failures: exit 1
 
 
+@pytest.mark.subprocess
 def test_unreachable_database_exits_1_naming_it_without_the_password() -> None:
     ran = run("queue", "list", "--database-url", "postgresql://app:s3cret@127.0.0.1:1/shop")
     line = assert_one_line_error(ran, 1, "cannot connect to database 'shop' on 127.0.0.1:1")
@@ -210,12 +212,14 @@ def build():
 """
 
 
+@pytest.mark.subprocess
 def test_unexpected_exception_is_one_line_naming_its_type(tmp_path: Path) -> None:
     (tmp_path / "broken_app.py").write_text(textwrap.dedent(BROKEN_APP))
     ran = run("worker", "--app", "broken_app:build", cwd=tmp_path)
     assert_one_line_error(ran, 1, "unexpected RuntimeError: boom second line", "ALKSTORE_DEBUG=1")
 
 
+@pytest.mark.subprocess
 def test_debug_environment_variable_shows_the_traceback(tmp_path: Path) -> None:
     (tmp_path / "broken_app.py").write_text(textwrap.dedent(BROKEN_APP))
     ran = run("worker", "--app", "broken_app:build", cwd=tmp_path, ALKSTORE_DEBUG="1")
@@ -240,6 +244,7 @@ def run_with_stdout_closed(*argv: str) -> Ran:
     return Ran(proc.wait(timeout=60), "", err)
 
 
+@pytest.mark.subprocess
 def test_queue_create_into_a_closed_pipe_ends_quietly_with_141(
     database_url: str, schema: str
 ) -> None:
@@ -249,6 +254,8 @@ def test_queue_create_into_a_closed_pipe_ends_quietly_with_141(
     assert ran.code == 141
 
 
+@pytest.mark.subprocess
+@pytest.mark.smoke
 def test_jobs_get_into_a_closed_pipe_ends_quietly_with_141(
     database_url: str, engine: Engine, schema: str
 ) -> None:
@@ -259,6 +266,7 @@ def test_jobs_get_into_a_closed_pipe_ends_quietly_with_141(
     assert ran.code == 141
 
 
+@pytest.mark.subprocess
 def test_output_piped_into_head_ends_quietly(
     database_url: str, engine: Engine, schema: str
 ) -> None:
@@ -386,6 +394,7 @@ def count_orders(engine: Engine, schema: str) -> int:
     return 0
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_in_demo_says_interrupted_exits_130_and_drops_its_schema(
     database_url: str, engine: Engine, stderr_file: Path
 ) -> None:
@@ -421,6 +430,7 @@ def test_ctrl_c_in_demo_says_interrupted_exits_130_and_drops_its_schema(
     assert not schema_exists(engine, schema)
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_in_maintain_loop_says_interrupted_and_exits_130(
     database_url: str, schema: str
 ) -> None:
@@ -448,6 +458,7 @@ def test_ctrl_c_in_maintain_loop_says_interrupted_and_exits_130(
 # ----------------------------------------------------------------- maintain
 
 
+@pytest.mark.subprocess
 def test_maintain_pass_with_a_failing_step_logs_one_line_each_and_exits_1(
     database_url: str, engine: Engine, schema: str
 ) -> None:

@@ -135,6 +135,7 @@ def wait_started(app_dir: Path, proc: subprocess.Popen[str], timeout: float = 15
         time.sleep(0.05)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
     app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str, flavour: str
@@ -149,6 +150,7 @@ def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
     assert "stopped" in out
 
 
+@pytest.mark.subprocess
 def test_sigterm_fails_a_job_still_running_after_the_shutdown_timeout(
     app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str
 ) -> None:
@@ -165,6 +167,7 @@ def test_sigterm_fails_a_job_still_running_after_the_shutdown_timeout(
     assert row.output == {"name": "WorkerShutdown", "message": "worker shut down while active"}
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_second_signal_stops_at_once(
     app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str, flavour: str
@@ -211,6 +214,7 @@ def test_worker_command_rejects_a_queue_the_app_has_no_handler_for(
     assert "no handler registered for 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_worker_command_serves_the_workers_metrics_on_metrics_port(
     app_dir: Path, database_url: str, engine: Engine, schema: str, queue: str
 ) -> None:
@@ -319,6 +323,7 @@ def test_demo_without_a_database_runs_on_an_embedded_server(
     assert made and not any(Path(d).exists() for d in made)  # the server's data is gone
 
 
+@pytest.mark.subprocess
 def test_demo_with_dashboard_serves_the_demo_queues_until_interrupted(
     database_url: str, engine: Engine
 ) -> None:

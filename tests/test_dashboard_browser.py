@@ -31,6 +31,8 @@ from support.skips import unavailable
 
 from alkstore_sa import QueueService
 
+pytestmark = pytest.mark.browser
+
 if TYPE_CHECKING:
     import uvicorn
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -205,6 +207,7 @@ def dash(
         server.stop()
 
 
+@pytest.mark.smoke
 def test_overview_shows_each_queue_and_its_counts(dash: Dashboard) -> None:
     dash.tx(lambda q: q.create_queue("emails", retry_limit=0))
     dash.tx(lambda q: q.create_queue("reports"))

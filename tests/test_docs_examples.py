@@ -869,7 +869,19 @@ def dispose_engines(ctx: Ctx, ns: dict[str, Any]) -> None:
             engine.dispose()
 
 
-@pytest.mark.parametrize("page", pages_with_examples())
+FAST_TIER_PAGES = frozenset({"README.md", "docs/quickstart.md"})
+"""The pages a newcomer reads first run in the fast tier; every other page is ``docs_page``
+(the slow tier)."""
+
+
+def page_params() -> list[Any]:
+    return [
+        pytest.param(page, marks=() if page in FAST_TIER_PAGES else pytest.mark.docs_page)
+        for page in pages_with_examples()
+    ]
+
+
+@pytest.mark.parametrize("page", page_params())
 def test_the_python_examples_of_the_page_run(page: str, page_url: str, tmp_path: Path) -> None:
     spec = PAGES.get(page)
     assert spec is not None, f"{page} has Python examples: give it an entry in PAGES"

@@ -12,6 +12,8 @@ from support.skips import require_module
 
 require_module("pgserver", "the embedded extra's server")
 
+pytestmark = pytest.mark.subprocess
+
 SCRIPT = """
 import sqlalchemy as sa
 from alkstore_sa._embedded import embedded_postgres

@@ -537,6 +537,7 @@ def layered_dag(queue: str, layers: int, width: int) -> list[Any]:
     return jobs
 
 
+@pytest.mark.slow  # a thousand jobs worked in order: scale, not a new path
 def test_a_1000_job_dag_is_worked_in_dependency_order(harness46: Harness) -> None:
     h = harness46
     h.service_tx(lambda q: q.create_queue("dag"))

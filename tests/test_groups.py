@@ -385,6 +385,7 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 GROUPS, PER_GROUP, LIMIT, PROCESSES = 20, 100, 2, 4
 
 
+@pytest.mark.subprocess
 def test_four_worker_processes_never_exceed_a_group_limit_and_finish_every_group(
     engine: Engine, schema46: str, database_url: str, processes: Any
 ) -> None:

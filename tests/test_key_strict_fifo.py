@@ -241,6 +241,7 @@ def _worker(url: str, schema: str, out: Any) -> None:
         engine.dispose()
 
 
+@pytest.mark.subprocess
 def test_four_worker_processes_run_each_key_in_send_order_one_at_a_time(
     schema46: str, engine: Engine, database_url: str
 ) -> None:

@@ -203,6 +203,7 @@ def test_worker_metrics_option(engine: Engine) -> None:
     assert info.value.option == "metrics"
 
 
+@pytest.mark.subprocess
 def test_importing_alkstore_sa_does_not_import_prometheus_client() -> None:
     code = (
         "import sys, alkstore_sa, alkstore_sa.cli, alkstore_sa.worker\n"

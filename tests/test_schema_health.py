@@ -183,6 +183,7 @@ def _clean46(engine: Engine, schema: str) -> None:
 # ----------------------------------------------------------------- the expected catalogs
 
 
+@pytest.mark.slow  # every version's catalog, migrated and read
 def test_the_catalog_file_is_what_our_revisions_build(engine: Engine) -> None:
     spec = importlib.util.spec_from_file_location(
         "gen_catalogs", ROOT / "tools" / "gen_catalogs.py"
@@ -314,6 +315,7 @@ def test_a_reindex_concurrently_leftover_is_named_and_dropped(
     _clean46(engine, fresh)
 
 
+@pytest.mark.slow  # builds every background index
 def test_missing_background_builds_and_their_bam_rows_are_finished(
     engine: Engine, database_url: str, fresh: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -497,6 +499,7 @@ def advisory_holders(engine: Engine, key: int) -> list[tuple[int, bool]]:
     ]
 
 
+@pytest.mark.subprocess
 def test_upgrade_holds_pg_boss_migration_lock_key_while_it_works(
     engine: Engine, database_url: str, fresh: str
 ) -> None:
@@ -553,6 +556,7 @@ def _lock_pollers(engine: Engine, app: str) -> int:
     return int(found[0][0])
 
 
+@pytest.mark.subprocess
 def test_two_upgrades_at_once_one_works_the_other_waits_and_finds_nothing_to_do(
     engine: Engine, database_url: str, fresh: str
 ) -> None:

@@ -274,6 +274,7 @@ def test_job_of_a_killed_worker_is_retried_and_completed_exactly_once(
     assert count == 1
 
 
+@pytest.mark.subprocess
 def test_job_of_a_killed_worker_lands_in_the_dead_letter_queue_via_alkstore_maintain(
     engine: Engine, database_url: str, schema: str
 ) -> None:
@@ -378,11 +379,13 @@ def tally(passes: list[list[dict[str, Any]]], key: str) -> Counter[Any]:
     return counts
 
 
+@pytest.mark.subprocess
 def test_three_processes_run_into_no_errors(three_supervisors: Any) -> None:
     _, passes, _ = three_supervisors
     assert tally(passes, "errors") == Counter()
 
 
+@pytest.mark.subprocess
 def test_each_queue_is_monitored_once_per_interval_across_three_processes(
     three_supervisors: Any,
 ) -> None:
@@ -392,6 +395,7 @@ def test_each_queue_is_monitored_once_per_interval_across_three_processes(
     assert (counts["a"], counts["b"]) == (3, 3)
 
 
+@pytest.mark.subprocess
 def test_each_queue_is_maintained_once_per_interval_across_three_processes(
     three_supervisors: Any,
 ) -> None:
@@ -401,6 +405,7 @@ def test_each_queue_is_maintained_once_per_interval_across_three_processes(
     assert (counts["a"], counts["b"]) == (2, 2)
 
 
+@pytest.mark.subprocess
 def test_cron_turn_is_taken_once_per_interval_across_three_processes(
     three_supervisors: Any,
 ) -> None:
@@ -409,6 +414,7 @@ def test_cron_turn_is_taken_once_per_interval_across_three_processes(
     assert tally(passes, "cron")[True] == 10
 
 
+@pytest.mark.subprocess
 def test_schedule_fires_once_per_minute_across_three_timekeeper_processes(
     three_supervisors: Any,
 ) -> None:
@@ -421,6 +427,7 @@ def test_schedule_fires_once_per_minute_across_three_timekeeper_processes(
     assert made == 4
 
 
+@pytest.mark.subprocess
 def test_alkstore_maintain_loop_reports_and_stops_on_sigterm(
     engine: Engine, database_url: str, schema: str
 ) -> None:

@@ -261,6 +261,7 @@ print(row.trace_context, row.state, "opentelemetry" in sys.modules)
 """
 
 
+@pytest.mark.subprocess
 def test_without_opentelemetry_it_is_never_imported(database_url: str, schema46: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", BLOCKED, database_url, schema46],

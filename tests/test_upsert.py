@@ -356,6 +356,7 @@ def _upserter(url: str, schema: str, proc: int, out: Any) -> None:
         engine.dispose()
 
 
+@pytest.mark.subprocess
 def test_four_processes_upserting_the_same_keys_while_a_worker_claims(
     schema46: str, engine: Engine, database_url: str
 ) -> None:
