@@ -235,6 +235,7 @@ def test_python_fetch_takes_priority_then_age_from_node_inserts(
 # --------------------------------------------------------------- settle
 
 
+@pytest.mark.smoke  # one Node round trip each way stays in the fast tier
 def test_node_completes_and_fails_jobs_python_sent(
     engine: Engine, schema46_by: str, node46: Node
 ) -> None:
@@ -255,6 +256,7 @@ def test_node_completes_and_fails_jobs_python_sent(
     assert dead.state == "failed" and dead.output == {"reason": "no stock"}
 
 
+@pytest.mark.smoke  # one Node round trip each way stays in the fast tier
 def test_python_completes_a_node_job_and_node_reads_the_output(
     engine: Engine, schema46_by: str, node46: Node
 ) -> None:

@@ -182,6 +182,7 @@ def test_singleton_slot_of_python_and_node_jobs_is_the_slot_they_were_created_in
             assert row.slot == 60 * math.floor(float(row.created) / 60)
 
 
+@pytest.mark.smoke  # one Node round trip each way stays in the fast tier
 def test_node_completes_and_fails_jobs_sent_by_python(
     engine: Engine, schema: str, node: NodeFactory
 ) -> None:
@@ -281,6 +282,7 @@ def test_jobs_inserted_by_node_are_fetched_by_python_in_priority_order(
     assert all(j.policy == "standard" and j.dead_letter == "dlq" for j in jobs)
 
 
+@pytest.mark.smoke  # one Node round trip each way stays in the fast tier
 def test_python_completes_a_node_job_and_node_reads_the_output(
     engine: Engine, schema: str, node: NodeFactory
 ) -> None:
