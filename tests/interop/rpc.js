@@ -2,6 +2,8 @@
 // One Node pg-boss 11.1.2 instance, driven by the Python interop tests.
 //
 // Usage: node rpc.js '<config JSON>'
+//        node rpc.js -        (the config is the first line of stdin: a process started ahead
+//                              of need, with pg-boss already loaded, waits for it)
 //   config: { connectionString, schema, options: {...PgBoss constructor options}, start: true }
 //
 // Protocol (one JSON object per line):
@@ -14,8 +16,6 @@
 
 const readline = require('node:readline')
 const PgBoss = require('pg-boss')
-
-const config = JSON.parse(process.argv[2] || '{}')
 
 function write (message) {
   process.stdout.write(JSON.stringify(message) + '\n')
@@ -38,15 +38,36 @@ function describe (err) {
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
 
-const boss = new PgBoss({
-  connectionString: config.connectionString,
-  schema: config.schema,
-  ...revive(config.options || {})
-})
+// The first line of stdin, leaving the rest for readline.
+function firstLine () {
+  return new Promise(resolve => {
+    let buffered = ''
+    const onData = chunk => {
+      buffered += chunk
+      const at = buffered.indexOf('\n')
+      if (at < 0) return
+      process.stdin.off('data', onData)
+      process.stdin.pause()
+      if (at + 1 < buffered.length) process.stdin.unshift(buffered.slice(at + 1))
+      resolve(buffered.slice(0, at))
+    }
+    process.stdin.setEncoding('utf8')
+    process.stdin.on('data', onData)
+  })
+}
 
-boss.on('error', err => write({ event: 'error', message: describe(err), queue: err && err.queue }))
-boss.on('warning', warning => write({ event: 'warning', message: warning.message }))
-boss.on('stopped', () => write({ event: 'stopped' }))
+let boss
+
+function open (config) {
+  boss = new PgBoss({
+    connectionString: config.connectionString,
+    schema: config.schema,
+    ...revive(config.options || {})
+  })
+  boss.on('error', err => write({ event: 'error', message: describe(err), queue: err && err.queue }))
+  boss.on('warning', warning => write({ event: 'warning', message: warning.message }))
+  boss.on('stopped', () => write({ event: 'stopped' }))
+}
 
 // A test handler: reports every job it is given as a "job" event, then fails the
 // batch if the behaviour (or the job's data) asks for it, else returns an output.
@@ -92,6 +113,9 @@ async function call (method, args) {
 }
 
 async function main () {
+  const argument = process.argv[2] || '{}'
+  const config = JSON.parse(argument === '-' ? await firstLine() : argument)
+  open(config)
   if (config.start !== false) {
     try {
       await boss.start()

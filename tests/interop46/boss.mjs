@@ -7,7 +7,8 @@
 //   node boss.mjs rollback-plan SCHEMA VERSION
 //       prints getRollbackPlans(SCHEMA, V) for V from 46 down to VERSION + 1, one transaction
 //       each: the SQL that takes a schema at 46 back to VERSION
-//   node boss.mjs rpc '<config JSON>'
+//   node boss.mjs rpc '<config JSON>'     (or `rpc -`: the config is the first line of stdin,
+//                                          for a process started ahead of need)
 //       one PgBoss instance driven over stdin/stdout, as tests/interop/rpc.js does for 11.1.2:
 //       config: { connectionString, schema, options: {...PgBoss constructor options}, start: true }
 //       stdout, first line: {"ready": true} once start() resolved, or {"fatal": message} and exit 1
@@ -45,6 +46,24 @@ function revive (value) {
 }
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
+
+// The first line of stdin, leaving the rest for readline.
+function firstLine () {
+  return new Promise(resolve => {
+    let buffered = ''
+    const onData = chunk => {
+      buffered += chunk
+      const at = buffered.indexOf('\n')
+      if (at < 0) return
+      process.stdin.off('data', onData)
+      process.stdin.pause()
+      if (at + 1 < buffered.length) process.stdin.unshift(buffered.slice(at + 1))
+      resolve(buffered.slice(0, at))
+    }
+    process.stdin.setEncoding('utf8')
+    process.stdin.on('data', onData)
+  })
+}
 
 // A test handler: reports every job it is given, then fails or completes the batch.
 function handler (name, behaviour) {
@@ -133,7 +152,7 @@ if (command === 'plan' && args.length === 1) {
     process.stdout.write(getRollbackPlans(args[0], version) + '\n')
   }
 } else if (command === 'rpc' && args.length === 1) {
-  await rpc(JSON.parse(args[0]))
+  await rpc(JSON.parse(args[0] === '-' ? await firstLine() : args[0]))
 } else {
   console.error('usage: node boss.mjs plan SCHEMA | migration-plan SCHEMA VERSION | rollback-plan SCHEMA VERSION | rpc CONFIG_JSON')
   process.exit(2)

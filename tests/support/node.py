@@ -1,9 +1,10 @@
 """Drive Node pg-boss 11.1.2 (and 12.38.0, schema 46) from the interop tests.
 
 Each :class:`NodeBoss` is one ``node tests/interop/rpc.js`` process holding one
-started ``PgBoss`` instance. Calls go over stdin as JSON lines and come back on
-stdout; unprompted lines (``error``/``warning`` events, jobs seen by a Node
-worker) are kept in :attr:`NodeBoss.events`.
+started ``PgBoss`` instance. The process is started ahead of need and waits, pg-boss loaded,
+for its config on stdin (``_take_spare``): starting Node is off each test's clock. Calls go
+over stdin as JSON lines and come back on stdout; unprompted lines (``error``/``warning``
+events, jobs seen by a Node worker) are kept in :attr:`NodeBoss.events`.
 
 The fixtures here are imported by the ``test_interop*`` modules:
 
@@ -21,6 +22,7 @@ Node pg-boss 12.38.0 (schema 46) lives in ``tests/interop46`` with the Node 22 i
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import json
@@ -234,18 +236,10 @@ class NodeBoss:
         self._lock = threading.Lock()
         self._ready: queue.Queue[dict[str, Any]] = queue.Queue()
         self._stderr: list[str] = []
-        self._proc = subprocess.Popen(
-            [*self.command(), json.dumps(config)],
-            cwd=self.cwd(),
-            # Node's pg driver reads `timestamp without time zone` (singleton_on) as
-            # local time; UTC makes it print the stored value.
-            env={**os.environ, "TZ": "UTC"},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        self._proc = _take_spare(type(self))
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(config) + "\n")
+        self._proc.stdin.flush()
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         try:
@@ -257,13 +251,31 @@ class NodeBoss:
             self._proc.wait(timeout=10)
             raise NodeError(first["fatal"])
 
-    def command(self) -> list[str]:
-        """The process to start; the config JSON is its last argument."""
-        return ["node", str(RPC_SCRIPT)]
+    @classmethod
+    def command(cls) -> list[str]:
+        """The process to start; ``-``, its last argument, has it read its config from stdin."""
+        return ["node", str(RPC_SCRIPT), "-"]
 
-    def cwd(self) -> Path:
+    @classmethod
+    def cwd(cls) -> Path:
         """Where the process runs (its ``node_modules``)."""
         return INTEROP_DIR
+
+    @classmethod
+    def spawn(cls) -> subprocess.Popen[str]:
+        """A process that loads pg-boss, then waits for its config on stdin."""
+        return subprocess.Popen(
+            cls.command(),
+            cwd=cls.cwd(),
+            # Node's pg driver reads `timestamp without time zone` (singleton_on) as
+            # local time; UTC makes it print the stored value.
+            env={**os.environ, "TZ": "UTC"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
 
     # ------------------------------------------------------------ plumbing
 
@@ -384,11 +396,35 @@ class NodeBoss46(NodeBoss):
     (``getBamStatus``, ``detectSchemaDrift``, ...).
     """
 
-    def command(self) -> list[str]:
-        return [str(NODE46_BINARY), str(BOSS46_SCRIPT), "rpc"]
+    @classmethod
+    def command(cls) -> list[str]:
+        return [str(NODE46_BINARY), str(BOSS46_SCRIPT), "rpc", "-"]
 
-    def cwd(self) -> Path:
+    @classmethod
+    def cwd(cls) -> Path:
         return INTEROP46_DIR
+
+
+_spares: dict[type[NodeBoss], subprocess.Popen[str]] = {}
+"""One Node process per kind, started ahead of need: Node's start and pg-boss's load (about
+half a second) happen while the previous test runs, not in the next one's time."""
+
+
+def _take_spare(kind: type[NodeBoss]) -> subprocess.Popen[str]:
+    """The waiting process of ``kind`` (or a new one), and a new spare in its place."""
+    proc = _spares.pop(kind, None)
+    if proc is None or proc.poll() is not None:
+        proc = kind.spawn()
+    _spares[kind] = kind.spawn()
+    return proc
+
+
+@atexit.register
+def _stop_spares() -> None:
+    for proc in _spares.values():
+        proc.kill()
+        proc.wait(timeout=10)
+    _spares.clear()
 
 
 NodeFactory = Callable[..., NodeBoss]
