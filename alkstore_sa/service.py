@@ -425,9 +425,10 @@ class QueueService:
         A job inserted by key is marked ``upsert_by_key``: the schema keeps one such
         created job per key, so concurrent upserts of one key end on a single job
         (the loser edits the winner's job). A conflict is never an exception: if the
-        queue's policy refuses a new job, or the upsert deadlocks with another
-        transaction, ``result.rejected`` is true, nothing was written and the
-        transaction stays usable. Returns an :class:`~alkstore_sa.UpsertResult`.
+        queue's policy refuses a new job, the upsert deadlocks with another
+        transaction, or for ten rounds in a row another transaction inserts the key first
+        and a worker takes that job before it can be edited, ``result.rejected`` is true,
+        nothing was written and the transaction stays usable. Returns an :class:`~alkstore_sa.UpsertResult`.
 
         :raises SchemaFeatureError: below schema 46, before any SQL.
         :raises QueueNotFoundError: if the queue does not exist.
