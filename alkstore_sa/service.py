@@ -428,7 +428,8 @@ class QueueService:
         queue's policy refuses a new job, the upsert deadlocks with another
         transaction, or for ten rounds in a row another transaction inserts the key first
         and a worker takes that job before it can be edited, ``result.rejected`` is true,
-        nothing was written and the transaction stays usable. Returns an :class:`~alkstore_sa.UpsertResult`.
+        nothing was written and the transaction stays usable. Returns an
+        :class:`~alkstore_sa.UpsertResult`.
 
         :raises SchemaFeatureError: below schema 46, before any SQL.
         :raises QueueNotFoundError: if the queue does not exist.
