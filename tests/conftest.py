@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from support.schemas import install
 from support.skips import unavailable, under_ci
 from support.tiers import mark_tiers, unexpected_skips
+from support.upkeep import CatalogVacuum
 from support.worker import Harness
 
 from alkstore_sa import AsyncQueueService, QueueService, migrate
@@ -119,7 +120,12 @@ def database_url(pytestconfig: pytest.Config) -> Iterator[str]:
         if reporter is not None and capture is not None:
             with capture.global_and_fixture_disabled():
                 reporter.write_line(f"PostgreSQL {version} from {source}: {shown}")
-        yield url
+        vacuum = CatalogVacuum(url)
+        vacuum.start()
+        try:
+            yield url
+        finally:
+            vacuum.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,16 +10,19 @@ upgrade does.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
-from support import catalog
+from support import catalog, upkeep
 from support.schemas import (
     TEMPLATE_SCHEMA,
     install,
+    libpq_url,
     migration_script,
     random_schema,
     throwaway,
 )
+from support.upkeep import CatalogVacuum
 
 from alkstore_sa import migrate
 
@@ -68,3 +71,14 @@ def test_fast_schema_has_the_catalog_the_online_upgrade_builds(
         assert migrate.current_version(engine, fast) == version
         # And it is healthy by the same check the services run at start.
         assert migrate.check(engine, fast) == version
+
+
+def test_the_catalog_vacuum_takes_turns_between_test_workers(database_url: str) -> None:
+    # tests/support/upkeep.py: one pass at a time across the workers of a run.
+    vacuum = CatalogVacuum(database_url)
+    assert vacuum.vacuum_once() is True
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (upkeep._LOCK_KEY,))
+        assert vacuum.vacuum_once() is False
+        other.execute("SELECT pg_advisory_unlock(%s)", (upkeep._LOCK_KEY,))
+    assert vacuum.vacuum_once() is True
