@@ -131,9 +131,7 @@ def test_eight_workers_drain_five_thousand_jobs_exactly_once(env: Any) -> None:
             done.extend(j.id for j in jobs)
         return done
 
-    started = time.monotonic()
     results = in_parallel(env, 8, worker)
-    elapsed = time.monotonic() - started
     completed = [i for r in results for i in r]
     assert len(completed) == len(set(completed)) == total
     counts = dict(env.sql("SELECT state, count(*) FROM {s}.job GROUP BY state"))
@@ -141,7 +139,7 @@ def test_eight_workers_drain_five_thousand_jobs_exactly_once(env: Any) -> None:
     [(bad,)] = env.sql("SELECT count(*) FROM {s}.job WHERE (output->>'n')::int <> (data)::int")
     assert bad == 0
     assert sum(1 for r in results if r) > 1, "the work was not shared"
-    assert elapsed < 20
+    # How fast is bench/'s question; this test's is whether every job ran exactly once.
 
 
 # ------------------------------------------------------------------ policies under load
@@ -233,10 +231,11 @@ def test_concurrent_batch_fetches_over_many_keys_do_not_deadlock(env: Any, polic
             done += len(jobs)
         return done
 
-    started = time.monotonic()
     assert sum(in_parallel(env, 8, worker)) == 60 * rounds
-    # A deadlock costs deadlock_timeout (1 s by default) before it is broken.
-    assert time.monotonic() - started < 3
+    # PostgreSQL breaks a deadlock by failing one of its transactions: a fetch or a
+    # completion above would have raised DeadlockDetected (neither retries one), which
+    # in_parallel passes on, and left its jobs unfinished.
+    assert env.sql("SELECT DISTINCT state FROM {s}.job WHERE name = 'many'") == [("completed",)]
 
 
 def test_exclusive_queue_never_holds_two_live_jobs_of_a_key(env: Any) -> None:

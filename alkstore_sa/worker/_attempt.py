@@ -117,7 +117,9 @@ class QueueCounts:
 
     ``failed`` counts failed attempts (handler errors, timeouts, shutdown);
     ``lost`` counts attempts whose job was taken away (expired and re-fetched,
-    cancelled, deleted) before this worker could settle it.
+    cancelled, deleted) before this worker could settle it. ``claims`` counts the claim
+    statements that answered, empty answers included: it moves each time the worker looks
+    at the queue, whether a poll, a notification or a finished job made it look.
     """
 
     fetched: int = 0
@@ -125,6 +127,7 @@ class QueueCounts:
     failed: int = 0
     lost: int = 0
     running: int = 0
+    claims: int = 0
 
 
 def prepare_output(kind: Kind, value: Any) -> tuple[Kind, Any]:

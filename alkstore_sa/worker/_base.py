@@ -512,6 +512,7 @@ class WorkerBase(Registry, Generic[B]):
                 continue
             backoff.reset()
             self._refusals.clear()
+            self._count(spec.queue, "claims")
             state.claimed(len(jobs), want)
             if jobs and self._metrics is not None:
                 self._metrics.claimed(spec.queue, jobs)
@@ -912,6 +913,7 @@ class WorkerBase(Registry, Generic[B]):
                     failed=self._counts[q]["failed"],
                     lost=self._counts[q]["lost"],
                     running=running[q],
+                    claims=self._counts[q]["claims"],
                 )
                 for q in self._specs
             }

@@ -36,6 +36,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def claims(worker: Any, queue: str) -> int:
+    """How many claim statements ``worker`` has run for ``queue`` (empty answers included)."""
+    return int(worker.stats()[queue].claims)
+
+
+def settled_claims(worker: Any, queue: str, at_least: int = 1, quiet: float = 0.2) -> int:
+    """Wait until ``worker`` has claimed on ``queue`` ``at_least`` times and then not again
+    for ``quiet`` seconds (its start's claims are behind it); the count then."""
+    wait_for(lambda: claims(worker, queue) >= at_least)
+    while True:
+        seen = claims(worker, queue)
+        time.sleep(quiet)
+        if claims(worker, queue) == seen:
+            return seen
+
+
 class Harness:
     """Builds workers and handlers of one flavour and drives them synchronously."""
 

@@ -55,13 +55,14 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, distinct_on
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from ...limits import MAX_GROUP_ID_BYTES
 from ...models.enums import JobState
 from .. import _claim
 from .._claim import in_keys, policy_literal
 from .._common import advisory_key, qname, state_text
+from .._compat import distinct_on
 from ..reading import readable, readable_columns
 from ..tables46 import JOB, QUEUE
 from . import job_now
@@ -133,8 +134,7 @@ def _heads(*, ignore_start_after: bool) -> Any:
     if not ignore_start_after:
         conditions.append(h.c.start_after <= job_now())
     return (
-        select(h.c.id)
-        .ext(distinct_on(h.c.singleton_key))
+        distinct_on(select(h.c.id), h.c.singleton_key)
         .where(*conditions)
         .order_by(h.c.singleton_key, h.c.state.desc(), h.c.created_on, h.c.id)
         .cte("strict_fifo_heads")

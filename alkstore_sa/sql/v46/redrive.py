@@ -51,10 +51,11 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, distinct_on, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
 from ...models.enums import JobState
 from .._common import qname, seconds, state, state_text
+from .._compat import distinct_on
 from ..tables46 import JOB, QUEUE
 from . import job_now
 
@@ -250,11 +251,11 @@ def _fail_conflicts(settled: Any) -> Any:
     j: Any = JOB.alias("jc")  # UPDATE ... AS jc (the typing of update() omits aliases)
     q = QUEUE.alias("cq")
     m = JOB.alias("mk")
-    oldest_per_key = (
+    oldest_per_key = distinct_on(
         select(m.c.id)
         .where(m.c.name == qname(), m.c.id.in_(skipped), m.c.policy == KEY_STRICT_FIFO)
-        .order_by(m.c.singleton_key, m.c.created_on, m.c.id)
-        .ext(distinct_on(m.c.singleton_key))
+        .order_by(m.c.singleton_key, m.c.created_on, m.c.id),
+        m.c.singleton_key,
     )
     return (
         update(j)
