@@ -686,7 +686,8 @@ def test_developer_environment_writes_new_revisions_on_the_alkstore_branch(
 ) -> None:
     cfg = Config(str(REPO / "migrations" / "alembic.ini"))
     cfg.set_main_option(
-        "version_locations", f"{tmp_path}\n{REPO / 'alkstore_sa' / 'migrations' / 'versions'}"
+        "version_locations",
+        os.pathsep.join([str(tmp_path), str(REPO / "alkstore_sa" / "migrations" / "versions")]),
     )
     script = command.revision(
         cfg,
