@@ -16,6 +16,7 @@
 
 const readline = require('node:readline')
 const PgBoss = require('pg-boss')
+const { firstLine } = require('./stdin')
 
 function write (message) {
   process.stdout.write(JSON.stringify(message) + '\n')
@@ -37,24 +38,6 @@ function describe (err) {
 }
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
-
-// The first line of stdin, leaving the rest for readline.
-function firstLine () {
-  return new Promise(resolve => {
-    let buffered = ''
-    const onData = chunk => {
-      buffered += chunk
-      const at = buffered.indexOf('\n')
-      if (at < 0) return
-      process.stdin.off('data', onData)
-      process.stdin.pause()
-      if (at + 1 < buffered.length) process.stdin.unshift(buffered.slice(at + 1))
-      resolve(buffered.slice(0, at))
-    }
-    process.stdin.setEncoding('utf8')
-    process.stdin.on('data', onData)
-  })
-}
 
 let boss
 

@@ -25,6 +25,7 @@
 //   node node_modules/pg-boss/dist/cli.js migrate --connection-string URL --schema SCHEMA
 import readline from 'node:readline'
 import { PgBoss, getConstructionPlans, getMigrationPlans, getRollbackPlans } from 'pg-boss'
+import { firstLine } from '../interop/stdin.js'
 
 function write (message) {
   process.stdout.write(JSON.stringify(message) + '\n')
@@ -46,24 +47,6 @@ function revive (value) {
 }
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
-
-// The first line of stdin, leaving the rest for readline.
-function firstLine () {
-  return new Promise(resolve => {
-    let buffered = ''
-    const onData = chunk => {
-      buffered += chunk
-      const at = buffered.indexOf('\n')
-      if (at < 0) return
-      process.stdin.off('data', onData)
-      process.stdin.pause()
-      if (at + 1 < buffered.length) process.stdin.unshift(buffered.slice(at + 1))
-      resolve(buffered.slice(0, at))
-    }
-    process.stdin.setEncoding('utf8')
-    process.stdin.on('data', onData)
-  })
-}
 
 // A test handler: reports every job it is given, then fails or completes the batch.
 function handler (name, behaviour) {
