@@ -507,9 +507,11 @@ def test_python_resume_of_a_node_upsert_clears_upsert_by_key(
     py(engine, schema, lambda q: q.cancel("orders", job_id))
     py(engine, schema, lambda q: q.resume("orders", job_id))
     assert job_row(engine, schema, job_id, "upsert_by_key")["upsert_by_key"] is None
-    # The key is free for Node's next upsert to insert again.
+    # Node's next upsert of the key finds the resumed job, queued again, and edits it.
     boss.call("upsert", "orders", {"n": 2}, {"singletonKey": "k"})
-    assert states(engine, schema, "orders")["created"] >= 1
+    assert sql(engine, schema, "SELECT id, state::text, data FROM {s}.job") == [
+        (job_id, "created", {"n": 2})
+    ]
 
 
 def test_python_fail_of_a_node_upsert_drops_upsert_by_key_as_node_fail_does(
