@@ -401,7 +401,8 @@ def test_ctrl_c_in_demo_says_interrupted_exits_130_and_drops_its_schema(
     with stderr_file.open("w") as err:
         proc = subprocess.Popen(
             [*CLI, "demo", "--jobs", "10000", "--concurrency", "2", "--database-url", database_url],
-            env=child_env(),
+            # faulthandler: should the demo hang after Ctrl-C, SIGABRT shows where (below).
+            env=child_env(PYTHONFAULTHANDLER="1"),
             preexec_fn=sigint_as_at_a_terminal,
             stdout=subprocess.PIPE,
             stderr=err,
@@ -418,7 +419,15 @@ def test_ctrl_c_in_demo_says_interrupted_exits_130_and_drops_its_schema(
         assert schema is not None
         wait_for(lambda: count_orders(engine, schema) >= 20, proc, "orders being placed")
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.communicate(timeout=30)
+            raise AssertionError(
+                "the demo did not end within 60 s of Ctrl-C; its threads:\n"
+                + stderr_file.read_text()[-6000:]
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -204,20 +204,36 @@ def test_a_lapsed_heartbeat_is_failed_alike_by_node_1238_and_by_us(
         [jobs[name]] = env46_sync.tx(lambda q, n=name: q.fetch(n))
         age_heartbeat(env46_sync, jobs[name].id, 30)
     boss = node46(env46_sync.schema)
+
+    def clock() -> Any:
+        [(now,)] = env46_sync.sql("SELECT clock_timestamp()")
+        return now
+
+    # Each side's retry starts retry_delay after its own pass: bracket each pass in time.
+    passes = {"by_node": [clock()]}
     boss.call("supervise", "by_node")
+    passes["by_node"].append(clock())
+    passes["by_us"] = [clock()]
     env46_sync.tx(lambda q: q.supervise("by_us", force=True))
+    passes["by_us"].append(clock())
 
     columns = (
         "state::text, retry_count, retry_limit, output, heartbeat_on, heartbeat_seconds, "
         "started_on IS NOT NULL AS started, completed_on IS NULL AS open, "
-        "round(extract(epoch FROM start_after - now())) AS delay"
+        "start_after"
     )
 
-    def row(job: Job) -> dict[str, Any]:
-        [r] = env46_sync.sql(f"SELECT {columns} FROM {{s}}.job WHERE id = :i", i=job.id)
-        return dict(r._mapping)
+    def row(name: str, retried: bool) -> dict[str, Any]:
+        [r] = env46_sync.sql(f"SELECT {columns} FROM {{s}}.job WHERE id = :i", i=jobs[name].id)
+        found = dict(r._mapping)
+        start_after = found.pop("start_after")
+        if retried:
+            before, after = passes[name]
+            delay = dt.timedelta(seconds=5)
+            assert before + delay <= start_after <= after + delay, name
+        return found
 
-    ours, theirs = row(jobs["by_us"]), row(jobs["by_node"])
+    ours, theirs = row("by_us", retried=True), row("by_node", retried=True)
     assert ours == theirs
     assert (ours["state"], ours["output"], ours["heartbeat_on"]) == (
         "retry",
@@ -233,7 +249,7 @@ def test_a_lapsed_heartbeat_is_failed_alike_by_node_1238_and_by_us(
     env46_sync.sql("UPDATE {s}.queue SET monitor_claim_on = NULL, monitor_on = NULL")
     boss.call("supervise", "by_node")
     env46_sync.tx(lambda q: q.supervise("by_us", force=True))
-    ours, theirs = row(jobs["by_us"]), row(jobs["by_node"])
+    ours, theirs = row("by_us", retried=False), row("by_node", retried=False)
     assert ours == theirs and ours["state"] == "failed"
     copies = {}
     for name in ("by_node", "by_us"):

@@ -208,11 +208,14 @@ def test_node_and_python_supervisors_share_the_work_under_load(
         load.stop.set()
         worker.stop(5)
         supervisor.stop(5)
+    # Node's errors are read before it stops: pg-boss 11.1.2's own supervision pass, caught
+    # by stop() mid-way, fails on its closed pool ("Cannot destructure property 'rows'").
+    node_errors = boss.errors()
     boss.close()
 
     # No errors on either side.
     assert load.errors == []
-    assert boss.errors() == []
+    assert node_errors == []
     assert python_errors(caplog.records) == []
 
     # No job lost, none run twice.
