@@ -23,6 +23,7 @@ from .errors import (
     SchemaVersionChangedError,
     SchemaVersionError,
     UnfinishedIndexBuildError,
+    UnknownPolicyError,
 )
 from .groups import GroupConcurrencyConfig
 from .models.enums import JobState, QueuePolicy
@@ -111,6 +112,7 @@ __all__ = [
     "SupervisionReport",
     "TimedSendOptions",
     "UnfinishedIndexBuildError",
+    "UnknownPolicyError",
     "UnreadableJob",
     "UpdateOptions",
     "UpdateResult",

@@ -41,6 +41,22 @@ class QueueNotFoundError(AlkstoreError, LookupError):
         super().__init__(f"queue {queue!r} does not exist{where}")
 
 
+class UnknownPolicyError(AlkstoreError):
+    """The queue's row holds a policy this release does not know.
+
+    Another client (a newer pg-boss, a SQL console) wrote it. Nothing is sent to or
+    claimed from such a queue, since what its policy promises is unknown; every other
+    queue goes on. :attr:`policy` is the raw text of the row."""
+
+    def __init__(self, queue: str, policy: str) -> None:
+        self.queue = queue
+        self.policy = policy
+        super().__init__(
+            f"queue {queue!r} has policy {policy!r}, which this release does not know: "
+            "it neither sends to nor claims from it"
+        )
+
+
 class QueueExistsError(AlkstoreError):
     """``create_queue(..., exist_ok=False)`` found the queue already there."""
 

@@ -159,10 +159,14 @@ def read_job(row: Mapping[Any, Any]) -> Job:
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
-    """A queue's settings and its counters as last cached by the monitor."""
+    """A queue's settings and its counters as last cached by the monitor.
+
+    ``policy`` is a :class:`QueuePolicy`, or the raw text of a policy this release
+    does not know (written by another client): such a queue is listed, never served
+    (:class:`~alkstore_sa.errors.UnknownPolicyError`)."""
 
     name: str
-    policy: QueuePolicy
+    policy: QueuePolicy | str
     retry_limit: int
     retry_delay: int
     retry_backoff: bool
@@ -191,7 +195,10 @@ class QueueInfo:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:
         values = dict(row)
-        values["policy"] = QueuePolicy(values["policy"])
+        try:
+            values["policy"] = QueuePolicy(values["policy"])
+        except ValueError:
+            pass  # kept as written (see the class)
         return cls(**values)
 
 

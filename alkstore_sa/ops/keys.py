@@ -248,7 +248,7 @@ def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> O
     if info.policy != QueuePolicy.KEY_STRICT_FIFO:
         raise InvalidOptionsError(
             "name",
-            f"queue {name!r} has policy {info.policy.value}: blocked keys exist only "
+            f"queue {name!r} has policy {info.policy!s}: blocked keys exist only "
             "on key_strict_fifo queues",
         )
     params: dict[str, Any] = {"qname": name, "limit": count}

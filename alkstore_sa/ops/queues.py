@@ -8,7 +8,12 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidOptionsError, QueueExistsError, QueueNotFoundError
+from ..errors import (
+    InvalidOptionsError,
+    QueueExistsError,
+    QueueNotFoundError,
+    UnknownPolicyError,
+)
 from ..models.enums import QueuePolicy
 from ..names import validate_queue
 from ..records import QueueInfo, QueueStats
@@ -69,6 +74,8 @@ def queue_policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
         if info is None:
             ctx.policies.drop(ctx.schema, name)
             raise QueueNotFoundError(name, ctx.schema)
+        if not isinstance(info.policy, QueuePolicy):
+            raise UnknownPolicyError(name, info.policy)
         policy = info.policy.value
         ctx.policies.put(ctx.schema, name, policy)
     return policy
@@ -111,7 +118,7 @@ def create_queue(
         },
     )
     created = yield from require_queue(ctx, name)
-    ctx.policies.put(ctx.schema, name, created.policy.value)
+    ctx.policies.put(ctx.schema, name, str(created.policy))
     return created
 
 

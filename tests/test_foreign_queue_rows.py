@@ -1,0 +1,59 @@
+"""Queue rows another client wrote, which we would never write, stop nobody else.
+
+Written through raw SQL (the schema's own ``create_queue`` function, then a plain
+UPDATE), as Node pg-boss or a SQL console could write them: a queue whose name our
+``create_queue`` refuses, and one whose policy this release does not know
+(docs/concepts/guarantees.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from alkstore_sa import UnknownPolicyError
+from alkstore_sa.models.enums import QueuePolicy
+
+
+def foreign_queue(env: Any, name: str) -> None:
+    env.sql("SELECT {s}.create_queue(:n, jsonb_build_object('policy', 'standard'))", n=name)
+
+
+def test_expiry_runs_for_every_queue_beside_one_whose_name_we_would_refuse(
+    env46_sync: Any,
+) -> None:
+    env = env46_sync
+    env.tx(lambda q: q.create_queue("good", expire_seconds=1))
+    foreign_queue(env, "my queue")
+    foreign_queue(env, "x" * 201)
+    job = env.tx(lambda q: q.send("good", {}))
+    env.tx(lambda q: q.fetch("good"))
+    env.sql("UPDATE {s}.job SET started_on = now() - interval '1 hour' WHERE id = :id", id=job)
+    report = env.tx(lambda q: q.supervise())
+    # Before, expiry re-validated the names it read and failed for every queue.
+    assert report.errors == ()
+    assert report.expired == {"good": 1}
+    assert env.tx(lambda q: q.get_job("good", job)).state.value == "retry"
+
+
+def test_a_queue_with_an_unknown_policy_is_listed_and_never_served(env46_sync: Any) -> None:
+    env = env46_sync
+    env.tx(lambda q: q.create_queue("good"))
+    foreign_queue(env, "odd")
+    env.sql("UPDATE {s}.queue SET policy = 'bogus' WHERE name = 'odd'")
+    env.sql("INSERT INTO {s}.job (name, policy) VALUES ('odd', 'bogus')")
+    queues = {q.name: q.policy for q in env.tx(lambda q: q.get_queues())}
+    assert queues == {"good": QueuePolicy.STANDARD, "odd": "bogus"}
+    for call in (lambda q: q.fetch("odd"), lambda q: q.send("odd", {})):
+        with pytest.raises(UnknownPolicyError) as caught:
+            env.tx(call)
+        assert (caught.value.queue, caught.value.policy) == ("odd", "bogus")
+    # The caller's transaction goes on after the error: its own write commits.
+    svc = env.service()
+    svc.send("good", {"mine": 1})
+    with pytest.raises(UnknownPolicyError):
+        svc.send("odd", {})
+    env.commit()
+    assert env.sql("SELECT count(*) FROM {s}.job WHERE name = 'good'") == [(1,)]
+    assert env.sql("SELECT state::text FROM {s}.job WHERE name = 'odd'") == [("created",)]
