@@ -77,3 +77,19 @@ MAX_FLOW_JOBS = 100_000
 #: Most dependencies (parent-child pairs) in one flow, for the same reason as
 #: :data:`MAX_FLOW_JOBS`: a dense graph has far more edges than jobs.
 MAX_FLOW_DEPENDENCIES = 1_000_000
+
+#: Most steps one evaluation of a schedule's RFC 5545 recurrence rule may take: periods
+#: the evaluator walks (one day of a daily rule, one month of a monthly one) plus the
+#: occurrences it reads. Evaluation walks from the rule's start: a ``COUNT`` far from its
+#: ``DTSTART`` (unless the rule has no ``BY...`` part, whose occurrences are counted
+#: without walking), or parts that few or no dates satisfy, can take millions of steps.
+#: Past the limit the rule is refused by ``schedule()``, and a stored row is reported as
+#: an invalid schedule and skipped when the timekeeper fires. The rules schedules are
+#: made of take a few thousand steps.
+MAX_RRULE_STEPS = 200_000
+
+#: Longest one evaluation of a recurrence rule may run, in seconds of wall time, with
+#: the same outcome as :data:`MAX_RRULE_STEPS` past it. The step limit is what bounds a
+#: rule in practice (about a fifth of a second on a current machine); this one bounds
+#: steps that cost more than usual, on a slow or loaded machine.
+MAX_RRULE_SECONDS = 1.0

@@ -14,7 +14,10 @@ the autumn change repeats once.
 
 Times in and out are aware datetimes. An expression that cannot be evaluated
 raises :class:`~alkstore_sa.errors.InvalidOptionsError` naming ``cron`` (the
-schedule column the expression is stored in).
+schedule column the expression is stored in), and so does one whose evaluation
+takes more than :data:`~alkstore_sa.limits.MAX_RRULE_STEPS` steps or
+:data:`~alkstore_sa.limits.MAX_RRULE_SECONDS` seconds (each public method, and
+:func:`parse` and :func:`validate`, is one evaluation with a budget of its own).
 """
 
 from __future__ import annotations
@@ -22,12 +25,19 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import re
+import time
+import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from dateutil import rrule as du
 
+from . import limits
 from .cron import timezone
 from .errors import InvalidOptionsError
+
+T = TypeVar("T")
 
 # An iCalendar property at the head of a line, or a FREQ= part: what pg-boss
 # reads as a recurrence rule rather than a cron expression (no cron field
@@ -86,7 +96,102 @@ def is_rrule(expression: str) -> bool:
 
 
 def _bad(message: str) -> InvalidOptionsError:
-    return InvalidOptionsError("cron", f"rrule expression: {message}")
+    # A lone surrogate in the expression is shown escaped: the message must be
+    # printable and storable (it is logged, and written into the warning table).
+    text = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return InvalidOptionsError("cron", f"rrule expression: {text}")
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _evaluating(work: Callable[[_Budget], T]) -> T:
+    """``work`` with a budget of its own; any failure of the evaluator (python-dateutil
+    raises ``OverflowError``, ``IndexError``, ``ValueError`` on values it cannot
+    take) comes out as :class:`~alkstore_sa.errors.InvalidOptionsError`."""
+    try:
+        return work(_Budget())
+    except InvalidOptionsError:
+        raise
+    except Exception as exc:  # every failure of one rule is that rule's
+        raise _bad(f"cannot be evaluated: {_reason(exc)}") from None
+
+
+class _Budget:
+    """What one evaluation may still spend: steps (:data:`~alkstore_sa.limits.MAX_RRULE_STEPS`)
+    and wall time (:data:`~alkstore_sa.limits.MAX_RRULE_SECONDS`)."""
+
+    __slots__ = ("deadline", "look_at", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.look_at = 256  # the clock is read every 256 steps
+        self.deadline = time.monotonic() + limits.MAX_RRULE_SECONDS
+
+    def tick(self, steps: int = 1) -> None:
+        self.steps += steps
+        if self.steps > limits.MAX_RRULE_STEPS:
+            raise _bad(
+                f"takes more than {limits.MAX_RRULE_STEPS:,} steps to evaluate (a COUNT far"
+                " from its DTSTART, or parts that few or no dates satisfy)"
+            )
+        if self.steps >= self.look_at:
+            self.look_at = self.steps + 256
+            if time.monotonic() > self.deadline:
+                raise _bad(
+                    f"takes more than {limits.MAX_RRULE_SECONDS:g} s to evaluate (a COUNT far"
+                    " from its DTSTART, or parts that few or no dates satisfy)"
+                )
+
+
+def _counted_iter() -> Any:
+    """python-dateutil's rule iterator, charging the rule's budget a step for each
+    day of each period it walks (a rule no date satisfies walks periods to the
+    year 9999 without yielding one). A copy of the iterator whose period helper is ours; ``None``
+    when the installed python-dateutil is not shaped so (then only the
+    occurrences read are counted)."""
+    base: Any = getattr(du.rrule, "_iter", None)
+    info: Any = getattr(du, "_iterinfo", None)
+    sets = ("ydayset", "mdayset", "wdayset", "ddayset")
+    if base is None or info is None or "_iterinfo" not in base.__code__.co_names:
+        return None
+    if not all(callable(getattr(info, name, None)) for name in sets):
+        return None
+
+    def counting(name: str) -> Any:
+        inner = getattr(info, name)
+
+        def counted(self: Any, year: int, month: int, day: int) -> Any:
+            days, first, last = inner(self, year, month, day)
+            self.rrule._alkstore_budget.tick(max(1, last - first))
+            return days, first, last
+
+        return counted
+
+    counted_info = type("_CountedInfo", (info,), {n: counting(n) for n in sets})
+    scope = {**vars(du), "_iterinfo": counted_info}
+    return types.FunctionType(
+        base.__code__, scope, base.__name__, base.__defaults__, base.__closure__
+    )
+
+
+_COUNTED_ITER = _counted_iter()
+
+
+def _walk(
+    rules: Iterable[dt.datetime], budget: _Budget, since: dt.datetime, until: dt.datetime | None
+) -> list[dt.datetime]:
+    """The occurrences of ``rules`` in ``[since, until]`` (to the end when ``until``
+    is None), one step of ``budget`` each read."""
+    found = []
+    for when in rules:
+        budget.tick()
+        if until is not None and when > until:
+            break
+        if when >= since:
+            found.append(when)
+    return found
 
 
 def _instant(value: str, params: dict[str, str], zone: dt.tzinfo, what: str) -> dt.datetime:
@@ -172,7 +277,20 @@ class Rule:
                 return False
         return True
 
-    def _build(self, near: dt.datetime | None) -> du.rruleset:
+    @property
+    def _plain_count(self) -> bool:
+        # A COUNT rule of one fixed span and no BY... part has one occurrence per
+        # period, each in turn: its n-th occurrence is known without walking to it.
+        return (
+            self._value("COUNT") is not None
+            and self._value("FREQ") in _PERIODS
+            and all(k in ("FREQ", "INTERVAL", "COUNT", "WKST") for k, _ in self.parts)
+        )
+
+    def _span(self) -> dt.timedelta:
+        return _PERIODS[self._value("FREQ") or ""] * int(self._value("INTERVAL") or "1")
+
+    def _build(self, near: dt.datetime | None, budget: _Budget) -> du.rruleset:
         start = self.start
         parts = self.parts
         if self._exact:
@@ -181,22 +299,32 @@ class Rule:
             start = start.astimezone(dt.timezone(start.utcoffset() or dt.timedelta()))
             parts = tuple((k, v) for k, v in parts if k not in self._limits)
         period = _PERIODS.get(self._value("FREQ") or "")
-        if near is not None and period is not None and self._value("COUNT") is None:
+        count = self._value("COUNT")
+        if near is not None and period is not None and (count is None or self._plain_count):
             # Recur from the last start of the same phase before ``near``: the
-            # occurrences after it are the same, without walking from 1970.
-            span = period * int(self._value("INTERVAL") or "1")
+            # occurrences after it are the same, without walking from 1970 (or,
+            # for a plain COUNT, from DTSTART: the periods skipped are counted off).
+            span = self._span()
             zone = start.tzinfo
             wall = start.replace(tzinfo=None)
             steps = (near.astimezone(zone).replace(tzinfo=None) - wall) // span - 1
+            if count is not None:
+                steps = min(steps, int(count) - 1)
+                parts = tuple(
+                    (k, str(int(count) - max(steps, 0)) if k == "COUNT" else v) for k, v in parts
+                )
             if steps > 0:
                 start = (wall + span * steps).replace(tzinfo=zone)
         body = ";".join(f"{k}={v}" for k, v in parts)
         try:
-            rule = du.rrulestr(body, dtstart=start)
-        except (ValueError, TypeError) as exc:
-            raise _bad(str(exc)) from None
+            rule: Any = du.rrulestr(body, dtstart=start)
+        except Exception as exc:  # dateutil: ValueError, OverflowError, IndexError...
+            raise _bad(f"{body!r} cannot be evaluated: {_reason(exc)}") from None
+        if _COUNTED_ITER is not None:
+            rule._alkstore_budget = budget
+            rule._iter = types.MethodType(_COUNTED_ITER, rule)
         rules = du.rruleset()
-        rules.rrule(rule)  # type: ignore[arg-type]
+        rules.rrule(rule)
         for when in self.rdates:
             rules.rdate(when)
         for when in self.exdates:
@@ -205,6 +333,11 @@ class Rule:
 
     def between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
         """Every occurrence in ``(after, until]``, in order."""
+        return _evaluating(lambda budget: self._between(after, until, budget))
+
+    def _between(
+        self, after: dt.datetime, until: dt.datetime, budget: _Budget
+    ) -> list[dt.datetime]:
         exact = self._exact
         hourly = exact and self._value("FREQ") == "HOURLY"
         # Hourly, an hour the clock repeats is not sent twice: an instant whose
@@ -213,7 +346,7 @@ class Rule:
         since = after - _REPEAT if hourly else after
         found = [
             o
-            for o in self._build(since).between(since, until, inc=True)
+            for o in _walk(self._build(since, budget), budget, since, until)
             if o > since and _exists(o) and (not exact or o in self.rdates or self._wall_match(o))
         ]
         if hourly:
@@ -237,19 +370,19 @@ class Rule:
         :data:`_MAX_SEARCH_PERIODS` periods: past that the answer is ``True``
         (the timekeeper reports a row it cannot fire).
         """
-        found, cut = self._first_after(after)
+        found, cut = _evaluating(lambda budget: self._first_after(after, budget))
         return found is not None or cut
 
     def next_after(self, after: dt.datetime) -> dt.datetime | None:
         """The first occurrence after ``after``, or ``None`` when there is none
         (or none within the search :meth:`sends_after` describes)."""
-        return self._first_after(after)[0]
+        return _evaluating(lambda budget: self._first_after(after, budget))[0]
 
-    def _first_after(self, after: dt.datetime) -> tuple[dt.datetime | None, bool]:
+    def _first_after(self, after: dt.datetime, budget: _Budget) -> tuple[dt.datetime | None, bool]:
         """The first occurrence after ``after``, and whether the search was cut
         short by its budget (see :meth:`sends_after`)."""
         horizon = after + dt.timedelta(days=366 * 400)
-        end = self._end()
+        end = self._end(budget)
         if end is not None:
             horizon = min(horizon, end)
         later = [d for d in self.rdates if d > after]
@@ -257,13 +390,13 @@ class Rule:
         period = _PERIODS.get(self._value("FREQ") or "")
         cut = False
         if self._exact and period is not None:
-            budget = after + period * int(self._value("INTERVAL") or "1") * _MAX_SEARCH_PERIODS
-            if budget < horizon:
-                horizon, cut = budget, True
+            farthest = after + period * int(self._value("INTERVAL") or "1") * _MAX_SEARCH_PERIODS
+            if farthest < horizon:
+                horizon, cut = farthest, True
         width, lower = _FIRST_STEP, after
         while lower < horizon:
             upper = min(horizon, lower + width)
-            found = self.between(lower, upper)
+            found = self._between(lower, upper, budget)
             if found:
                 return found[0], False
             lower = upper
@@ -272,18 +405,24 @@ class Rule:
             return min(later), False
         return None, cut
 
-    def _end(self) -> dt.datetime | None:
+    def _end(self, budget: _Budget) -> dt.datetime | None:
         """The last instant the rule part can recur at (``UNTIL``, or the
         ``COUNT``-th occurrence), or ``None`` for a rule that never ends."""
         until = self._value("UNTIL")
         if until is not None:
             params: dict[str, str] = {}
             return _instant(until, params, dt.UTC, "UNTIL")
-        if self._value("COUNT") is not None:
-            last = None
-            for last in self._build(None):  # noqa: B007 - COUNT bounds the walk
-                pass
-            return last
+        count = self._value("COUNT")
+        if count is not None and self._plain_count:
+            # One occurrence a period: the last is the count-th, in wall time.
+            wall = self.start.replace(tzinfo=None)
+            try:
+                return (wall + self._span() * (int(count) - 1)).replace(tzinfo=self.start.tzinfo)
+            except OverflowError:
+                return None  # past the year 9999: as good as never ending
+        if count is not None:
+            found = _walk(self._build(None, budget), budget, self.start, None)
+            return found[-1] if found else None
         return None
 
     def latest(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
@@ -293,6 +432,11 @@ class Rule:
         (capped so that one step walks a bounded number of periods), so a long
         gap costs what it takes to find the occurrence, not the gap's length.
         """
+        return _evaluating(lambda budget: self._latest(after, until, budget))
+
+    def _latest(
+        self, after: dt.datetime, until: dt.datetime, budget: _Budget
+    ) -> dt.datetime | None:
         period = _PERIODS.get(self._value("FREQ") or "")
         cap = None
         if period is not None:
@@ -300,7 +444,7 @@ class Rule:
         width, upper = _FIRST_STEP, until
         while upper > after:
             lower = max(after, upper - width)
-            found = self.between(lower, upper)
+            found = self._between(lower, upper, budget)
             if found:
                 return found[-1]
             upper = lower
@@ -325,6 +469,10 @@ def _check_ranges(parts: list[tuple[str, str]]) -> None:
 
 def parse(expression: str, tz: str) -> Rule:
     """Read ``expression`` (a rule value or calendar lines) in the zone ``tz``."""
+    return _evaluating(lambda budget: _parse(expression, tz, budget))
+
+
+def _parse(expression: str, tz: str, budget: _Budget) -> Rule:
     zone = timezone(tz)
     unfolded = re.sub(r"\r?\n[ \t]", "", expression)
     start: dt.datetime | None = None
@@ -394,7 +542,7 @@ def parse(expression: str, tz: str) -> Rule:
         if key in ("INTERVAL", "COUNT") and (not value.isdigit() or int(value) < 1):
             raise _bad(f"{key}={value} must be a positive whole number")
     parsed = Rule(tuple(parts), start, tuple(rdates), tuple(exdates))
-    parsed._build(None)  # the rule parts themselves, checked now
+    parsed._build(None, budget)  # the rule parts themselves, checked now
     return parsed
 
 
@@ -412,6 +560,8 @@ _RANGES = {
 # A numbered BYDAY (1MO, -1FR): RFC 5545 3.3.10 allows it only monthly or yearly,
 # and pg-boss 12.38 refuses it otherwise (its evaluator's strict mode).
 _ORDINAL_DAY = re.compile(r"^[+-]?\d+[A-Z]{2}$")
+# How many of one weekday a month or a year has at most (RFC 5545: 1 to 53).
+_MAX_ORDINAL = {"MONTHLY": 5, "YEARLY": 53}
 
 
 def validate(expression: object, tz: object) -> tuple[str, str]:
@@ -446,12 +596,17 @@ def validate(expression: object, tz: object) -> tuple[str, str]:
     )
     if numbered and freq not in ("MONTHLY", "YEARLY"):
         raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
+    for day in (byday or "").split(","):
+        ordinal = day.strip()[:-2]
+        numbered_day = _ORDINAL_DAY.match(day.strip().upper())
+        if numbered_day and not 1 <= abs(int(ordinal)) <= _MAX_ORDINAL.get(freq, 53):
+            raise _bad(f"BYDAY={byday}: {day.strip()!r} numbers a weekday out of range")
     # Every part at its wall-clock reading too (the elapsed-time reading of
     # hourly and finer rules leaves the wall-clock parts to a filter).
     body = ";".join(f"{k}={v}" for k, v in parsed.parts)
     try:
         du.rrulestr(body, dtstart=parsed.start)
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:  # dateutil: ValueError, OverflowError...
         raise _bad(f"{body!r}: {exc or 'a value out of range'}") from None
     timezone(tz)
     return expression, str(tz)

@@ -796,8 +796,11 @@ class AsyncQueueService:
         ``missed="once"`` catches up the latest occurrence a gap skipped.
 
         :raises InvalidOptionsError: a malformed expression or rule, an unknown
-            ``tz``, or a rule with no occurrence left (a passed ``UNTIL``, a
-            spent ``COUNT``), before anything is written.
+            ``tz``, a rule with no occurrence left (a passed ``UNTIL``, a
+            spent ``COUNT``), a rule whose evaluation takes more than
+            :data:`~alkstore_sa.limits.MAX_RRULE_STEPS` steps, or, on a
+            ``key_strict_fifo`` queue, no ``singleton_key`` in the options;
+            all before anything is written.
         :raises SchemaFeatureError: a recurrence rule on a schema at 26.
         :raises QueueNotFoundError: if ``name`` does not exist.
         """

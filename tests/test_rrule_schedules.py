@@ -5,6 +5,7 @@ fired by our supervisor, refused when malformed, spent or on schema 26."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -204,3 +205,96 @@ def test_next_after_finds_the_first_occurrence_without_walking_the_horizon() -> 
     assert found == dt.datetime(2026, 3, 30, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"))
     spent = rrule.parse("DTSTART:20200101T000000Z\nFREQ=DAILY;COUNT=2", "UTC")
     assert spent.next_after(now) is None and not spent.sends_after(now)
+
+
+@pytest.mark.parametrize(
+    ("expression", "tz", "option", "words"),
+    [
+        # Parts no date satisfies: read to the year 9999 without the step budget.
+        ("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30", "UTC", "cron", "steps to evaluate"),
+        ("FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30", "UTC", "cron", "steps to evaluate"),
+        # A COUNT with a BY... part, far from its DTSTART: walked, over budget.
+        (
+            "DTSTART:20000101T000000Z\nRRULE:FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30;COUNT=5",
+            "UTC",
+            "cron",
+            "steps to evaluate",
+        ),
+        # python-dateutil's OverflowError and IndexError, as a clear refusal.
+        ("FREQ=DAILY;INTERVAL=99999999999999999999", "UTC", "cron", "OverflowError"),
+        ("FREQ=MONTHLY;BYDAY=99MO", "UTC", "cron", "out of range"),
+        ("FREQ=YEARLY;BYDAY=-54MO", "UTC", "cron", "out of range"),
+        ("FREQ=MONTHLY;BYSETPOS=0", "UTC", "cron", "out of range"),
+        ("FREQ=MONTHLY;BYMONTHDAY=0", "UTC", "cron", "out of range"),
+        # Lone surrogates: text PostgreSQL cannot store, refused before the insert.
+        ("FREQ=DAILY;BYHOUR=9\ud800", "UTC", "cron", "surrogate"),
+        ("FREQ=DAILY;X-NOTE=\udfff", "UTC", "cron", "surrogate"),
+        ("FREQ=DAILY", "Europe/\ud800", "tz", "surrogate"),
+    ],
+)
+def test_a_rule_that_cannot_be_evaluated_is_refused_with_a_clear_error(
+    engine: Engine, schema46: str, expression: str, tz: str, option: str, words: str
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        q.send("reports", {"mine": "before"})  # the caller's own write
+        with pytest.raises(InvalidOptionsError) as caught:
+            q.schedule("reports", expression, tz=tz)
+        assert caught.value.option == option
+        assert words in str(caught.value)
+        str(caught.value).encode("utf-8")  # printable and storable as it is
+    # The transaction was not poisoned: it committed the caller's write, and no schedule.
+    [job] = rows(engine, schema46, "SELECT data FROM {s}.job WHERE name = 'reports'")
+    assert job.data == {"mine": "before"}
+    assert in_tx(engine, schema46, lambda q: q.get_schedules()) == []
+
+
+def test_a_plain_count_far_from_its_start_is_counted_not_walked(
+    engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa import rrule
+
+    # Two billion seconds from 2000 (to 2063), as the issue's rule: no BY... part,
+    # so the occurrence n periods on is known without walking to it.
+    huge = "DTSTART:20000101T000000Z\nRRULE:FREQ=SECONDLY;COUNT=2000000000"
+    at = dt.datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    rule = rrule.parse(huge, "UTC")
+    assert rule.between(at - dt.timedelta(seconds=3), at) == [
+        at - dt.timedelta(seconds=2),
+        at - dt.timedelta(seconds=1),
+        at,
+    ]
+    assert rule.latest(at - dt.timedelta(days=1), at) == at
+    last = dt.datetime(2000, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=2_000_000_000 - 1)
+    assert rule.next_after(last - dt.timedelta(seconds=1)) == last
+    assert rule.next_after(last) is None
+    # The count is still honoured exactly: three hours, the third is the last.
+    short = rrule.parse("DTSTART:20200101T000000Z\nRRULE:FREQ=HOURLY;INTERVAL=2;COUNT=3", "UTC")
+    assert short.between(dt.datetime(2020, 1, 1, 3, tzinfo=UTC), at) == [
+        dt.datetime(2020, 1, 1, 4, tzinfo=UTC)
+    ]
+    in_tx(engine, schema46, lambda q: q.create_queue("reports"))
+    in_tx(engine, schema46, lambda q: q.schedule("reports", huge, key="huge"))
+    [info] = in_tx(engine, schema46, lambda q: q.get_schedules())
+    assert (info.key, info.kind) == ("huge", "rrule")
+
+
+def test_every_entry_point_stops_at_the_step_budget() -> None:
+    from alkstore_sa import rrule
+
+    at = dt.datetime(2026, 6, 1, tzinfo=UTC)
+    never = rrule.parse("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30", "UTC")
+    calls: list[Callable[[], object]] = [
+        lambda: never.between(at - dt.timedelta(minutes=1), at),
+        lambda: never.latest(at - dt.timedelta(days=1), at),
+        lambda: never.sends_after(at),
+        lambda: never.next_after(at),
+        # parse and validate read no occurrence: a COUNT rule's end is found later.
+        lambda: rrule.parse(
+            "DTSTART:20000101T000000Z\nRRULE:FREQ=MINUTELY;BYHOUR=1;COUNT=999999", "UTC"
+        ).sends_after(at),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidOptionsError, match="more than 200,000 steps"):
+            call()

@@ -20,12 +20,15 @@ class Call:
     conflict (see :func:`is_conflict`) back into the operation as :class:`Conflict`
     instead of poisoning the transaction. ``refused`` (with ``savepoint``): the
     names of the constraints whose violation is sent back instead, and nothing else
-    is (the statement's errors are raised as they are)."""
+    is (the statement's errors are raised as they are). ``contained`` (with
+    ``savepoint``): every database error of the statement is sent back, as a
+    :class:`Conflict` whose ``error`` is it."""
 
     statement: Executable
     params: Mapping[str, Any] | None = None
     savepoint: bool = False
     refused: frozenset[str] = frozenset()
+    contained: bool = False
 
 
 Op = Generator[Call, Result[Any], T]
@@ -125,9 +128,10 @@ class Conflict(Exception):
     (or deadlocked on one with another session), or violated a constraint the
     :class:`Call` named as ``refused`` (``constraint``: its name)."""
 
-    def __init__(self, constraint: str | None = None) -> None:
+    def __init__(self, constraint: str | None = None, error: BaseException | None = None) -> None:
         super().__init__(constraint)
         self.constraint = constraint
+        self.error = error
 
 
 # A unique violation (a policy or throttle index) or a deadlock on a unique index
@@ -149,6 +153,8 @@ def refused_constraint(call: Call, error: BaseException) -> str | None:
 def sent_back(call: Call, error: BaseException) -> Conflict | None:
     """What a savepoint ``call`` that failed with ``error`` sends back into its
     operation: a :class:`Conflict`, or None when ``error`` is to be raised."""
+    if call.contained:
+        return Conflict(refused_constraint(call, error), error)
     if call.refused:
         name = refused_constraint(call, error)
         return None if name is None else Conflict(name)

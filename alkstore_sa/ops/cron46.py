@@ -32,7 +32,7 @@ from ..errors import InvalidOptionsError
 from ..names import SEND_IT_QUEUE
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sup_sql
-from ._core import Call, Context, Op
+from ._core import Call, Conflict, Context, Op
 from .supervision import SLOT_SECONDS, CronOutcome, PassPlan, _interval, ensure_send_it
 
 logger = logging.getLogger(__name__)
@@ -87,59 +87,132 @@ def _invalid(ctx: Context, plan: PassPlan, row: Any, message: str) -> Op[None]:
         yield Call(sup_sql.insert_warning(), {**params, "now": plan.now})
 
 
+def decode_stored(text: str | None) -> Any:
+    """A schedule's stored ``data`` or ``options`` (JSON text) as Python values.
+
+    :raises Exception: the text is JSON Python cannot read (nested past the
+        recursion limit, a number of more than 4,300 digits); the caller reports
+        the row.
+    """
+    return None if text is None else json.loads(text)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, InvalidOptionsError) else f"{type(exc).__name__}: {exc}"
+
+
 def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
-    """Win the cron turn and file every occurrence due (see the module)."""
+    """Win the cron turn and file every occurrence due (see the module).
+
+    Each row is read on its own: one whose expression, data or options cannot be
+    read or evaluated (within :data:`~alkstore_sa.limits.MAX_RRULE_STEPS`) is
+    reported (``invalid_schedule``) and skipped, and the rest still fire. Should
+    the insert of the occurrences fail, they are inserted one row at a time, each
+    in a savepoint, and a row the database refuses is reported the same way.
+    """
     interval = _interval(plan, plan.settings.cron_monitor_interval)
     claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
     if not claim.claimed:
         return CronOutcome(False)
     yield from ensure_send_it(ctx)
-    schedules = (yield Call(cron_sql.all_schedules())).all()
+    schedules = (yield Call(cron_sql.timekeeper_schedules())).all()
     at = plan.cron_now or plan.now
     if at is None:
         at = (yield Call(sup_sql.database_time(), {"now": plan.now})).scalar_one()
     window = at - dt.timedelta(seconds=SLOT_SECONDS)
-    datas, keys, slots, problems, relabel = [], [], [], [], []
+    problems: list[str] = []
+    relabel = []
+    filed: list[tuple[Any, list[str | None], list[dt.datetime]]] = []  # (row, datas, slots)
     for row in schedules:
         tz = row.timezone or "UTC"
         name = f"schedule {row.name}__{row.key}"
         try:
+            data, options = decode_stored(row.data_text), decode_stored(row.options_text)
             kind, due = _read(row.cron, row.kind or "cron", tz, window, at)
-        except InvalidOptionsError as exc:
-            problems.append(f"{name}: {exc}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {exc}")
+        except Exception as exc:  # one row's failure, whatever it is, is that row's
+            problems.append(f"{name}: {_reason(exc)}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {_reason(exc)}")
             continue
         wanted = {slot_of(o) for o in due}
-        options = row.options if isinstance(row.options, Mapping) else {}
-        if options.get("missed") == "once" and claim.prior_cron_on is not None:
+        settings = options if isinstance(options, Mapping) else {}
+        if settings.get("missed") == "once" and claim.prior_cron_on is not None:
             start = max(claim.prior_cron_on, row.created_on)
             if start < window:
                 try:
                     missed = _latest(row.cron, kind, tz, start, window)
-                except InvalidOptionsError as exc:
-                    problems.append(f"{name}: {exc}")
-                    yield from _invalid(ctx, plan, row, f"{name} could not be caught up: {exc}")
+                except Exception as exc:
+                    problems.append(f"{name}: {_reason(exc)}")
+                    message = f"{name} could not be caught up: {_reason(exc)}"
+                    yield from _invalid(ctx, plan, row, message)
                     missed = None
                 if missed is not None:
                     wanted.add(slot_of(missed))
         if kind != (row.kind or "cron"):
             relabel.append((row.name, row.key, kind, row.cron))
-        for slot in sorted(wanted):
-            data = {"name": row.name, "key": row.key, "data": row.data, "options": row.options}
-            data["slot"] = slot.isoformat(sep=" ")
-            datas.append(opt.encode_json("data", data))
-            keys.append(occurrence_key(row.name, row.key))
-            slots.append(slot)
-    fired: tuple[str, ...] = ()
-    if datas:
-        params = {"queue": SEND_IT_QUEUE, "datas": datas, "keys": keys, "slots": slots}
-        inserted = (yield Call(cron_sql.insert_occurrences(), {**params, "now": plan.now})).all()
-        fired = tuple(r.singleton_key for r in inserted)
+        try:
+            datas = []
+            for slot in sorted(wanted):
+                payload = {"name": row.name, "key": row.key, "data": data, "options": options}
+                payload["slot"] = slot.isoformat(sep=" ")
+                datas.append(opt.encode_json("data", payload))
+        except Exception as exc:
+            problems.append(f"{name}: {_reason(exc)}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {_reason(exc)}")
+            continue
+        if datas:
+            filed.append((row, datas, sorted(wanted)))
+    fired = yield from _file(ctx, plan, filed, problems)
     if relabel:
         names, rkeys, kinds, exprs = (list(col) for col in zip(*relabel, strict=True))
         params = {"names": names, "keys": rkeys, "kinds": kinds, "crons": exprs}
         yield Call(cron_sql.set_schedule_kinds(), params)
     return CronOutcome(True, fired, tuple(problems))
+
+
+def _file(
+    ctx: Context,
+    plan: PassPlan,
+    filed: list[tuple[Any, list[str | None], list[dt.datetime]]],
+    problems: list[str],
+) -> Op[tuple[str, ...]]:
+    """Insert the occurrences of every row in ``filed``: all in one statement, or,
+    if that fails, row by row, each in a savepoint (a row the database refuses is
+    reported and skipped). The keys of the jobs inserted."""
+
+    def insert(batch: list[tuple[Any, list[str | None], list[dt.datetime]]]) -> Call:
+        params = {
+            "queue": SEND_IT_QUEUE,
+            "datas": [d for _, datas, _ in batch for d in datas],
+            "keys": [occurrence_key(r.name, r.key) for r, datas, _ in batch for _ in datas],
+            "slots": [s for _, _, slots in batch for s in slots],
+            "now": plan.now,
+        }
+        return Call(cron_sql.insert_occurrences(), params, savepoint=True, contained=True)
+
+    if not filed:
+        return ()
+    try:
+        inserted = (yield insert(filed)).all()
+        return tuple(r.singleton_key for r in inserted)
+    except Conflict as whole:
+        logger.warning(
+            "filing schedule occurrences failed (%s); filing them one schedule at a time",
+            whole.error,
+            extra={"action": "invalid_schedule"},
+        )
+    fired: list[str] = []
+    for item in filed:
+        row = item[0]
+        try:
+            inserted = (yield insert([item])).all()
+        except Conflict as one:
+            name = f"schedule {row.name}__{row.key}"
+            reason = str(getattr(one.error, "orig", None) or one.error).strip()
+            problems.append(f"{name}: {reason}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {reason}")
+            continue
+        fired += [r.singleton_key for r in inserted]
+    return tuple(fired)
 
 
 __all__ = ["cron46", "is_rrule", "occurrence_key", "slot_of"]

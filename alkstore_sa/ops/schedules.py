@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from .. import limits
 from .. import options as opt
 from ..errors import InvalidOptionsError, SchemaFeatureError
+from ..models.enums import QueuePolicy
 from ..names import validate_queue
 from ..records import ScheduleInfo
 from ..sql import queues as queue_sql
@@ -41,6 +42,12 @@ def schedule(
 
     validate_queue(name)
     opt.check_text("key", key, max_bytes=limits.MAX_SCHEDULE_KEY_BYTES)
+    # Text PostgreSQL can store (no lone surrogate, no NUL), checked before the
+    # expression is read, so that what is refused is named as given.
+    if isinstance(cron, str):
+        opt.check_text("cron", cron)
+    if isinstance(tz, str):
+        opt.check_text("tz", tz)
     # As pg-boss 12.38: the expression's shape decides its kind, once, here.
     kind = "rrule" if isinstance(cron, str) and rrule.is_rrule(cron) else "cron"
     if kind == "rrule":
@@ -67,7 +74,15 @@ def schedule(
             raise InvalidOptionsError(
                 "cron", "rrule expression has no occurrence left, so it would never send a job"
             )
-    yield from require_queue(ctx, name)
+    queue = yield from require_queue(ctx, name)
+    if queue.policy == QueuePolicy.KEY_STRICT_FIFO and options.get("singleton_key") is None:
+        # Each firing sends the queue a job with the schedule's options; this
+        # policy refuses a job without a key, so every firing would fail.
+        raise InvalidOptionsError(
+            "singleton_key",
+            f"queue {name!r} has policy key_strict_fifo: a schedule on it needs a"
+            " singleton_key in its options (every job it sends needs a key)",
+        )
     stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}
     if missed is not None:
         stored["missed"] = missed

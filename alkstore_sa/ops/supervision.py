@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import math
 from collections import Counter
@@ -324,13 +325,30 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
         at = dt.datetime.fromtimestamp((yield from database_epoch(ctx)), dt.UTC)
     due, problems = [], []
     for row in schedules:
+        # Each row on its own: one that cannot be read (its expression, or data
+        # or options Python cannot decode or send) is reported and skipped.
         try:
             last = previous_fire(row.cron, row.timezone or "UTC", at)
-        except InvalidOptionsError as exc:
-            problems.append(f"schedule {row.name}__{row.key}: {exc}")
+            if last is None or (at - last).total_seconds() >= SLOT_SECONDS:
+                continue
+            payload = {
+                "name": row.name,
+                "data": _decoded(row.data_text),
+                "options": _decoded(row.options_text),
+            }
+            opt.encode_json("data", payload)  # what send-it will carry, checked now
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, InvalidOptionsError) else repr(exc)
+            problems.append(f"schedule {row.name}__{row.key}: {reason}")
+            logger.warning(
+                "schedule %s__%s could not be evaluated: %s",
+                row.name,
+                row.key,
+                reason,
+                extra={"action": "invalid_schedule", "queue": row.name},
+            )
             continue
-        if last is not None and (at - last).total_seconds() < SLOT_SECONDS:
-            due.append(row)
+        due.append((row, payload))
     if not due:
         return CronOutcome(True, (), tuple(problems))
     extra: dict[str, Any] = {}
@@ -340,16 +358,21 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
         extra["singleton_offset"] = math.floor(plan.now.timestamp()) - math.floor(db)
     specs = [
         {
-            "data": {"name": row.name, "data": row.data, "options": row.options},
+            "data": payload,
             "singleton_key": f"{row.name}__{row.key}",
             "singleton_seconds": SLOT_SECONDS,
             **extra,
         }
-        for row in due
+        for row, payload in due
     ]
     ids = yield from send_many(ctx, SEND_IT_QUEUE, specs)
     fired = tuple(s["singleton_key"] for s, i in zip(specs, ids, strict=True) if i is not None)
     return CronOutcome(True, fired, tuple(problems))
+
+
+def _decoded(text: str | None) -> Any:
+    # A schedule's data or options, read from its JSON text row by row.
+    return None if text is None else json.loads(text)
 
 
 def _unpack(data: Any) -> tuple[str, Any, dict[str, Any]]:

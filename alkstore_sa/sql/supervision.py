@@ -17,8 +17,10 @@ from sqlalchemy import (
     Float,
     Integer,
     Select,
+    Text,
     Update,
     bindparam,
+    cast,
     delete,
     func,
     literal_column,
@@ -177,5 +179,12 @@ def delete_expired() -> Select[Any]:
 
 @functools.cache
 def all_schedules() -> Select[Any]:
-    """Every stored schedule, in a stable order."""
-    return select(*SCHEDULE.c).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+    """Every stored schedule, in a stable order; ``data`` and ``options`` as their
+    JSON text (``data_text``, ``options_text``), which the timekeeper decodes row
+    by row (so a row Python cannot read fails alone)."""
+    kept = [c for c in SCHEDULE.c if c.name not in ("data", "options")]
+    return select(
+        *kept,
+        cast(SCHEDULE.c.data, Text).label("data_text"),
+        cast(SCHEDULE.c.options, Text).label("options_text"),
+    ).order_by(SCHEDULE.c.name, SCHEDULE.c.key)

@@ -72,6 +72,20 @@ def all_schedules() -> Select[Any]:
 
 
 @functools.cache
+def timekeeper_schedules() -> Select[Any]:
+    """Every schedule row as :func:`all_schedules`, but ``data`` and ``options``
+    as their JSON text (``data_text``, ``options_text``): the timekeeper decodes
+    each row's on its own, so one that Python cannot read (nested too deep, a
+    number of thousands of digits) is that row's failure, not the whole read's."""
+    kept = [c for c in SCHEDULE.c if c.name not in ("data", "options")]
+    return select(
+        *kept,
+        cast(SCHEDULE.c.data, Text).label("data_text"),
+        cast(SCHEDULE.c.options, Text).label("options_text"),
+    ).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+
+
+@functools.cache
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
     """Stored schedules with their ``kind`` and ``last_job_id``, of queue
     ``:qname`` and key ``:key`` when asked."""
