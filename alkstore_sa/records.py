@@ -195,10 +195,9 @@ class QueueInfo:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:
         values = dict(row)
-        try:
+        if values["policy"] in QueuePolicy.__members__.values():
             values["policy"] = QueuePolicy(values["policy"])
-        except ValueError:
-            pass  # kept as written (see the class)
+        # else kept as written (see the class)
         return cls(**values)
 
 
