@@ -40,7 +40,10 @@ def run_blocked(engine: Engine, other: Connection, call: Callable[[], Any]) -> B
     thread.start()
     try:
         with engine.connect() as probe:
-            for _ in range(400):
+            # Up to a minute: on a loaded machine a first call (schema check, catalog
+            # reads) took longer than the ten seconds this waited before.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
                 outcome.waited = bool(
                     probe.exec_driver_sql(
                         "SELECT count(*) FROM pg_stat_activity "
