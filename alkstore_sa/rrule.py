@@ -596,11 +596,9 @@ def validate(expression: object, tz: object) -> tuple[str, str]:
     )
     if numbered and freq not in ("MONTHLY", "YEARLY"):
         raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
-    for day in (byday or "").split(","):
-        ordinal = day.strip()[:-2]
-        numbered_day = _ORDINAL_DAY.match(day.strip().upper())
-        if numbered_day and not 1 <= abs(int(ordinal)) <= _MAX_ORDINAL.get(freq, 53):
-            raise _bad(f"BYDAY={byday}: {day.strip()!r} numbers a weekday out of range")
+    for day in (d.strip().upper() for d in (byday or "").split(",")):
+        if _ORDINAL_DAY.match(day) and not 1 <= abs(int(day[:-2])) <= _MAX_ORDINAL.get(freq, 53):
+            raise _bad(f"BYDAY={byday}: {day!r} numbers a weekday out of range")
     # Every part at its wall-clock reading too (the elapsed-time reading of
     # hourly and finer rules leaves the wall-clock parts to a filter).
     body = ";".join(f"{k}={v}" for k, v in parsed.parts)

@@ -33,7 +33,15 @@ from ..names import SEND_IT_QUEUE
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sup_sql
 from ._core import Call, Conflict, Context, Op
-from .supervision import SLOT_SECONDS, CronOutcome, PassPlan, _interval, ensure_send_it
+from .supervision import (
+    SLOT_SECONDS,
+    CronOutcome,
+    PassPlan,
+    _interval,
+    decode_stored,
+    ensure_send_it,
+    row_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,20 +95,6 @@ def _invalid(ctx: Context, plan: PassPlan, row: Any, message: str) -> Op[None]:
         yield Call(sup_sql.insert_warning(), {**params, "now": plan.now})
 
 
-def decode_stored(text: str | None) -> Any:
-    """A schedule's stored ``data`` or ``options`` (JSON text) as Python values.
-
-    :raises Exception: the text is JSON Python cannot read (nested past the
-        recursion limit, a number of more than 4,300 digits); the caller reports
-        the row.
-    """
-    return None if text is None else json.loads(text)
-
-
-def _reason(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, InvalidOptionsError) else f"{type(exc).__name__}: {exc}"
-
-
 def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
     """Win the cron turn and file every occurrence due (see the module).
 
@@ -130,8 +124,9 @@ def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
             data, options = decode_stored(row.data_text), decode_stored(row.options_text)
             kind, due = _read(row.cron, row.kind or "cron", tz, window, at)
         except Exception as exc:  # one row's failure, whatever it is, is that row's
-            problems.append(f"{name}: {_reason(exc)}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {_reason(exc)}")
+            reason = row_problem(exc)
+            problems.append(f"{name}: {reason}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {reason}")
             continue
         wanted = {slot_of(o) for o in due}
         settings = options if isinstance(options, Mapping) else {}
@@ -141,9 +136,9 @@ def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
                 try:
                     missed = _latest(row.cron, kind, tz, start, window)
                 except Exception as exc:
-                    problems.append(f"{name}: {_reason(exc)}")
-                    message = f"{name} could not be caught up: {_reason(exc)}"
-                    yield from _invalid(ctx, plan, row, message)
+                    reason = row_problem(exc)
+                    problems.append(f"{name}: {reason}")
+                    yield from _invalid(ctx, plan, row, f"{name} could not be caught up: {reason}")
                     missed = None
                 if missed is not None:
                     wanted.add(slot_of(missed))
@@ -156,8 +151,9 @@ def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
                 payload["slot"] = slot.isoformat(sep=" ")
                 datas.append(opt.encode_json("data", payload))
         except Exception as exc:
-            problems.append(f"{name}: {_reason(exc)}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {_reason(exc)}")
+            reason = row_problem(exc)
+            problems.append(f"{name}: {reason}")
+            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {reason}")
             continue
         if datas:
             filed.append((row, datas, sorted(wanted)))

@@ -333,12 +333,12 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
                 continue
             payload = {
                 "name": row.name,
-                "data": _decoded(row.data_text),
-                "options": _decoded(row.options_text),
+                "data": decode_stored(row.data_text),
+                "options": decode_stored(row.options_text),
             }
             opt.encode_json("data", payload)  # what send-it will carry, checked now
         except Exception as exc:
-            reason = str(exc) if isinstance(exc, InvalidOptionsError) else repr(exc)
+            reason = row_problem(exc)
             problems.append(f"schedule {row.name}__{row.key}: {reason}")
             logger.warning(
                 "schedule %s__%s could not be evaluated: %s",
@@ -370,8 +370,19 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
     return CronOutcome(True, fired, tuple(problems))
 
 
-def _decoded(text: str | None) -> Any:
-    # A schedule's data or options, read from its JSON text row by row.
+def row_problem(exc: BaseException) -> str:
+    """How one row's failure is reported: our own errors by their message, any
+    other by its type too."""
+    return str(exc) if isinstance(exc, InvalidOptionsError) else f"{type(exc).__name__}: {exc}"
+
+
+def decode_stored(text: str | None) -> Any:
+    """A schedule's stored ``data`` or ``options`` (JSON text) as Python values.
+
+    :raises Exception: the text is JSON Python cannot read (nested past the
+        recursion limit, a number of more than 4,300 digits); the caller reports
+        the row.
+    """
     return None if text is None else json.loads(text)
 
 

@@ -17,10 +17,8 @@ from sqlalchemy import (
     Float,
     Integer,
     Select,
-    Text,
     Update,
     bindparam,
-    cast,
     delete,
     func,
     literal_column,
@@ -29,7 +27,17 @@ from sqlalchemy import (
 )
 
 from ..models.enums import JobState
-from ._common import JOB, QUEUE, SCHEDULE, VERSION, any_name, now_param, seconds, state_text
+from ._common import (
+    JOB,
+    QUEUE,
+    SCHEDULE,
+    VERSION,
+    any_name,
+    now_param,
+    schedules_as_text,
+    seconds,
+    state_text,
+)
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
@@ -179,12 +187,6 @@ def delete_expired() -> Select[Any]:
 
 @functools.cache
 def all_schedules() -> Select[Any]:
-    """Every stored schedule, in a stable order; ``data`` and ``options`` as their
-    JSON text (``data_text``, ``options_text``), which the timekeeper decodes row
-    by row (so a row Python cannot read fails alone)."""
-    kept = [c for c in SCHEDULE.c if c.name not in ("data", "options")]
-    return select(
-        *kept,
-        cast(SCHEDULE.c.data, Text).label("data_text"),
-        cast(SCHEDULE.c.options, Text).label("options_text"),
-    ).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+    """Every stored schedule, in a stable order, data and options as JSON text
+    (:func:`~alkstore_sa.sql._common.schedules_as_text`)."""
+    return schedules_as_text(SCHEDULE)

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
+from .._common import schedules_as_text
 from ..tables46 import JOB, QUEUE, SCHEDULE, VERSION
 from .supervision import now
 
@@ -73,16 +74,9 @@ def all_schedules() -> Select[Any]:
 
 @functools.cache
 def timekeeper_schedules() -> Select[Any]:
-    """Every schedule row as :func:`all_schedules`, but ``data`` and ``options``
-    as their JSON text (``data_text``, ``options_text``): the timekeeper decodes
-    each row's on its own, so one that Python cannot read (nested too deep, a
-    number of thousands of digits) is that row's failure, not the whole read's."""
-    kept = [c for c in SCHEDULE.c if c.name not in ("data", "options")]
-    return select(
-        *kept,
-        cast(SCHEDULE.c.data, Text).label("data_text"),
-        cast(SCHEDULE.c.options, Text).label("options_text"),
-    ).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+    """Every schedule row as :func:`all_schedules`, data and options as JSON text
+    (:func:`~alkstore_sa.sql._common.schedules_as_text`)."""
+    return schedules_as_text(SCHEDULE)
 
 
 @functools.cache
