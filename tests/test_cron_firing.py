@@ -10,14 +10,13 @@ send-it job's throttle slot follows it, so the slot a job took shows the
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.orm import Session
+from support.direct import in_tx, rows
 
-from alkstore_sa import InvalidOptionsError, QueueService
+from alkstore_sa import InvalidOptionsError
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.names import SEND_IT_QUEUE
 from alkstore_sa.supervision import Supervisor
@@ -41,17 +40,6 @@ def at(day: dt.date, hour: int, minute: int, second: int = 0) -> dt.datetime:
 JUNE_1 = dt.date(YEAR, 6, 1)
 SPRING = last_sunday(3)
 FALL = last_sunday(10)
-
-
-def in_tx(engine: Engine, schema: str, fn: Callable[[QueueService], Any]) -> Any:
-    with Session(engine) as session, session.begin():
-        return fn(QueueService(session, schema=schema))
-
-
-def rows(engine: Engine, schema: str, sql: str, **params: Any) -> list[Any]:
-    with engine.begin() as conn:
-        result = conn.execute(text(sql.replace("{s}", f'"{schema}"')), params)
-        return list(result.all()) if result.returns_rows else []
 
 
 def db_now(engine: Engine) -> dt.datetime:

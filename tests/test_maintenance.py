@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.orm import Session
+from support.direct import in_tx, rows
 
-from alkstore_sa import InvalidOptionsError, QueueService
+from alkstore_sa import InvalidOptionsError
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.ops import Settlement
 from alkstore_sa.supervision import QueueWarning, Supervisor
@@ -28,17 +28,6 @@ DAY = 86_400
 def db_now(engine: Engine) -> dt.datetime:
     with engine.connect() as conn:
         return conn.execute(text("SELECT now()")).scalar_one()  # type: ignore[no-any-return]
-
-
-def in_tx(engine: Engine, schema: str, fn: Callable[[QueueService], Any]) -> Any:
-    with Session(engine) as session, session.begin():
-        return fn(QueueService(session, schema=schema))
-
-
-def rows(engine: Engine, schema: str, sql: str, **params: Any) -> list[Any]:
-    with engine.begin() as conn:
-        result = conn.execute(text(sql.replace("{s}", f'"{schema}"')), params)
-        return list(result.all()) if result.returns_rows else []
 
 
 def job_states(engine: Engine, schema: str, queue: str) -> dict[uuid.UUID, str]:

@@ -10,8 +10,9 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support.direct import MINUTE_BEHIND_NOW, in_tx, rows
 
 from alkstore_sa import InvalidOptionsError, QueueService
 from alkstore_sa.clock import FakeClock
@@ -22,17 +23,6 @@ from alkstore_sa.supervision import Supervisor
 UTC = dt.UTC
 YEAR = dt.datetime.now(UTC).year + 1  # fake times ahead of the database clock
 ONLY_CRON: dict[str, Any] = {"supervise": False, "bam": False}
-
-
-def rows(engine: Engine, schema: str, sql: str, **params: Any) -> list[Any]:
-    with engine.begin() as conn:
-        result = conn.execute(text(sql.replace("{s}", f'"{schema}"')), params)
-        return list(result.all()) if result.returns_rows else []
-
-
-def in_tx(engine: Engine, schema: str, fn: Any) -> Any:
-    with Session(engine) as session, session.begin():
-        return fn(QueueService(session, schema=schema))
 
 
 def test_a_rule_is_stored_as_node_stores_it_and_read_back(engine: Engine, schema46: str) -> None:
@@ -60,7 +50,7 @@ def test_a_rule_scheduled_in_python_fires_through_the_supervisor(
 ) -> None:
     # A daily rule at this minute's wall time in Paris, fired by a supervisor whose
     # clock is the database's (the send-it job then is due at once and is sent).
-    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema46, MINUTE_BEHIND_NOW)
     paris = now.astimezone(ZoneInfo("Europe/Paris"))
     rule = f"FREQ=DAILY;BYHOUR={paris.hour};BYMINUTE={paris.minute};BYSECOND=0"
     in_tx(engine, schema46, lambda q: q.create_queue("reports"))
@@ -87,7 +77,7 @@ def test_a_stored_rule_that_never_advances_does_not_stall_the_timekeeper(
 ) -> None:
     # INTERVAL=0, written by raw SQL (schedule() refuses it): python-dateutil would
     # loop forever on it. The pass reports it and still fires the good rule.
-    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema46, MINUTE_BEHIND_NOW)
     rule = f"FREQ=DAILY;BYHOUR={now.hour};BYMINUTE={now.minute};BYSECOND=0"
     in_tx(engine, schema46, lambda q: q.create_queue("reports"))
     in_tx(engine, schema46, lambda q: q.schedule("reports", rule, {"good": True}, key="good"))

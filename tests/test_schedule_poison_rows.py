@@ -8,8 +8,9 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support.direct import MINUTE_BEHIND_NOW, in_tx, rows
 
 from alkstore_sa import InvalidOptionsError, QueueService
 from alkstore_sa.clock import FakeClock
@@ -22,17 +23,6 @@ LONG_NUMBER = "'{\"n\": ' || repeat('9', 5000) || '}'"  # past Python's 4,300 di
 # not the send-it job's unique index: random text, which the index cannot compress.
 LONG_KEY = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 75))"
 LONG_NAME = "q" + "_" * 150
-
-
-def rows(engine: Engine, schema: str, sql: str, **params: Any) -> list[Any]:
-    with engine.begin() as conn:
-        result = conn.execute(text(sql.replace("{s}", f'"{schema}"')), params)
-        return list(result.all()) if result.returns_rows else []
-
-
-def in_tx(engine: Engine, schema: str, fn: Any) -> Any:
-    with Session(engine) as session, session.begin():
-        return fn(QueueService(session, schema=schema))
 
 
 # (what, the row's name, cron, kind, data and options as SQL)
@@ -83,7 +73,7 @@ def test_a_poison_row_is_reported_and_the_other_schedules_fire_at_46(
     data: str,
     options: str,
 ) -> None:
-    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema46, MINUTE_BEHIND_NOW)
     in_tx(engine, schema46, lambda q: q.create_queue("reports"))
     in_tx(engine, schema46, lambda q: q.create_queue(LONG_NAME))
     in_tx(
@@ -117,7 +107,7 @@ def test_a_poison_row_is_reported_and_the_other_schedules_fire_at_46(
 
 def test_a_huge_plain_count_fires_at_46(engine: Engine, schema46: str) -> None:
     # The rule, written by raw SQL: two billion seconds from 2000. It fires.
-    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema46, MINUTE_BEHIND_NOW)
     in_tx(engine, schema46, lambda q: q.create_queue("reports"))
     rows(
         engine,
@@ -148,7 +138,7 @@ POISON26 = [
 def test_a_poison_row_is_reported_and_the_other_schedules_fire_at_26(
     engine: Engine, schema: str, what: str, cron: str, data: str, options: str
 ) -> None:
-    [(now,)] = rows(engine, schema, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema, MINUTE_BEHIND_NOW)
     in_tx(engine, schema, lambda q: q.create_queue("reports"))
     in_tx(engine, schema, lambda q: q.schedule("reports", "* * * * *", {"good": True}, key="good"))
     rows(
@@ -179,7 +169,7 @@ def test_a_schedule_on_a_key_strict_fifo_queue_needs_a_singleton_key(
         q.schedule("ledger", "* * * * *", {"tick": 1}, key="k", singleton_key="account-7")
     assert [s.key for s in in_tx(engine, schema46, lambda q: q.get_schedules())] == ["k"]
     # And it does send: the keyed schedule fires into the queue.
-    [(now,)] = rows(engine, schema46, "SELECT date_trunc('minute', now())")
+    [(now,)] = rows(engine, schema46, MINUTE_BEHIND_NOW)
     clock = FakeClock(now + dt.timedelta(seconds=1))
     report = Supervisor(engine, schema=schema46, clock=clock, **ONLY_CRON).run_once(force=True)
     assert report.errors == () and report.sent == 1, report

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.orm import Session
+from support.direct import in_tx
 
-from alkstore_sa import InvalidOptionsError, QueueService, SchemaNotInstalledError, migrate
+from alkstore_sa import InvalidOptionsError, SchemaNotInstalledError, migrate
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.ops import Settlement
 from alkstore_sa.supervision import AsyncSupervisor, Supervisor
@@ -84,11 +84,6 @@ def python(script: str, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
         env=child_env(),
         **kwargs,
     )
-
-
-def in_tx(engine: Engine, schema: str, fn: Callable[[QueueService], Any]) -> Any:
-    with Session(engine) as session, session.begin():
-        return fn(QueueService(session, schema=schema))
 
 
 def db_now(engine: Engine) -> dt.datetime:
