@@ -54,8 +54,17 @@ def _seed(engine: Engine, schema: str) -> dict[str, Any]:
     return {"created": created, "failed": failing, "hostile": hostile}
 
 
+LOCAL = "http://127.0.0.1"
+
+
+def _local(app: Any, base_url: str = LOCAL) -> TestClient:
+    """A client as a browser on this machine is one: a loopback ``Host``, and
+    the ``Origin`` of the dashboard's own pages on every request."""
+    return TestClient(app, base_url=base_url, headers={"origin": base_url})
+
+
 def _client(engine: Engine, schema: str, **options: Any) -> TestClient:
-    return TestClient(create_app(engine, schemas=[schema], **options))
+    return _local(create_app(engine, schemas=[schema], **options))
 
 
 def _token(html: str) -> str:
@@ -358,7 +367,7 @@ def test_next_cookies_and_limits(engine: Engine, seeded46: tuple[str, dict[str, 
     schema, ids = seeded46
     # Mounted under /ops, served over https: the cookies say so.
     outer = Starlette(routes=[Mount("/ops", app=create_app(engine, schemas=[schema]))])
-    client = TestClient(outer, base_url="https://testserver")
+    client = _local(outer, base_url="https://localhost")
     page = client.get(f"/ops/s/{schema}/jobs/{ids['failed']}?queue=mail")
     cookie = page.headers["set-cookie"].lower()
     assert "alkstore_csrf=" in cookie and "path=/ops" in cookie and "httponly" in cookie
@@ -402,7 +411,7 @@ def test_next_cookies_and_limits(engine: Engine, seeded46: tuple[str, dict[str, 
 
 def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None:
     app = create_app(engine, schemas=[schema46], statement_timeout_ms=200)
-    client = TestClient(app)
+    client = _local(app)
     assert f"No queues in schema {schema46} yet." in client.get("/").text
     with pytest.raises(DBAPIError, match="statement timeout"):
         app.state.dashboard._session_work(
@@ -433,14 +442,14 @@ def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None
     small = create_engine(engine.url, pool_size=1, max_overflow=0, pool_timeout=0.1)
     try:
         with small.connect():
-            busy = TestClient(create_app(small, schemas=[schema46])).get("/")
+            busy = _local(create_app(small, schemas=[schema46])).get("/")
             assert busy.status_code == 503 and 'id="error-message"' in busy.text
     finally:
         small.dispose()
 
     down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/none")
     try:
-        outage = TestClient(create_app(down, schemas=["pgboss"]))
+        outage = _local(create_app(down, schemas=["pgboss"]))
         for path in ("/", "/s/pgboss/jobs"):
             page = outage.get(path)
             assert page.status_code == 503 and 'id="error-message"' in page.text, path

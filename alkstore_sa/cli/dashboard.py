@@ -43,6 +43,14 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--read-only", action="store_true", help="show no actions; refuse every POST")
+    p.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        metavar="NAME",
+        help="a Host name the dashboard answers to besides loopback ones (repeatable; "
+        "'*' for any); the name a proxy or a tunnel in front passes",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -63,6 +71,7 @@ def serve_dashboard(
     host: str,
     port: int,
     read_only: bool = False,
+    allowed_hosts: list[str] | None = None,
     out: Any = None,
 ) -> None:
     """Check the bind, print the URL, and serve the dashboard until interrupted."""
@@ -76,8 +85,15 @@ def serve_dashboard(
         raise BadInput("--port must be between 1 and 65535")
     auth = basic_auth_from_env()
     check_bind(host, auth is not None)
-    app = create_app(engine, schemas=schemas, read_only=read_only, basic_auth=auth)
-    shown = f"[{host}]" if ":" in host else host
+    app = create_app(
+        engine,
+        schemas=schemas,
+        read_only=read_only,
+        basic_auth=auth,
+        allowed_hosts=allowed_hosts,
+    )
+    bare = host.strip().strip("[]")
+    shown = f"[{bare}]" if ":" in bare else bare
     print(f"dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", file=out or sys.stderr)
     serve(app, host=host, port=port, has_auth=auth is not None)
 
@@ -94,5 +110,12 @@ def _run(args: argparse.Namespace) -> int:
         ) from None
     check_bind(args.host, auth is not None)
     with engine_from(args) as engine:
-        serve_dashboard(engine, schemas, host=args.host, port=args.port, read_only=args.read_only)
+        serve_dashboard(
+            engine,
+            schemas,
+            host=args.host,
+            port=args.port,
+            read_only=args.read_only,
+            allowed_hosts=args.allowed_hosts,
+        )
     return 0

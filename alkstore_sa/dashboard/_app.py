@@ -19,9 +19,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import jinja2
+import markupsafe
 from cronsim import CronSim
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
@@ -31,7 +32,6 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -42,6 +42,7 @@ from ..models.enums import JobState
 from ..names import validate_queue, validate_schema
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
+from ._security import SecurityMiddleware, normalise_hosts
 
 T = TypeVar("T")
 
@@ -61,29 +62,30 @@ FLASH_COOKIE = "alkstore_flash"
 HERE = Path(__file__).parent
 CSS = (HERE / "static" / "style.css").read_text(encoding="utf-8")
 
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-    ),
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
-
 
 class BadRequest(Exception):
     """A malformed filter or form field: a 400 page with the message."""
+
+
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
 def _bidi_safe(value: object) -> str:
     """Text for display: bidirectional overrides shown as escapes, so that a
     job's data cannot reorder what is around it on the page."""
     out = str(value)
-    for ch in ("\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068"):
+    for ch in _BIDI:
         out = out.replace(ch, f"\\u{ord(ch):04x}")
-    return out.replace("\u2069", "\\u2069")
+    return out
+
+
+def _bidi_finalize(value: Any) -> Any:
+    """Jinja's ``finalize``: a printed string with its bidirectional overrides
+    escaped (markup stays markup); any other value as it is."""
+    if isinstance(value, str) and any(ch in _BIDI for ch in value):
+        escaped = _bidi_safe(value)
+        return markupsafe.Markup(escaped) if isinstance(value, markupsafe.Markup) else escaped
+    return value
 
 
 def _pretty(value: Any) -> str:
@@ -157,22 +159,6 @@ def next_fire(schedule: ScheduleInfo, now: dt.datetime) -> dt.datetime | None:
         return None
 
 
-class _Security(BaseHTTPMiddleware):
-    def __init__(self, app: Any, dashboard: Dashboard) -> None:
-        super().__init__(app)
-        self.dashboard = dashboard
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        denied = await self.dashboard.authenticate(request)
-        if denied is None and self.dashboard.read_only and request.method not in ("GET", "HEAD"):
-            # Every route's own check aside: nothing but reading, whatever the route.
-            denied = PlainTextResponse("this dashboard is read-only", status_code=403)
-        response = denied if denied is not None else await call_next(request)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)
-        return response
-
-
 class Dashboard:
     """The state behind one application: engine, settings, templates, secret."""
 
@@ -187,6 +173,7 @@ class Dashboard:
         statement_timeout_ms: int,
         secret_key: str | bytes | None,
         title: str,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidOptionsError(
@@ -215,10 +202,14 @@ class Dashboard:
         else:
             self.secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
         self.title = title
+        self.allowed_hosts = normalise_hosts(allowed_hosts)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
+            # Every printed value, whatever the template: no bidirectional override
+            # reaches the page (a name or key from a row shown in place).
+            finalize=_bidi_finalize,
         )
         self.templates.filters.update(
             pretty=_pretty,
@@ -230,6 +221,27 @@ class Dashboard:
         )
 
     # ------------------------------------------------------------ security
+
+    @property
+    def has_auth(self) -> bool:
+        """Whether requests are authenticated (basic auth or a hook)."""
+        return self.basic_auth is not None or self.auth is not None
+
+    def identity(self, request: Request) -> str:
+        """Who the request is, as far as the dashboard can tell: the basic-auth
+        user, else the mounting application's ``request.user`` (its ``identity``
+        or ``display_name``), else nobody (``""``). CSRF tokens are bound to it."""
+        if self.basic_auth is not None:
+            return "basic:" + self.basic_auth[0]
+        user = request.scope.get("user")
+        for attribute in ("identity", "display_name"):
+            try:
+                value = getattr(user, attribute, None)
+            except NotImplementedError:  # Starlette's BaseUser leaves identity abstract
+                continue
+            if isinstance(value, str) and value:
+                return f"user:{attribute}:{value}"
+        return ""
 
     async def authenticate(self, request: Request) -> Response | None:
         """``None`` if the request may go on, else the refusal."""
@@ -274,7 +286,7 @@ class Dashboard:
         if not nonce:
             nonce = secrets.token_urlsafe(24)
             request.state.new_nonce = nonce
-        return self._sign("csrf:" + nonce)
+        return self._sign(f"csrf:{self.identity(request)}\0{nonce}")
 
     def check_csrf(self, request: Request, form: Any) -> None:
         nonce = request.cookies.get(CSRF_COOKIE, "")
@@ -282,7 +294,8 @@ class Dashboard:
         if not nonce or not isinstance(token, str) or not token:
             raise HTTPException(403, "missing CSRF token: reload the page and try again")
         # Bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 403).
-        if not hmac.compare_digest(token.encode(), self._sign("csrf:" + nonce).encode()):
+        want = self._sign(f"csrf:{self.identity(request)}\0{nonce}")
+        if not hmac.compare_digest(token.encode(), want.encode()):
             raise HTTPException(403, "invalid CSRF token: reload the page and try again")
 
     def _root(self, request: Request) -> str:
@@ -422,6 +435,10 @@ def _safe_next(root: str, value: str | None, fallback: str) -> str:
         return fallback
     parts = urlsplit(value)
     if parts.scheme or parts.netloc:
+        return fallback
+    # No dot segment, plain or percent-encoded: /root/s/../../elsewhere
+    # would leave the mount point once the browser resolves it.
+    if any(unquote(segment) in (".", "..") for segment in parts.path.split("/")):
         return fallback
     return value
 
@@ -919,7 +936,9 @@ async def send_job(request: Request) -> Response:
         raise BadRequest(f"data: at most {SEND_MAX:,} characters of JSON here, not {len(raw):,}")
     try:
         data = json.loads(raw) if raw else None
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        raise BadRequest("data is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise BadRequest(f"data is not valid JSON: {exc}") from None
     options: dict[str, Any] = {}
     key = str(form.get("singleton_key", "")).strip()
@@ -978,6 +997,7 @@ def create_app(
     statement_timeout_ms: int = 5000,
     secret_key: str | bytes | None = None,
     title: str = "alkstore",
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard as a Starlette application (docs/how-to/dashboard.md).
 
@@ -992,6 +1012,11 @@ def create_app(
     :param secret_key: signs the CSRF tokens and flash messages; random per
         process when not given (tokens then end with the process).
     :param title: shown in the page titles.
+    :param allowed_hosts: ``Host`` names (no port) requests may carry besides
+        loopback ones (``localhost``, ``127.0.0.1``, ``[::1]``); ``"*"`` for any.
+        Not given: without authentication loopback names only, which keeps out a
+        page on another site whose name was rebound to 127.0.0.1; with
+        authentication, any.
     :raises InvalidOptionsError: for a bad argument.
     """
     dashboard = Dashboard(
@@ -1003,6 +1028,7 @@ def create_app(
         statement_timeout_ms=statement_timeout_ms,
         secret_key=secret_key,
         title=title,
+        allowed_hosts=allowed_hosts,
     )
     routes = [
         Route("/", overview),
@@ -1021,7 +1047,7 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(_Security, dashboard=dashboard)],
+        middleware=[Middleware(SecurityMiddleware, dashboard=dashboard)],
         exception_handlers={
             BadRequest: _bad_request,
             AlkstoreError: _service_error,

@@ -48,4 +48,11 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8765, has_auth: bool
     check_bind(host, has_auth)
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # "[::1]" is how a URL writes an IPv6 address; the socket wants "::1".
+    uvicorn.run(app, host=bind_address(host), port=port, log_level="warning")
+
+
+def bind_address(host: str) -> str:
+    """``host`` as a socket binds it: an IPv6 address without its URL brackets."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
