@@ -49,6 +49,8 @@ QUEUE_NAME_MAX = 200
 Queue names (and ``dead_letter``, which names a queue) enter btree indexes next to
 a job's ``singleton_key``: the limits of :mod:`alkstore_sa.limits` leave room for
 names this long."""
+QUEUE_REF_MAX = 1000
+"""The longest name :func:`queue_ref` addresses (a queue another client made)."""
 
 SEND_IT_QUEUE = "__pgboss__send-it"
 """The internal queue through which cron schedules are fired (shared with Node pg-boss)."""
@@ -83,6 +85,32 @@ def validate_queue(name: object, option: str = "name") -> str:
             option,
             f"{name!r} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits and _ . : / -",
         )
+    return name
+
+
+def queue_ref(name: object, option: str = "name") -> str:
+    """Return ``name`` if it can name an existing queue, else raise.
+
+    Wider than :func:`validate_queue`, which is the rule for the queues we create:
+    a queue another client made (pg-boss accepts names longer than 200 characters,
+    and a console can write any text) is still addressed, its name a bound
+    parameter. Refused: not a string, empty, over :data:`QUEUE_REF_MAX`
+    characters, a NUL character (PostgreSQL text cannot hold one), or a lone
+    surrogate (it cannot be sent as UTF-8).
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(option, f"must be a string, not {type(name).__name__}")
+    if not name or len(name) > QUEUE_REF_MAX:
+        shown = f"{name[:40]!r}{'...' if len(name) > 40 else ''}"
+        raise InvalidNameError(
+            option, f"{shown} must be 1 to {QUEUE_REF_MAX} characters, not {len(name)}"
+        )
+    if "\x00" in name:
+        raise InvalidNameError(option, f"{name[:100]!r} contains a NUL character")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidNameError(option, f"{name[:100]!r} contains a lone surrogate") from None
     return name
 
 

@@ -23,7 +23,7 @@ from typing import Any, Required, TypedDict
 from . import limits
 from .errors import InvalidOptionsError
 from .models.enums import QueuePolicy
-from .names import validate_queue
+from .names import queue_ref
 
 INT32_MAX = 2_147_483_647
 EXPIRE_MAX = 86_399  # pg-boss: expireInSeconds must be below 24 hours
@@ -546,7 +546,7 @@ def _checker(spec: OptionSpec) -> Callable[[object], Any]:
             check_text, name, allow_empty=spec.allow_empty, max_bytes=spec.max_bytes
         )
     elif spec.kind == "queue":
-        check = functools.partial(validate_queue, option=name)
+        check = functools.partial(queue_ref, option=name)
     elif spec.kind == "policy":
         check = _policy
     elif spec.kind == "uuid":

@@ -22,6 +22,7 @@ from alkstore_sa import (
     InvalidOptionsError,
     QueueNotFoundError,
     QueueService,
+    SchemaFeatureError,
     SchemaNotInstalledError,
     SchemaVersionError,
     migrate,
@@ -144,24 +145,32 @@ EVERY_NAMED_CALL: dict[str, Call] = {
 
 BAD_NAMES: list[Any] = [
     "",
+    "a" * 1001,
+    "nul\x00",
+    "lone\ud800surrogate",
+    5,
+    None,
+    b"bytes",
+]
+"""Names no call takes: no queue row can have them (or they are not names)."""
+
+NOT_OURS: list[str] = [
     "a" * 201,
     'quo"te',
     "it's",
     "with space",
     "x; drop table job",
     "tab\tbed",
-    "nul\x00",
     "ünïcode",
-    5,
-    None,
-    b"bytes",
 ]
+"""Names ``create_queue`` refuses (our stricter rule), but a queue row another
+client wrote can hold: every other call addresses them, as bound parameters."""
 
 
 def test_invalid_queue_name_is_refused_before_any_sql(env: Any, ready: str) -> None:
     svc = env.service()
     for method, call in EVERY_NAMED_CALL.items():
-        for name in BAD_NAMES:
+        for name in BAD_NAMES + (NOT_OURS if method == "create_queue" else []):
             if name is None and method in ("get_schedules", "get_subscriptions"):
                 continue  # None there means "every queue"
             with statements(env) as seen:
@@ -175,16 +184,33 @@ def test_invalid_queue_name_is_refused_before_any_sql(env: Any, ready: str) -> N
     still_usable(env, svc, ready)
 
 
+def test_a_name_we_would_not_create_is_addressed_as_a_missing_queue(env: Any, ready: str) -> None:
+    svc = env.service()
+    for method, call in EVERY_NAMED_CALL.items():
+        if method == "create_queue":
+            continue
+        for name in NOT_OURS:
+            try:
+                call(svc, name)  # an empty answer, or one of the errors below
+            except QueueNotFoundError as exc:
+                assert repr(name)[1:-1] in str(exc), (method, name)
+            except InvalidNameError as exc:
+                pytest.fail(f"{method}({name!r}) refused the name: {exc}")
+            except SchemaFeatureError as exc:
+                assert "version 46" in str(exc), (method, name)  # not a call of schema 26
+    still_usable(env, svc, ready)
+
+
 def test_invalid_name_error_names_the_argument(env: Any, ready: str) -> None:
     svc = env.service()
     with pytest.raises(InvalidNameError) as caught:
-        svc.send("bad name", None)
+        svc.send("nul\x00", None)
     assert caught.value.option == "name"
     with pytest.raises(InvalidNameError) as caught:
-        svc.redrive(ready, "bad name")
+        svc.redrive(ready, "nul\x00")
     assert caught.value.option == "to"
     with pytest.raises(InvalidNameError) as caught:
-        svc.send(ready, None, dead_letter="bad name")
+        svc.send(ready, None, dead_letter="nul\x00")
     assert caught.value.option == "dead_letter"
     env.rollback()
 

@@ -99,4 +99,4 @@ def test_bad_filters_refused(engine: Engine, schema46: str) -> None:
             with pytest.raises(InvalidOptionsError, match=option):
                 q.find_jobs(**{option: value})
         with pytest.raises(InvalidOptionsError):
-            q.find_jobs("no spaces allowed")
+            q.find_jobs("nul\x00 is no name")

@@ -57,3 +57,25 @@ def test_a_queue_with_an_unknown_policy_is_listed_and_never_served(env46_sync: A
     env.commit()
     assert env.sql("SELECT count(*) FROM {s}.job WHERE name = 'good'") == [(1,)]
     assert env.sql("SELECT state::text FROM {s}.job WHERE name = 'odd'") == [("created",)]
+
+
+def test_the_dashboard_shows_foreign_queues_beside_the_others(env46_sync: Any) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from alkstore_sa.dashboard import create_app
+
+    env = env46_sync
+    env.tx(lambda q: q.create_queue("good"))
+    env.tx(lambda q: q.send("good", {}))
+    foreign_queue(env, "my queue")
+    foreign_queue(env, "x" * 201)
+    foreign_queue(env, "odd")
+    env.sql("UPDATE {s}.queue SET policy = 'bogus' WHERE name = 'odd'")
+    client = TestClient(create_app(env.engine, schemas=[env.schema]), base_url="http://127.0.0.1")
+    overview = client.get("/")
+    assert overview.status_code == 200, overview.text
+    for name in ("good", "my queue", "x" * 201, "odd"):
+        assert f'data-queue="{name}"' in overview.text, name
+    odd = client.get(f"/s/{env.schema}/queues/odd")
+    assert odd.status_code == 200 and "bogus" in odd.text

@@ -167,7 +167,7 @@ def test_queues_setting_limits_monitoring_and_deletion(engine: Engine, schema: s
         {"maintenance_interval": 86_401},
         {"warning_queue_size": "many"},
         {"supervise": "yes"},
-        {"queues": ["bad name"]},
+        {"queues": ["nul\x00"]},
         {"superviseIntervalSeconds": 60},
     ],
 )

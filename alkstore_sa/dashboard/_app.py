@@ -39,7 +39,7 @@ from starlette.routing import Route
 from .. import cron, migrate, rrule
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState
-from ..names import validate_queue, validate_schema
+from ..names import queue_ref, validate_schema
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
 from ._security import SecurityMiddleware, normalise_hosts
@@ -535,8 +535,7 @@ async def queue_detail(request: Request) -> Response:
         )
 
     info, counts, schedules, subscriptions = await d.read(schema, read)
-    now = dt.datetime.now(dt.UTC)
-    fires = [(s, next_fire(s, now)) for s in schedules]
+    fires = await _next_fires(schedules)
     return d.render(
         request,
         "queue.html",
@@ -655,9 +654,18 @@ async def schedules_page(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
     schedules = await d.read(schema, lambda q: q.get_schedules())
-    now = dt.datetime.now(dt.UTC)
-    rows = [(s, next_fire(s, now)) for s in schedules]
+    rows = await _next_fires(schedules)
     return d.render(request, "schedules.html", schema=schema, schedules=rows)
+
+
+async def _next_fires(
+    schedules: Sequence[ScheduleInfo],
+) -> list[tuple[ScheduleInfo, dt.datetime | None]]:
+    """Each schedule with its next firing, worked out in the thread pool: an rrule
+    may take up to its evaluation budget (docs/reference/limits.md), and the event
+    loop answers other requests (``/healthz`` too) meanwhile."""
+    now = dt.datetime.now(dt.UTC)
+    return await run_in_threadpool(lambda: [(s, next_fire(s, now)) for s in schedules])
 
 
 async def _needs_46(request: Request, d: Dashboard, schema: str, page: str) -> Response | None:
@@ -755,13 +763,13 @@ def _action_targets(action: str, form: Any) -> tuple[list[uuid.UUID], str]:
     if not ids and not queue:
         raise BadRequest("name the jobs (ids) or the queue to act on")
     if queue:
-        validate_queue(queue, "queue")
+        queue_ref(queue, "queue")
     to = str(form.get("to", "")).strip()
     if action == "redrive":
         if not queue:
             raise BadRequest("redrive needs the dead-letter queue (queue)")
         if to:
-            validate_queue(to, "to")
+            queue_ref(to, "to")
     if action == "delete" and not ids and str(form.get("state", "")) not in STATES:
         raise BadRequest(f"a queue-wide delete needs a state (state): one of {', '.join(STATES)}")
     return ids, queue

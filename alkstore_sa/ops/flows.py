@@ -15,7 +15,7 @@ from typing import Any
 from .. import limits, tracing
 from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import JobState, QueuePolicy
-from ..names import validate_queue
+from ..names import queue_ref
 from ..options import check_int
 from ..options import job_id as _job_id
 from ..records import JobDependency
@@ -75,7 +75,7 @@ class _Graph:
                 raise InvalidOptionsError(
                     f"{where}.name", f"job {ref!r} needs a non-empty queue name"
                 )
-            validate_queue(name)
+            queue_ref(name)
             options = job.get("options")
             if options is None:
                 options = {}
@@ -275,7 +275,7 @@ def related_jobs(
 ) -> Op[list[JobDependency]]:
     """A flow job's parents or children (``QueueService.get_dependencies`` and
     ``get_dependents``); an unknown job has none."""
-    validate_queue(name)
+    queue_ref(name)
     ident = _job_id(id)
     count = check_int(
         "limit",

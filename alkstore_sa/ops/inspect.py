@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..models.enums import JobState
-from ..names import validate_queue
+from ..names import queue_ref
 from ..options import check_int
 from ..records import Job, JobCounts, JobPage, read_job
 from ..sql import inspect as inspect_sql
@@ -34,7 +34,7 @@ def _state(value: object) -> JobState | None:
 
 def list_jobs(ctx: Context, name: str, state: object, limit: int) -> Op[list[Job]]:
     """The queue's jobs, newest first; raises if the queue does not exist."""
-    validate_queue(name)
+    queue_ref(name)
     wanted = _state(state)
     check_int("limit", limit, minimum=1, maximum=LIST_LIMIT_MAX)
     yield from require_queue(ctx, name)
@@ -86,7 +86,7 @@ def _text(option: str, value: object, maximum: int = 1000) -> str | None:
 
 def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int) -> Op[JobPage]:
     """A keyset page of jobs matching ``filters`` (validated before any SQL)."""
-    queue = None if name is None else validate_queue(name)
+    queue = None if name is None else queue_ref(name)
     wanted = _state(filters.get("state"))
     key = _text("key", filters.get("key"))
     group = _text("group", filters.get("group"))
@@ -135,7 +135,7 @@ def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int
 
 def count_jobs(ctx: Context, names: Sequence[str] | None) -> Op[list[JobCounts]]:
     """Jobs per queue and state, every queue of the schema (or those named)."""
-    wanted = None if names is None else [validate_queue(n, "names") for n in names]
+    wanted = None if names is None else [queue_ref(n, "names") for n in names]
     queues = yield from get_queues(ctx, wanted)
     table = JOB46 if ctx.version >= 46 else JOB26
     stmt = inspect_sql.count_jobs(table, named=wanted is not None)

@@ -14,7 +14,7 @@ from .. import options as opt
 from .. import tracing
 from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
 from ..models.enums import QueuePolicy
-from ..names import validate_queue
+from ..names import queue_ref
 from ..records import UpdateResult, UpsertResult
 from ..sql.v46 import keys as keys_sql
 from ..sql.v46 import node_channel
@@ -133,7 +133,7 @@ def update(
     options: Mapping[str, Any],
 ) -> Op[UpdateResult]:
     """Edit not-yet-active jobs in place; see ``QueueService.update``."""
-    validate_queue(name)
+    queue_ref(name)
     _require_version(ctx, "update")
     target = _Target("update", id, singleton_key, match)
     checked = _checked_options(options, "update", ctx.version)
@@ -158,7 +158,7 @@ def upsert(
     options: Mapping[str, Any],
 ) -> Op[UpsertResult]:
     """Edit the named job if it has not started, else insert one; see ``QueueService.upsert``."""
-    validate_queue(name)
+    queue_ref(name)
     _require_version(ctx, "upsert")
     target = _Target("upsert", id, singleton_key, match)
     checked = _checked_options(options, "upsert", ctx.version)
@@ -237,7 +237,7 @@ def _upsert(
 
 def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> Op[list[str]]:
     """Keys of a key_strict_fifo queue holding a failed job (``QueueService.get_blocked_keys``)."""
-    validate_queue(name)
+    queue_ref(name)
     _require_version(ctx, "get_blocked_keys")
     if limit is None:
         limit = BLOCKED_KEYS_LIMIT

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidOptionsError, SchemaFeatureError
-from ..names import validate_queue
+from ..names import queue_ref
 from ..options import check_int
 from ..records import (
     Instance,
@@ -253,7 +253,7 @@ def get_queue_stats_history(
 ) -> Op[list[QueueStatsSnapshot]]:
     """The queue's recorded snapshots (or buckets), newest first (see the module);
     ``options`` as ``QueueService.get_queue_stats_history`` takes them."""
-    validate_queue(name)
+    queue_ref(name)
     from_, to, limit = options["from_"], options["to"], options["limit"]
     bucket_seconds, max_data_points = options["bucket_seconds"], options["max_data_points"]
     aggregate, percentiles = options["aggregate"], options["percentiles"]

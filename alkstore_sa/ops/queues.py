@@ -15,7 +15,7 @@ from ..errors import (
     UnknownPolicyError,
 )
 from ..models.enums import QueuePolicy
-from ..names import validate_queue
+from ..names import queue_ref, validate_queue
 from ..records import QueueInfo, QueueStats
 from ..sql import locks
 from ..sql import queues as queue_sql
@@ -34,7 +34,7 @@ def _get_queues(ctx: Context, *, by_name: bool) -> Executable:
 
 
 def get_queue(ctx: Context, name: str) -> Op[QueueInfo | None]:
-    validate_queue(name)
+    queue_ref(name)
     result = yield Call(_get_queues(ctx, by_name=True), {"names": [name]})
     row = result.mappings().first()
     return None if row is None else QueueInfo.from_row(row)
@@ -52,7 +52,7 @@ def get_queues(ctx: Context, names: Sequence[str] | None) -> Op[list[QueueInfo]]
             )
         names = list(names)
         for n in names:
-            validate_queue(n)
+            queue_ref(n)
         result = yield Call(_get_queues(ctx, by_name=True), {"names": list(names)})
     return [QueueInfo.from_row(r) for r in result.mappings().all()]
 
@@ -123,7 +123,7 @@ def create_queue(
 
 
 def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
-    validate_queue(name)
+    queue_ref(name)
     checked = opt.queue_options(name, options, update=True, version=ctx.version)
     current = yield from require_queue(ctx, name)
     # An option not given keeps the queue's value, which the rules between options see.
@@ -146,7 +146,7 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
 
 
 def delete_queue(ctx: Context, name: str) -> Op[bool]:
-    validate_queue(name)
+    queue_ref(name)
     yield _lock(ctx, locks.DELETE_QUEUE)
     info = yield from get_queue(ctx, name)
     if info is None:
@@ -175,7 +175,7 @@ def delete_queue(ctx: Context, name: str) -> Op[bool]:
 
 
 def get_queue_stats(ctx: Context, name: str) -> Op[QueueStats]:
-    validate_queue(name)
+    queue_ref(name)
     result = yield Call(queue_sql.live_stats(by_name=True), {"names": [name]})
     row = result.mappings().first()
     if row is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import options as opt
 from ..errors import InvalidOptionsError
-from ..names import validate_queue
+from ..names import queue_ref
 from ..sql.v46 import redrive as redrive46_sql
 from ._core import Call, Context, Op
 
@@ -30,7 +30,7 @@ def check_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {"from_source": None, "contains": None, "created_before": None}
     source = filters.get("source_name")
     if source is not None:
-        params["from_source"] = validate_queue(source, "source_name")
+        params["from_source"] = queue_ref(source, "source_name")
     data = filters.get("data")
     if data is not None:
         if not isinstance(data, Mapping):

@@ -12,7 +12,7 @@ from .. import limits
 from .. import options as opt
 from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..models.enums import QueuePolicy
-from ..names import validate_queue
+from ..names import queue_ref
 from ..records import ScheduleInfo
 from ..sql import queues as queue_sql
 from ..sql.v46 import cron as cron46_sql
@@ -40,7 +40,7 @@ def schedule(
 ) -> Op[None]:
     from .. import rrule
 
-    validate_queue(name)
+    queue_ref(name)
     opt.check_text("key", key, max_bytes=limits.MAX_SCHEDULE_KEY_BYTES)
     # Text PostgreSQL can store (no lone surrogate, no NUL), checked before the
     # expression is read, so that what is refused is named as given.
@@ -102,7 +102,7 @@ def schedule(
 
 
 def unschedule(ctx: Context, name: str, key: str) -> Op[bool]:
-    validate_queue(name)
+    queue_ref(name)
     opt.check_text("key", key)
     result = yield Call(queue_sql.delete_schedule(), {"qname": name, "key": key})
     return bool(getattr(result, "rowcount", 0))
@@ -111,7 +111,7 @@ def unschedule(ctx: Context, name: str, key: str) -> Op[bool]:
 def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[ScheduleInfo]]:
     params: dict[str, Any] = {}
     if name is not None:
-        params["qname"] = validate_queue(name)
+        params["qname"] = queue_ref(name)
     if key is not None:
         params["key"] = opt.check_text("key", key)
     if ctx.version >= RRULE_SINCE:

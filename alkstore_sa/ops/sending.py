@@ -15,7 +15,7 @@ from .. import limits, tracing
 from .. import options as opt
 from ..errors import InvalidOptionsError, QueueNotFoundError
 from ..models.enums import QueuePolicy
-from ..names import validate_queue
+from ..names import queue_ref
 from ..records import EventSubscription
 from ..sql import queues as queue_sql
 from ..sql import send as send_sql
@@ -175,7 +175,7 @@ def send_many(
 ) -> Op[list[uuid.UUID | None]]:
     """``operation`` and ``parent``: the span's name (``insert``, pg-boss's name of
     it, or ``send``) and parent, see :func:`traced`."""
-    validate_queue(name)
+    queue_ref(name)
     specs = _job_list(jobs)
     for index, spec in enumerate(specs):
         if not isinstance(spec, Mapping):
@@ -338,7 +338,7 @@ def get_subscriptions(
 ) -> Op[list[EventSubscription]]:
     params: dict[str, Any] = {}
     if name is not None:
-        params["qname"] = validate_queue(name)
+        params["qname"] = queue_ref(name)
     if event is not None:
         params["event"] = _check_event(event)
     stmt = queue_sql.get_subscriptions(by_name=name is not None, by_event=event is not None)
@@ -348,6 +348,6 @@ def get_subscriptions(
 
 def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:
     _check_event(event)
-    validate_queue(name)
+    queue_ref(name)
     result = yield Call(queue_sql.unsubscribe(), {"event": event, "qname": name})
     return bool(getattr(result, "rowcount", 0))

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from .. import options as opt
 from ..cron import previous_fire
 from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
-from ..names import SEND_IT_QUEUE, validate_queue
+from ..names import SEND_IT_QUEUE, queue_ref
 from ..records import QueueWarning as QueueWarning  # re-exported: the supervisors report it
 from ..records import SupervisionReport as SupervisionReport
 from ..sql import fail as fail_sql
@@ -178,10 +178,10 @@ def _queue_names(value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return (validate_queue(value, "queues"),)
+        return (queue_ref(value, "queues"),)
     if not isinstance(value, Sequence) or not value:
         raise InvalidOptionsError("queues", f"must be a queue name or a list of them: {value!r}")
-    return tuple(validate_queue(v, "queues") for v in value)
+    return tuple(queue_ref(v, "queues") for v in value)
 
 
 @dataclass(frozen=True, slots=True)

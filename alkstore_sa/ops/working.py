@@ -15,7 +15,7 @@ from .. import options as opt
 from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError
 from ..groups import GroupLimits, group_limits
 from ..models.enums import JobState
-from ..names import validate_queue
+from ..names import queue_ref
 from ..records import FailResult as FailResult  # re-exported: the workers read it
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job
 from ..records import Settlement as Settlement
@@ -135,7 +135,7 @@ def fetch(
     transaction: a crash in between leaves them active until their lease
     expires, and the next claim fails them again.
     """
-    validate_queue(name)
+    queue_ref(name)
     opt.check_int("batch_size", batch_size, minimum=1, maximum=100_000)
     opt.check_bool("priority", priority)
     opt.check_bool("ignore_start_after", ignore_start_after)
@@ -354,7 +354,7 @@ def settlements(name: str, jobs: object, output: Any = None) -> list[Settlement]
 
     A Job is fenced on its ``started_on``; an id is not. Every item gets ``output``.
     """
-    validate_queue(name)
+    queue_ref(name)
     if isinstance(jobs, Job | uuid.UUID | str):
         jobs = [jobs]
     if not isinstance(jobs, list | tuple | set | frozenset):
@@ -365,7 +365,7 @@ def settlements(name: str, jobs: object, output: Any = None) -> list[Settlement]
 def settlement_items(name: str, items: object) -> list[Settlement]:
     """``complete_many``/``fail_many``'s items, each one of: a fetched :class:`Job`,
     an id, a ``(job or id, output)`` pair, or a :class:`Settlement`."""
-    validate_queue(name)
+    queue_ref(name)
     if not isinstance(items, list | tuple):
         raise InvalidOptionsError("items", f"expected a list, not {items!r}")
     out: list[Settlement] = []
@@ -504,7 +504,7 @@ def expire_heartbeats46(
 
 
 def _by_ids(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settled]:
-    validate_queue(name)
+    queue_ref(name)
     id_list = opt.job_ids(ids)
     result = yield Call(stmt, {"qname": name, "ids": id_list})
     affected = list(result.scalars().all())
@@ -524,7 +524,7 @@ def _requeue(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settl
     in a savepoint, and if any job of the batch conflicts, each job is tried on
     its own so that the others still move.
     """
-    validate_queue(name)
+    queue_ref(name)
     id_list = opt.job_ids(ids)
     rows: list[Any] = []
     try:
@@ -574,7 +574,7 @@ def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
 def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
     if ctx.version < 46:
         return (yield from _by_ids(ctx, settle_sql.delete_jobs(), name, ids))
-    validate_queue(name)
+    queue_ref(name)
     id_list = opt.job_ids(ids)
     result = yield Call(settle46_sql.delete_jobs(), {"qname": name, "ids": id_list})
     rows = result.all()
@@ -598,7 +598,7 @@ def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
 
 
 def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
-    validate_queue(name)
+    queue_ref(name)
     # Through readable_columns: a row Python cannot represent comes back as an
     # UnreadableJob instead of failing the whole call.
     stmt = (
@@ -651,7 +651,7 @@ def redrive(
     from ..sql import redrive as redrive_sql
     from .redrive46 import check_filters, redrive46
 
-    validate_queue(dead_letter, "dead_letter")
+    queue_ref(dead_letter, "dead_letter")
     given = {k: v for k, v in (filters or {}).items() if v is not None}
     if given and ctx.version < 46:
         raise SchemaFeatureError(ctx.schema, f"redrive by {sorted(given)[0]}", 46, ctx.version)
@@ -665,7 +665,7 @@ def redrive(
                 "queue from schema 46 (pg-boss 12) on",
             )
     else:
-        validate_queue(to, "to")
+        queue_ref(to, "to")
     if to == dead_letter:
         raise InvalidOptionsError("to", "must differ from the dead letter queue")
     opt.check_int("limit", limit, minimum=1)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from .. import options as opt
 from ..errors import InvalidOptionsError
 from ..models.enums import JobState
-from ..names import validate_queue
+from ..names import queue_ref
 from ..records import Job
 from ..worker import HandlerSpec, Worker
 from ..worker._attempt import prepare_output
@@ -57,7 +57,7 @@ class InlineQueueService:
 
     def send(self, name: str, data: Any = None, **options: Any) -> uuid.UUID:
         """Run ``name``'s handler on a job made of ``data`` and ``options``; return its id."""
-        validate_queue(name)
+        queue_ref(name)
         spec = self._specs.get(name)
         if spec is None:
             raise InvalidOptionsError("name", f"no inline handler for queue {name!r}")

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ..errors import InvalidOptionsError
 from ..groups import GroupConcurrencyConfig, GroupLimits, group_limits
-from ..names import validate_queue
+from ..names import queue_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,7 +71,7 @@ class HandlerSpec:
     local_group_concurrency: int | GroupConcurrencyConfig | None = None
 
     def __post_init__(self) -> None:
-        validate_queue(self.queue, "queue")
+        queue_ref(self.queue, "queue")
         if not callable(self.fn):
             raise InvalidOptionsError("handler", f"{self.fn!r} is not callable")
         _positive_int("concurrency", self.concurrency, 10_000)
