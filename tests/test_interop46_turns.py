@@ -90,23 +90,22 @@ def test_a_flow_node_sent_is_released_by_our_supervisor(
 # --------------------------------------------------------------- BAM
 
 
-def queue_bam(engine: Engine, schema: str, name: str, column: str) -> list[str]:
-    """A pending index build on every job table, as a Node migration queues one
-    (``job_table_run_async``): one ``bam`` row per table, the index named after it."""
+def queue_bam(engine: Engine, schema: str, suffix: str, definition: str) -> list[str]:
+    """A pending build of pg-boss's index ``suffix`` on every job table, queued as a
+    Node migration queues one: through the schema's ``job_table_run_async``, one
+    ``bam`` row per table. The index is dropped first, as a database being migrated
+    would not have it yet."""
     tables = [r[0] for r in sql(engine, schema, "SELECT DISTINCT table_name FROM {s}.queue")]
     tables = sorted({"job_common", *tables})
-    for table in tables:
-        command = (
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_{name} "
-            f'ON "{schema}".{table} (name, {column})'
-        )
-        sql(
-            engine, schema,
-            "INSERT INTO {s}.bam (name, version, status, queue, table_name, command) "
-            "VALUES (:name, 46, 'pending', NULL, :t, :c)",
-            name=name, t=table, c=command,
-        )  # fmt: skip
-    return [f"{t}_{name}" for t in tables]
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for table in tables:
+            conn.execute(text(f'DROP INDEX IF EXISTS "{schema}"."{table}_{suffix}"'))
+    command = f"CREATE INDEX CONCURRENTLY IF NOT EXISTS job_{suffix} ON {schema}.job {definition}"
+    sql(
+        engine, schema, "SELECT {s}.job_table_run_async(:name, 46, :command)",
+        name=suffix, command=command,
+    )  # fmt: skip
+    return [f"{t}_{suffix}" for t in tables]
 
 
 def valid(engine: Engine, schema: str, index: str) -> bool | None:
@@ -124,22 +123,22 @@ def test_a_pending_bam_build_is_run_by_us_and_node_skips_the_turn(
 ) -> None:
     schema = schema46_by
     in_tx(engine, schema, lambda q: q.create_queue("parted", partition=True))
-    built = queue_bam(engine, schema, "i90", "created_on")
+    built = queue_bam(engine, schema, "i15", "(name, created_on)")
     assert len(built) == 2
     report = Supervisor(py_engine, schema=schema, **ONLY_BAM).run_once(force=True)
     assert [b.split(":")[-1].strip() for b in report.bam] == ["completed", "completed"]
     assert all(valid(engine, schema, index) for index in built)
     # Node reads the rows as its own runner leaves them.
     boss = node46(schema)  # migrate: true, Node's default: its BAM runner polls at start
-    entries = [e for e in boss.call("getBamEntries") if e["name"] == "i90"]
+    entries = [e for e in boss.call("getBamEntries") if e["name"] == "i15"]
     assert [e["status"] for e in entries] == ["completed", "completed"]
     assert all(e["error"] is None for e in entries)
     # We hold bam_on for 60 s: Node's runner, polling at its start, leaves a new row alone.
-    later = queue_bam(engine, schema, "i91", "completed_on")
+    later = queue_bam(engine, schema, "i16", "(name, completed_on) WHERE completed_on IS NOT NULL")
     boss2 = node46(schema)
     time.sleep(2)
     assert boss.events_of("bam") == boss2.events_of("bam") == []
-    statuses = sql(engine, schema, "SELECT DISTINCT status FROM {s}.bam WHERE name = 'i91'")
+    statuses = sql(engine, schema, "SELECT DISTINCT status FROM {s}.bam WHERE name = 'i16'")
     assert [r[0] for r in statuses] == ["pending"]
     # With the turn free, a Node runner starting now builds them: the stamp kept it away.
     sql(engine, schema, "UPDATE {s}.version SET bam_on = NULL")

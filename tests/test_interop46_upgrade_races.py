@@ -30,6 +30,7 @@ from support.schemas import drop_schema, random_schema
 
 import alkstore_sa
 from alkstore_sa import QueueService, migrate, schema_health
+from alkstore_sa.ops.bam_rules import bam_refusal
 
 __all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
 
@@ -203,6 +204,11 @@ def test_node_start_first_then_our_upgrade_waits_records_and_heals(
     assert boss.errors() == []
     # Node's migration queued its index builds; between its runner and our heal, all done.
     assert catalog.bam_rows(engine, schema26) != []
+    # Every command it queued is one our BAM runner would run (ops/bam_rules.py).
+    with engine.connect() as conn:
+        queued = conn.execute(text(f'SELECT table_name, command FROM "{schema26}".bam')).all()
+    refused = [(c, bam_refusal(schema26, t, c)) for t, c in queued]
+    assert [r for r in refused if r[1] is not None] == [], refused
     _clean46(engine, schema26, boss)
 
 

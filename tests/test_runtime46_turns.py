@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -288,54 +289,133 @@ def index_valid(engine: Engine, schema: str, index: str) -> bool | None:
     return rows[0][0] if rows else None
 
 
-BUILD = "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {s}.job_common (name, created_on)"
+# Index builds pg-boss's migrations queue (the only commands BAM runs), on
+# job_common; each test drops the index first, as a database Node is migrating
+# would not have it yet.
+BUILDS = {
+    "i15": "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 ON {s}.job_common "
+    "(name, created_on)",
+    "i16": "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i16 ON {s}.job_common "
+    "(name, completed_on) WHERE completed_on IS NOT NULL",
+    "i12": "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i12 ON {s}.job_common "
+    "(source_root_id) WHERE source_root_id IS NOT NULL",
+    "i17": "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i17 ON {s}.job_common "
+    "(name, singleton_key, created_on) WHERE state < 'active' AND singleton_key IS NOT NULL",
+}  # fmt: skip
+BUILDS_I15 = BUILDS["i15"]
+UNIQUE = (
+    "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS job_common_i13 ON {s}.job_common "
+    "(name, singleton_key) WHERE state = 'created' AND upsert_by_key"
+)
+
+
+def unbuilt(engine: Engine, schema: str, *suffixes: str) -> None:
+    for suffix in suffixes:
+        autocommit(engine, schema, f"DROP INDEX {{s}}.job_common_{suffix}")
+
+
+def two_upserted_jobs_with_one_key(engine: Engine, schema: str) -> None:
+    """What i13 exists to prevent: its unique build fails while both are queued."""
+    make_queue(engine, schema, "dup")
+    for _ in range(2):
+        sql(
+            engine, schema,
+            "INSERT INTO {s}.job (name, singleton_key, upsert_by_key) VALUES ('dup', 'k', true)",
+        )  # fmt: skip
 
 
 def test_bam_runs_pending_rows_in_order_and_claims_bam_on(engine: Engine, schema46: str) -> None:
-    add_bam(engine, schema46, "first", BUILD.format(name="job_common_t1", s="{s}"))
-    add_bam(engine, schema46, "second", BUILD.format(name="job_common_t2", s="{s}"))
+    unbuilt(engine, schema46, "i15", "i16")
+    add_bam(engine, schema46, "first", BUILDS["i15"])
+    add_bam(engine, schema46, "second", BUILDS["i16"])
     report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     rows = bam_rows(engine, schema46)
     assert rows["first"].status == rows["second"].status == "completed"
     assert report.bam == ("first (job_common): completed", "second (job_common): completed")
-    assert index_valid(engine, schema46, "job_common_t1") is True
-    assert index_valid(engine, schema46, "job_common_t2") is True
+    assert index_valid(engine, schema46, "job_common_i15") is True
+    assert index_valid(engine, schema46, "job_common_i16") is True
     assert sql(engine, schema46, "SELECT bam_on FROM {s}.version")[0][0] is not None
 
 
 def test_bam_drops_an_invalid_leftover_and_builds_again(engine: Engine, schema46: str) -> None:
-    make_queue(engine, schema46, "dup")
-    add_job(engine, schema46, "dup")
-    add_job(engine, schema46, "dup")
-    unique = (
-        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS job_common_tu "
-        "ON {s}.job_common (name, priority) WHERE name = 'dup'"
-    )
+    unbuilt(engine, schema46, "i13")
+    two_upserted_jobs_with_one_key(engine, schema46)
     with pytest.raises(Exception, match="could not create unique index"):
-        autocommit(engine, schema46, unique)
-    assert index_valid(engine, schema46, "job_common_tu") is False
-    add_bam(engine, schema46, "unique", unique, status="failed")
+        autocommit(engine, schema46, UNIQUE)
+    assert index_valid(engine, schema46, "job_common_i13") is False
+    add_bam(engine, schema46, "unique", UNIQUE, status="failed")
     sql(
         engine, schema46, "DELETE FROM {s}.job WHERE id = (SELECT min(id::text)::uuid FROM {s}.job)"
     )
     Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     assert bam_rows(engine, schema46)["unique"].status == "completed"
-    assert index_valid(engine, schema46, "job_common_tu") is True
+    assert index_valid(engine, schema46, "job_common_i13") is True
 
 
 def test_bam_fails_a_build_that_leaves_an_invalid_index(engine: Engine, schema46: str) -> None:
-    make_queue(engine, schema46, "dup")
-    add_job(engine, schema46, "dup")
-    add_job(engine, schema46, "dup")
-    unique = (
-        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS job_common_tu "
-        "ON {s}.job_common (name, priority) WHERE name = 'dup'"
-    )
-    add_bam(engine, schema46, "unique", unique)
+    unbuilt(engine, schema46, "i13")
+    two_upserted_jobs_with_one_key(engine, schema46)
+    add_bam(engine, schema46, "unique", UNIQUE)
     report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     row = bam_rows(engine, schema46)["unique"]
     assert row.status == "failed" and "could not create unique index" in row.error
     assert report.bam == ("unique (job_common): failed",)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "DROP TABLE {s}.job_common",
+        "SELECT pg_sleep(1)",
+        BUILDS_I15 + "; DROP TABLE {s}.queue",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 ON {s}.job_common "
+        "((pg_sleep(1)::text))",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS evil ON {s}.job_common (name, created_on)",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 ON public.job_common "
+        "(name, created_on)",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 ON {s}.queue (name, created_on)",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 ON {s}.job_common (name)"
+        " WHERE name = 'x'",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS job_common_i15 /* x */ ON {s}.job_common "
+        "(name, created_on)",
+        "DROP INDEX CONCURRENTLY IF EXISTS {s}.job_common_pkey",
+    ],
+    ids=[
+        "drop-table", "select", "second-statement", "expression", "foreign-name",
+        "other-schema", "other-table", "other-definition", "comment", "drop-other-index",
+    ],
+)  # fmt: skip
+def test_bam_runs_only_the_index_builds_pg_boss_queues(
+    engine: Engine, schema46: str, command: str
+) -> None:
+    """Whoever can insert into ``bam`` must not get SQL run as the supervisor:
+    anything but a known pg-boss index build is failed, reported, never run."""
+    unbuilt(engine, schema46, "i15")
+    add_bam(engine, schema46, "evil", command)
+    add_bam(engine, schema46, "real", BUILDS["i15"], version=47)  # after it, still runs
+    started = time.monotonic()
+    report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
+    rows = bam_rows(engine, schema46)
+    assert rows["evil"].status == "failed" and rows["evil"].error.startswith("not run: ")
+    assert "evil (job_common): refused" in report.bam
+    assert any("evil" in e and "not run" in e for e in report.errors)
+    assert time.monotonic() - started < 1  # no pg_sleep ran
+    assert sql(engine, schema46, "SELECT count(*) FROM {s}.queue")[0][0] >= 0  # still there
+    assert index_valid(engine, schema46, "job_common_i15") is True
+    assert rows["real"].status == "completed"
+    assert index_valid(engine, schema46, "evil") is None
+
+
+def test_bam_drops_the_index_pg_boss_retired(engine: Engine, schema46: str) -> None:
+    autocommit(
+        engine, schema46,
+        "CREATE INDEX job_common_i5 ON {s}.job_common (name, start_after)"
+        " WHERE state < 'active' AND NOT blocked",
+    )  # fmt: skip
+    add_bam(engine, schema46, "retire", "DROP INDEX CONCURRENTLY IF EXISTS {s}.job_common_i5")
+    report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
+    assert report.bam == ("retire (job_common): completed",)
+    assert index_valid(engine, schema46, "job_common_i5") is None
 
 
 def test_bam_runs_one_command_at_a_time_cluster_wide(engine: Engine, schema46: str) -> None:
@@ -343,8 +423,9 @@ def test_bam_runs_one_command_at_a_time_cluster_wide(engine: Engine, schema46: s
     # the whole queue.
     minute_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)).isoformat()
     running = {"status": "in_progress", "started_on": minute_ago, "version": 45}
-    add_bam(engine, schema46, "running", "SELECT 1", **running)
-    add_bam(engine, schema46, "waiting", BUILD.format(name="job_common_t3", s="{s}"))
+    unbuilt(engine, schema46, "i12", "i17")
+    add_bam(engine, schema46, "running", BUILDS["i12"], **running)
+    add_bam(engine, schema46, "waiting", BUILDS["i17"])
     report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     assert report.bam == ()
     assert bam_rows(engine, schema46)["waiting"].status == "pending"
@@ -363,11 +444,13 @@ def test_bam_runs_one_command_at_a_time_cluster_wide(engine: Engine, schema46: s
 def test_bam_waits_for_an_earlier_row_of_its_version_and_table(
     engine: Engine, schema46: str
 ) -> None:
-    add_bam(engine, schema46, "broken", "SELECT no_such_function()")
-    add_bam(engine, schema46, "after", BUILD.format(name="job_common_t4", s="{s}"))
+    unbuilt(engine, schema46, "i13", "i15")
+    two_upserted_jobs_with_one_key(engine, schema46)
+    add_bam(engine, schema46, "broken", UNIQUE)
+    add_bam(engine, schema46, "after", BUILDS["i15"])
     Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     rows = bam_rows(engine, schema46)
-    assert rows["broken"].status == "failed" and "no_such_function" in rows["broken"].error
+    assert rows["broken"].status == "failed" and "could not create" in rows["broken"].error
     assert rows["after"].status == "pending"
 
 
@@ -376,7 +459,8 @@ def test_bam_is_never_run_inside_the_callers_transaction(engine: Engine, schema4
 
     from alkstore_sa import QueueService
 
-    add_bam(engine, schema46, "first", BUILD.format(name="job_common_t5", s="{s}"))
+    unbuilt(engine, schema46, "i15")
+    add_bam(engine, schema46, "first", BUILDS["i15"])
     with Session(engine) as session, session.begin():
         QueueService(session, schema=schema46).supervise(force=True)
     assert sql(engine, schema46, "SELECT bam_on FROM {s}.version")[0][0] is None
@@ -420,7 +504,8 @@ async def test_the_async_supervisor_runs_bam_builds_outside_a_transaction(
 
     from alkstore_sa.supervision import AsyncSupervisor
 
-    add_bam(engine, schema46, "first", BUILD.format(name="job_common_t6", s="{s}"))
+    unbuilt(engine, schema46, "i16")
+    add_bam(engine, schema46, "first", BUILDS["i16"])
     async_engine = create_async_engine(database_url)
     try:
         report = await AsyncSupervisor(async_engine, schema=schema46, **ONLY_BAM).run_once(
@@ -429,7 +514,7 @@ async def test_the_async_supervisor_runs_bam_builds_outside_a_transaction(
     finally:
         await async_engine.dispose()
     assert report.bam == ("first (job_common): completed",)
-    assert index_valid(engine, schema46, "job_common_t6") is True
+    assert index_valid(engine, schema46, "job_common_i16") is True
 
 
 def test_a_stale_bam_row_is_not_retried_while_a_build_holds_its_table(
@@ -437,7 +522,8 @@ def test_a_stale_bam_row_is_not_retried_while_a_build_holds_its_table(
 ) -> None:
     an_hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
     running = {"status": "in_progress", "started_on": an_hour_ago}
-    add_bam(engine, schema46, "building", "SELECT 1", **running)
+    unbuilt(engine, schema46, "i12")
+    add_bam(engine, schema46, "building", BUILDS["i12"], **running)
     with engine.connect() as other:
         # What a CREATE INDEX CONCURRENTLY holds on its table from start to end.
         other.execute(text(f'LOCK TABLE "{schema46}".job_common IN SHARE UPDATE EXCLUSIVE MODE'))

@@ -43,6 +43,7 @@ from typing import Any
 from ..sql.v46 import supervision as sup_sql
 from ..sql.v46 import turns as sql
 from ._core import Call, Context, Op
+from .bam_rules import bam_refusal
 from .supervision import CHUNK, PassPlan, _interval, _lock, _Tally, queue_tables
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,22 @@ def _finish(ctx: Context, plan: PassPlan, bam_id: Any, error: str | None) -> Op[
 
 
 def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
+    refused = bam_refusal(ctx.schema, row.table_name, row.command)
+    if refused is not None:
+        # Not one of the index builds pg-boss's migrations queue: never run
+        # (alkstore_sa.ops.bam_rules); failed with the reason, reported.
+        reason = f"not run: {refused}"
+        yield from tally.attempt(_finish(ctx, plan, row.id, reason), "bam")
+        tally.bam.append(f"{row.name} ({row.table_name}): refused")
+        tally.errors.append(f"bam {row.name} ({row.table_name}): {reason}")
+        logger.error(
+            "BAM command %s on %s refused: %s",
+            row.name,
+            row.table_name,
+            refused,
+            extra={"action": "bam_refused", "bam_id": str(row.id)},
+        )
+        return
     match = _BUILD.search(row.command)
     index = match.group(1) if match else None
     bare = index.strip('"') if index else None
