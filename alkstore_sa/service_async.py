@@ -841,7 +841,8 @@ class AsyncQueueService:
             ``maintenance_interval``, ``cron_monitor_interval``,
             ``warning_queue_size``, ``delete_batch_size``, ``expire_batch_size``
             (see :class:`~alkstore_sa.supervision.Supervisor`), and ``now``:
-            an aware datetime the statements use instead of the database clock.
+            an aware datetime the statements use instead of the database clock,
+            for tests, within an hour of the current time.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
         return await self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))

@@ -364,3 +364,28 @@ def test_drain_does_not_settle_a_job_refetched_while_its_handler_ran(
     [again] = second
     job = tx(lambda q: q.get_job("q", job_id))
     assert (job.state.value, job.started_on, job.output) == ("active", again.started_on, TIMED_OUT)
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        dt.datetime(9999, 12, 31, tzinfo=dt.UTC),
+        dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+        dt.datetime.now(dt.UTC) + dt.timedelta(hours=2),
+    ],
+    ids=["year-9999", "epoch", "two-hours-ahead"],
+)
+def test_supervise_now_is_a_test_clock_not_a_delete_everything_knob(
+    env: Any, queue: str, now: dt.datetime
+) -> None:
+    started = fetched(env, queue)
+    queued = env.tx(lambda q: q.send(queue, {"keep": True}))
+    svc = env.service()
+    svc.send(queue, {"mine": 1})  # the caller's own write, before the refusal
+    with pytest.raises(InvalidOptionsError, match="within 1:00:00 of the current time") as caught:
+        svc.supervise(queue, force=True, now=now)
+    assert caught.value.option == "now"
+    env.commit()
+    # Nothing expired or deleted; the caller's write committed.
+    assert row(env, queued).state == "created" and row(env, started.id).state == "active"
+    assert len(env.sql("SELECT 1 FROM {s}.job WHERE data = '{\"mine\": 1}'")) == 1

@@ -636,6 +636,10 @@ def run_inline(steps: Pass) -> Op[SupervisionReport]:
         return stop.value  # type: ignore[no-any-return]
 
 
+NOW_WINDOW = dt.timedelta(hours=1)
+"""How far ``supervise(now=...)`` may move the clock, either way."""
+
+
 def supervise_once(
     ctx: Context, queues: str | Sequence[str] | None, force: bool, options: Mapping[str, Any]
 ) -> Op[SupervisionReport]:
@@ -646,6 +650,12 @@ def supervise_once(
     opt.check_bool("force", force)
     if now is not None and (not isinstance(now, dt.datetime) or now.tzinfo is None):
         raise InvalidOptionsError("now", f"must be a timezone-aware datetime, not {now!r}")
+    if now is not None and abs(now - dt.datetime.now(dt.UTC)) > NOW_WINDOW:
+        # A clock for tests of expiry and deletion, not a way to expire or delete
+        # everything: supervise(now=9999-12-31) would delete every queued job.
+        raise InvalidOptionsError(
+            "now", f"must be within {NOW_WINDOW} of the current time, not {now.isoformat()}"
+        )
     plan = PassPlan(
         settings,
         monitor=settings.supervise,
