@@ -7,7 +7,7 @@ import enum
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,12 +130,15 @@ JSON_FIELDS = ("data", "output", "source_output", "trace_context")
 """The fields of :class:`Job` read from jsonb columns (as text, see :func:`read_job`)."""
 
 
-def read_job(row: Mapping[Any, Any]) -> Job:
-    """A :class:`Job` from a row of :func:`alkstore_sa.sql.reading.readable_columns`.
+def read_record(
+    row: Mapping[Any, Any], json_fields: Sequence[str], quiet: Sequence[str] = ()
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values of a row of :func:`alkstore_sa.sql.reading.readable_columns`, its
+    ``json_fields`` decoded, and what could not be read, by field name (a stand-in
+    is in its place: ``None`` for JSON, the nearest instant for a timestamp).
 
-    Never raises for what the row holds: a row with values Python cannot represent
-    becomes an :class:`UnreadableJob`.
-    """
+    Never raises for what the row holds. A field in ``quiet`` that does not decode
+    is ``None`` without a problem."""
     values = dict(row)
     problems: dict[str, str] = {}
     marks = values.pop("unreadable")
@@ -143,14 +146,24 @@ def read_job(row: Mapping[Any, Any]) -> Job:
         for mark in marks.split(";"):
             name, _, stored = mark.partition("=")
             problems[name] = f"{stored} is outside the range of Python's datetime"
-    for name in JSON_FIELDS:
+    for name in json_fields:
         if name not in values:
             continue  # a schema-26 row has no source_output or trace_context
         values[name], problem = decode_json(values[name])
-        if problem is not None and name != "trace_context":
-            # A trace context Python cannot read is no trace context: tracing
-            # never fails a job (alkstore_sa/tracing.py).
+        if problem is not None and name not in quiet:
             problems[name] = problem
+    return values, problems
+
+
+def read_job(row: Mapping[Any, Any]) -> Job:
+    """A :class:`Job` from a row of :func:`alkstore_sa.sql.reading.readable_columns`.
+
+    Never raises for what the row holds: a row with values Python cannot represent
+    becomes an :class:`UnreadableJob`.
+    """
+    # A trace context Python cannot read is no trace context: tracing never
+    # fails a job (alkstore_sa/tracing.py).
+    values, problems = read_record(row, JSON_FIELDS, quiet=("trace_context",))
     values["state"] = JobState(values["state"])
     if problems:
         return UnreadableJob(**values, unreadable=problems)
@@ -559,6 +572,15 @@ class PersistedWarning:
     message: str
     data: Any
     created_on: dt.datetime
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Fields another client wrote that Python cannot read, with why (``data`` is
+    then ``None``); empty for a row that is fine."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> PersistedWarning:
+        """From a row of ``readable_columns``: never raises for what it holds."""
+        values, problems = read_record(row, ("data",))
+        return cls(**values, unreadable=problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +624,18 @@ class Instance:
     heartbeat_on: dt.datetime
     stopped_on: dt.datetime | None
     live: bool
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Fields another client wrote that Python cannot read, with why (a JSON field
+    is then ``None``); empty for a row that is fine."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Instance:
+        """From a row of ``readable_columns``: never raises for what it holds."""
+        values, problems = read_record(row, ("workers", "metrics", "config"))
+        for name, empty in (("workers", []), ("config", {})):
+            if values[name] is None:
+                values[name] = empty
+        return cls(**values, unreadable=problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,3 +79,44 @@ def test_the_dashboard_shows_foreign_queues_beside_the_others(env46_sync: Any) -
         assert f'data-queue="{name}"' in overview.text, name
     odd = client.get(f"/s/{env.schema}/queues/odd")
     assert odd.status_code == 200 and "bogus" in odd.text
+
+
+BIG = "('{\"n\": ' || repeat('9', 5000) || '}')::jsonb"  # an integer Python will not convert
+DEEP = "(repeat('[', 300) || repeat(']', 300))::jsonb"  # deeper than MAX_JSON_DEPTH
+
+
+def test_warning_and_instance_rows_python_cannot_read_stop_no_listing(env46_sync: Any) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from alkstore_sa.dashboard import create_app
+
+    env = env46_sync
+    env.sql(
+        "INSERT INTO {s}.warning (type, message, data, created_on) VALUES"
+        " ('slow', 'big', " + BIG + ", now()), ('slow', 'deep', " + DEEP + ", now()),"
+        " ('slow', 'late', '{}', 'infinity'), ('slow', 'fine', '{\"a\": 1}', now())"
+    )
+    env.sql(
+        "INSERT INTO {s}.instance (id, host, pid, version, node_version, heartbeat_seconds,"
+        " supervise, schedule, migrate, persist_queue_stats, persist_warnings, workers,"
+        " metrics, config) VALUES (gen_random_uuid(), 'h', 1, 'v', 'n', 30, true, true,"
+        " true, true, true, " + DEEP + ", " + BIG + ", '{}'), (gen_random_uuid(), 'ok', 2,"
+        " 'v', 'n', 30, true, true, true, true, true, '[]', NULL, '{}')"
+    )
+    # Before, each listing raised ValueError or RecursionError for the whole table.
+    warnings = {w.message: w for w in env.tx(lambda q: q.get_warnings())}
+    assert set(warnings) == {"big", "deep", "late", "fine"}
+    assert warnings["fine"].data == {"a": 1} and warnings["fine"].unreadable == {}
+    assert (
+        warnings["big"].data is None and "cannot be decoded" in warnings["big"].unreadable["data"]
+    )
+    assert "deeper than" in warnings["deep"].unreadable["data"]
+    assert "infinity" in warnings["late"].unreadable["created_on"]
+    instances = {i.host: i for i in env.tx(lambda q: q.get_instances())}
+    assert instances["ok"].unreadable == {} and instances["ok"].workers == []
+    bad = instances["h"]
+    assert set(bad.unreadable) == {"workers", "metrics"} and bad.workers == []
+    client = TestClient(create_app(env.engine, schemas=[env.schema]), base_url="http://127.0.0.1")
+    for page in ("warnings", "instances"):
+        assert client.get(f"/s/{env.schema}/{page}").status_code == 200, page

@@ -306,7 +306,7 @@ def get_warnings(
     require46(ctx, "the warning table")
     params = {"type": type, "since": when, "limit": limit, "offset": offset}
     rows = (yield Call(sql.get_warnings(), params)).mappings().all()
-    return [PersistedWarning(**dict(r)) for r in rows]
+    return [PersistedWarning.from_row(r) for r in rows]
 
 
 def persist_warning(ctx: Context, kind: str, message: str, data: object) -> Op[None]:
@@ -337,7 +337,7 @@ def get_instances(ctx: Context, limit: object, after: object) -> Op[list[Instanc
         found = (yield Call(sql.instance_exists(), {"id": ref})).first()
         if found is None:
             raise InvalidOptionsError("after", f"instance {ref} is no longer registered")
-    return [Instance(**dict(r)) for r in rows]
+    return [Instance.from_row(r) for r in rows]
 
 
 def _count_crashes(values: Mapping[str, Any], process_start: dt.datetime) -> Call:

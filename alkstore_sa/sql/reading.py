@@ -1,4 +1,5 @@
-"""Job columns in a form every row can be read in, whatever another client wrote.
+"""Columns in a form every row can be read in, whatever another client wrote: the
+job table's, and those of the other tables a reader lists (warnings, instances).
 
 PostgreSQL stores values that Python cannot hold: timestamps before year 1 or
 after year 9999 (and ``infinity``), and JSON nested deeper than Python's decoder
@@ -9,8 +10,9 @@ the queue fails on the same row. These columns make reading never fail:
 * each timestamp is clamped into a range that converts to a Python datetime in any
   session time zone, and ``unreadable`` names the columns that were clamped together
   with their stored text, so the reader knows the value is a stand-in;
-* ``data`` and ``output`` come back as JSON text, decoded per row by
-  :func:`alkstore_sa.records.read_job`, which checks the nesting depth first.
+* every JSON column (``data``, ``output``...) comes back as text, decoded per row by
+  :func:`alkstore_sa.records.read_job` (:func:`~alkstore_sa.records.read_record`),
+  which checks the nesting depth first and names what does not decode.
 
 For rows that are fine this costs a few comparisons per row in the database and no
 extra round trip; JSON is decoded in Python either way.
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     DateTime,
     Select,
@@ -67,7 +70,7 @@ def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any
     marks: list[ColumnElement[Any]] = []
     for name in (c.name for c in table.c):
         column = columns[name]
-        if name in JSON_COLUMNS:
+        if isinstance(table.c[name].type, JSON):
             out.append(cast(column, Text).label(name))
         elif isinstance(table.c[name].type, DateTime):
             aware = bool(getattr(table.c[name].type, "timezone", False))

@@ -40,6 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID, insert
 
 from .._common import seconds
+from ..reading import readable_columns
 from ..tables46 import INSTANCE, QUEUE_STATS, WARNING
 from . import job_now
 
@@ -131,7 +132,7 @@ def get_warnings() -> Select[Any]:
     kind = bindparam("type", type_=Text, required=False)
     since = bindparam("since", type_=_TIME, required=False)
     return (
-        select(w.c.id, w.c.type, w.c.message, w.c.data, w.c.created_on)
+        select(*readable_columns(w.c, w))
         .where(or_(kind.is_(None), w.c.type == kind), or_(since.is_(None), w.c.created_on >= since))
         .order_by(w.c.created_on.desc(), w.c.id.desc())
         .limit(bindparam("limit", type_=Integer))
@@ -363,7 +364,7 @@ def get_instances(*, after: bool) -> Select[Any]:
     """Registered instances by ``(started_on, id)``, at most ``:limit``; with
     ``after``, those following the row ``:after``."""
     i = INSTANCE
-    stmt = select(*i.c, live(i).label("live"))
+    stmt = select(*readable_columns(i.c, i), live(i).label("live"))
     if after:
         ref = bindparam("after", type_=UUID(as_uuid=True))
         started = select(i.c.started_on).where(i.c.id == ref).scalar_subquery()
