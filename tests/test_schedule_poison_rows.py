@@ -125,34 +125,46 @@ def test_a_huge_plain_count_fires_at_46(engine: Engine, schema46: str) -> None:
 
 
 POISON26 = [
-    ("deep data", "'* * * * *'", f"({DEEP})::jsonb", "'{}'"),
-    ("long number in data", "'* * * * *'", f"({LONG_NUMBER})::jsonb", "'{}'"),
-    ("long number in options", "'* * * * *'", "NULL", f"({LONG_NUMBER})::jsonb"),
-    ("bad cron", "'61 * * * *'", "NULL", "'{}'"),
-]
+    ("deep data", "reports", "'bad'", "'* * * * *'", f"({DEEP})::jsonb", "'{}'"),
+    ("long number in data", "reports", "'bad'", "'* * * * *'", f"({LONG_NUMBER})::jsonb", "'{}'"),
+    ("long number in options", "reports", "'bad'", "'* * * * *'", "NULL", f"({LONG_NUMBER})::jsonb"),  # noqa: E501
+    ("bad cron", "reports", "'bad'", "'61 * * * *'", "NULL", "'{}'"),
+    # Its send-it job's key (queue__key) is longer than a job's key may be.
+    ("key past the index", LONG_NAME, LONG_KEY, "'* * * * *'", "NULL", "'{}'"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("what", "cron", "data", "options"), POISON26, ids=[p[0] for p in POISON26]
+    ("what", "queue", "key", "cron", "data", "options"), POISON26, ids=[p[0] for p in POISON26]
 )
 def test_a_poison_row_is_reported_and_the_other_schedules_fire_at_26(
-    engine: Engine, schema: str, what: str, cron: str, data: str, options: str
+    engine: Engine,
+    schema: str,
+    what: str,
+    queue: str,
+    key: str,
+    cron: str,
+    data: str,
+    options: str,
 ) -> None:
     [(now,)] = rows(engine, schema, MINUTE_BEHIND_NOW)
     in_tx(engine, schema, lambda q: q.create_queue("reports"))
+    if queue != "reports":
+        in_tx(engine, schema, lambda q: q.create_queue(queue))
     in_tx(engine, schema, lambda q: q.schedule("reports", "* * * * *", {"good": True}, key="good"))
     rows(
         engine,
         schema,
         "INSERT INTO {s}.schedule (name, key, cron, timezone, data, options)"
-        f" VALUES ('reports', 'bad', {cron}, 'UTC', {data}, {options})",
+        f" VALUES ('{queue}', {key}, {cron}, 'UTC', {data}, {options})",
     )
     clock = FakeClock(now + dt.timedelta(seconds=1))
     report = Supervisor(engine, schema=schema, clock=clock, supervise=False).run_once(force=True)
     assert report.cron_checked and report.sent == 1, report
     [job] = rows(engine, schema, "SELECT data FROM {s}.job WHERE name = 'reports'")
     assert job.data == {"good": True}
-    assert [e.split(":")[0] for e in report.errors] == ["schedule reports__bad"], report.errors
+    [error] = report.errors
+    assert error.startswith(f"schedule {queue}__"), report.errors
 
 
 def test_a_schedule_on_a_key_strict_fifo_queue_needs_a_singleton_key(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
@@ -159,6 +160,27 @@ def sent_back(call: Call, error: BaseException) -> Conflict | None:
         name = refused_constraint(call, error)
         return None if name is None else Conflict(name)
     return Conflict() if is_conflict(error) else None
+
+
+def contained(op: Op[T]) -> Op[T]:
+    """``op`` with each of its plain statements in a savepoint that sends every
+    database error back (``contained``): a statement that fails raises
+    :class:`Conflict` (its ``error`` the cause) out of ``op``, with the caller's
+    transaction rolled back to just before it and still usable. Statements ``op``
+    already runs in a savepoint keep their own rule."""
+    try:
+        call = next(op)
+        while True:
+            if not call.savepoint:
+                call = dataclasses.replace(call, savepoint=True, contained=True)
+            try:
+                result = yield call
+            except Conflict as exc:
+                call = op.throw(exc)
+                continue
+            call = op.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def is_conflict(error: BaseException) -> bool:

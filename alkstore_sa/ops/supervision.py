@@ -36,7 +36,7 @@ from ..records import SupervisionReport as SupervisionReport
 from ..sql import fail as fail_sql
 from ..sql import locks
 from ..sql import supervision as sql
-from ._core import Call, Conflict, Context, Op
+from ._core import Call, Conflict, Context, Op, contained
 from .queues import create_queue, get_queue
 from .sending import send, send_many
 from .working import Settlement, complete_many, fail_many, fetch
@@ -365,9 +365,45 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
         }
         for row, payload in due
     ]
-    ids = yield from send_many(ctx, SEND_IT_QUEUE, specs)
-    fired = tuple(s["singleton_key"] for s, i in zip(specs, ids, strict=True) if i is not None)
+    fired = yield from _file_occurrences(ctx, specs, problems)
     return CronOutcome(True, fired, tuple(problems))
+
+
+def _file_occurrences(
+    ctx: Context, specs: list[dict[str, Any]], problems: list[str]
+) -> Op[tuple[str, ...]]:
+    """Send the due schedules' jobs to send-it in one statement; if it fails (a
+    row the database or our checks refuse), one schedule at a time, each in a
+    savepoint: a refused one is reported in ``problems`` and skipped. The keys
+    of the jobs sent (a slot another timekeeper filled first is not one)."""
+    try:
+        ids = yield from contained(send_many(ctx, SEND_IT_QUEUE, specs))
+        return tuple(s["singleton_key"] for s, i in zip(specs, ids, strict=True) if i is not None)
+    except (Conflict, InvalidOptionsError) as whole:
+        logger.warning(
+            "filing schedule occurrences failed (%s); filing them one schedule at a time",
+            getattr(whole, "error", None) or whole,
+            extra={"action": "invalid_schedule"},
+        )
+    fired: list[str] = []
+    for spec in specs:
+        key = spec["singleton_key"]
+        try:
+            [sent] = yield from contained(send_many(ctx, SEND_IT_QUEUE, [spec]))
+        except (Conflict, InvalidOptionsError) as one:
+            cause = getattr(one, "error", None) or one
+            reason = " ".join(str(getattr(cause, "orig", None) or cause).split())[:300]
+            problems.append(f"schedule {key}: {reason}")
+            logger.warning(
+                "schedule %s could not be sent: %s",
+                key,
+                reason,
+                extra={"action": "invalid_schedule", "queue": spec["data"]["name"]},
+            )
+            continue
+        if sent is not None:
+            fired.append(key)
+    return tuple(fired)
 
 
 def row_problem(exc: BaseException) -> str:
