@@ -193,6 +193,50 @@ def test_a_rule_stored_as_cron_still_fires_and_is_relabelled(engine: Engine, sch
     assert any("broken" in e and "BYHOURS" in e for e in report.errors)
 
 
+def test_schedules_are_evaluated_without_holding_the_version_row(
+    engine: Engine, schema46: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every turn (cron, flows, BAM; Node's too) is claimed on the one ``version``
+    row: a rule that takes its whole evaluation budget must not hold it."""
+    make_queue(engine, schema46, "q_r")
+    schedule(engine, schema46, "minutely", "rrule", "FREQ=MINUTELY;INTERVAL=1")
+    seen: list[str] = []
+    parse = rrule.parse
+
+    def watched(expr: str, tz: str) -> Any:
+        # Mid-evaluation: can another session take the version row right now?
+        with engine.connect() as other:
+            other.execute(text("SET LOCAL lock_timeout = '200ms'"))
+            try:
+                other.execute(text(f'SELECT 1 FROM "{schema46}".version FOR UPDATE'))
+                seen.append("free")
+            except Exception as exc:
+                seen.append(type(getattr(exc, "orig", exc)).__name__)
+            other.rollback()
+        return parse(expr, tz)
+
+    monkeypatch.setattr(rrule, "parse", watched)
+    clock = FakeClock(at("2026-12-01 09:00:15"))
+    report = Supervisor(engine, schema=schema46, clock=clock, **ONLY_CRON).run_once(force=True)
+    assert seen == ["free"]  # before, "LockNotAvailable": the claim came first
+    assert report.cron_checked and filed(engine, schema46, "minutely") == [
+        dt.datetime(2026, 12, 1, 9, 0)
+    ]
+
+
+def test_a_turn_not_due_evaluates_nothing(
+    engine: Engine, schema46: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_queue(engine, schema46, "q_r")
+    schedule(engine, schema46, "minutely", "rrule", "FREQ=MINUTELY;INTERVAL=1")
+    sql(engine, schema46, "UPDATE {s}.version SET cron_on = now()")
+    calls: list[str] = []
+    parse = rrule.parse
+    monkeypatch.setattr(rrule, "parse", lambda e, tz: calls.append(e) or parse(e, tz))
+    report = Supervisor(engine, schema=schema46, **ONLY_CRON).run_once()
+    assert not report.cron_checked and calls == []
+
+
 # --------------------------------------------------------------- flows
 
 

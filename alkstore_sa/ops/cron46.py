@@ -1,6 +1,8 @@
 """The cron turn at schema 46, as pg-boss 12.38's timekeeper takes it.
 
-Whoever wins ``version.cron_on`` reads every schedule by its ``kind``: a cron
+Every schedule is read and evaluated first, holding no lock (:func:`evaluate46`);
+then whoever wins ``version.cron_on`` files what is due (:func:`file46`). A
+schedule is read by its ``kind``: a cron
 expression (cronsim, :mod:`alkstore_sa.cron`) or an RFC 5545 recurrence rule
 (:mod:`alkstore_sa.rrule`). What is due:
 
@@ -23,6 +25,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .. import options as opt
@@ -95,28 +98,44 @@ def _invalid(ctx: Context, plan: PassPlan, row: Any, message: str) -> Op[None]:
         yield Call(sup_sql.insert_warning(), {**params, "now": plan.now})
 
 
-def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
-    """Win the cron turn and file every occurrence due (see the module).
+@dataclass(frozen=True, slots=True)
+class CronEvaluation:
+    """What the cron turn files, worked out before it is claimed (:func:`evaluate46`).
 
-    Each row is read on its own: one whose expression, data or options cannot be
-    read or evaluated (within :data:`~alkstore_sa.limits.MAX_RRULE_STEPS`) is
-    reported (``invalid_schedule``) and skipped, and the rest still fire. Should
-    the insert of the occurrences fail, they are inserted one row at a time, each
-    in a savepoint, and a row the database refuses is reported the same way.
+    :ivar prior_cron_on: the turn's stamp when read: where a ``missed: 'once'``
+        catch-up started.
+    :ivar filed: per schedule due, ``(row, send-it job datas, slots)``.
+    :ivar relabel: ``(name, key, kind, expression)`` of rows read as the other kind.
+    :ivar invalid: ``(row, problem, message)`` of rows that could not be evaluated
+        or sent: reported by the winner of the turn.
+    """
+
+    prior_cron_on: dt.datetime | None
+    filed: list[tuple[Any, list[str | None], list[dt.datetime]]]
+    relabel: list[tuple[str, str, str, str]]
+    invalid: list[tuple[Any, str, str]]
+
+
+def evaluate46(ctx: Context, plan: PassPlan) -> Op[CronEvaluation | None]:
+    """Read and evaluate every schedule, holding no lock: ``None`` when the cron
+    turn is not due (then nothing is read).
+
+    Evaluating rules takes up to :data:`~alkstore_sa.limits.MAX_RRULE_SECONDS` a
+    row; done here, before the claim, it never holds the ``version`` row that
+    every turn of every supervisor (Node's too) is claimed on. Each row is read on
+    its own: one whose expression, data or options cannot be read or evaluated is
+    listed in ``invalid``, and the rest still fire.
     """
     interval = _interval(plan, plan.settings.cron_monitor_interval)
-    claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
-    if not claim.claimed:
-        return CronOutcome(False)
-    yield from ensure_send_it(ctx)
+    state = (yield Call(cron_sql.cron_turn_state(), {"now": plan.now})).one()
+    if state.elapsed < interval:
+        return None
     schedules = (yield Call(cron_sql.timekeeper_schedules())).all()
     at = plan.cron_now or plan.now
     if at is None:
         at = (yield Call(sup_sql.database_time(), {"now": plan.now})).scalar_one()
     window = at - dt.timedelta(seconds=SLOT_SECONDS)
-    problems: list[str] = []
-    relabel = []
-    filed: list[tuple[Any, list[str | None], list[dt.datetime]]] = []  # (row, datas, slots)
+    out = CronEvaluation(state.prior_cron_on, [], [], [])
     for row in schedules:
         tz = row.timezone or "UTC"
         name = f"schedule {row.name}__{row.key}"
@@ -125,25 +144,26 @@ def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
             kind, due = _read(row.cron, row.kind or "cron", tz, window, at)
         except Exception as exc:  # one row's failure, whatever it is, is that row's
             reason = row_problem(exc)
-            problems.append(f"{name}: {reason}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be evaluated: {reason}")
+            out.invalid.append(
+                (row, f"{name}: {reason}", f"{name} could not be evaluated: {reason}")
+            )
             continue
         wanted = {slot_of(o) for o in due}
         settings = options if isinstance(options, Mapping) else {}
-        if settings.get("missed") == "once" and claim.prior_cron_on is not None:
-            start = max(claim.prior_cron_on, row.created_on)
+        if settings.get("missed") == "once" and state.prior_cron_on is not None:
+            start = max(state.prior_cron_on, row.created_on)
             if start < window:
                 try:
                     missed = _latest(row.cron, kind, tz, start, window)
                 except Exception as exc:
                     reason = row_problem(exc)
-                    problems.append(f"{name}: {reason}")
-                    yield from _invalid(ctx, plan, row, f"{name} could not be caught up: {reason}")
+                    message = f"{name} could not be caught up: {reason}"
+                    out.invalid.append((row, f"{name}: {reason}", message))
                     missed = None
                 if missed is not None:
                     wanted.add(slot_of(missed))
         if kind != (row.kind or "cron"):
-            relabel.append((row.name, row.key, kind, row.cron))
+            out.relabel.append((row.name, row.key, kind, row.cron))
         try:
             datas = []
             for slot in sorted(wanted):
@@ -152,14 +172,34 @@ def cron46(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
                 datas.append(opt.encode_json("data", payload))
         except Exception as exc:
             reason = row_problem(exc)
-            problems.append(f"{name}: {reason}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {reason}")
+            out.invalid.append((row, f"{name}: {reason}", f"{name} could not be sent: {reason}"))
             continue
         if datas:
-            filed.append((row, datas, sorted(wanted)))
-    fired = yield from _file(ctx, plan, filed, problems)
-    if relabel:
-        names, rkeys, kinds, exprs = (list(col) for col in zip(*relabel, strict=True))
+            out.filed.append((row, datas, sorted(wanted)))
+    return out
+
+
+def file46(ctx: Context, plan: PassPlan, evaluation: CronEvaluation) -> Op[CronOutcome]:
+    """Win the cron turn and file what :func:`evaluate46` found due (see the module):
+    the ``version`` row is held from the claim to the end of this short unit only.
+
+    The occurrences go in in one statement; should it fail, one row at a time, each
+    in a savepoint, and a row the database refuses is reported as invalid. Two
+    timekeepers that both evaluated file one job per occurrence between them (the
+    slot's unique index); only the one that wins the claim files at all.
+    """
+    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
+    if not claim.claimed:
+        return CronOutcome(False)
+    problems: list[str] = []
+    for row, problem, message in evaluation.invalid:
+        problems.append(problem)
+        yield from _invalid(ctx, plan, row, message)
+    yield from ensure_send_it(ctx)
+    fired = yield from _file(ctx, plan, evaluation.filed, problems)
+    if evaluation.relabel:
+        names, rkeys, kinds, exprs = (list(col) for col in zip(*evaluation.relabel, strict=True))
         params = {"names": names, "keys": rkeys, "kinds": kinds, "crons": exprs}
         yield Call(cron_sql.set_schedule_kinds(), params)
     return CronOutcome(True, fired, tuple(problems))
@@ -211,4 +251,4 @@ def _file(
     return tuple(fired)
 
 
-__all__ = ["cron46", "is_rrule", "occurrence_key", "slot_of"]
+__all__ = ["CronEvaluation", "evaluate46", "file46", "is_rrule", "occurrence_key", "slot_of"]

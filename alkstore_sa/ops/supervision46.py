@@ -72,7 +72,7 @@ from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
 from . import stats46, turns46
 from ._core import Call, Context, Op
-from .cron46 import cron46
+from .cron46 import evaluate46, file46
 from .cron46 import is_rrule as is_rrule  # re-exported
 from .cron46 import occurrence_key as occurrence_key
 from .cron46 import slot_of as slot_of
@@ -449,7 +449,10 @@ def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, Su
         yield from _tail46(ctx, plan, tally, history)
         yield from turns46.reindex_turn(ctx, plan, tally)
     if plan.cron:
-        yield from _cron_step(cron46(ctx, plan), tally)
+        # Two units: the evaluation holds no lock; the claim and the writes follow.
+        evaluation = yield from tally.attempt(evaluate46(ctx, plan), "cron")
+        if evaluation is not None:
+            yield from _cron_step(file46(ctx, plan, evaluation), tally)
     if plan.send_it:
         yield from _send_it_rounds(lambda batch: work_send_it46(ctx, batch), tally)
     if plan.flows:

@@ -67,6 +67,20 @@ def claim_cron() -> Select[Any]:
 
 
 @functools.cache
+def cron_turn_state() -> Select[Any]:
+    """``(prior_cron_on, elapsed)`` of the cron turn, read without claiming it (no
+    row lock): whether a claim could win now (``elapsed`` seconds since the last
+    pass, a week on a database no pass has run on), and where a ``missed:
+    'once'`` catch-up would start."""
+    t = now()
+    since = func.coalesce(VERSION.c.cron_on, t - literal_column("interval '1 week'"))
+    return select(
+        VERSION.c.cron_on.label("prior_cron_on"),
+        cast(func.extract("epoch", t - since), Float).label("elapsed"),
+    )
+
+
+@functools.cache
 def all_schedules() -> Select[Any]:
     """Every schedule row (with ``kind`` and ``created_on``), in a stable order."""
     return select(*SCHEDULE.c).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
