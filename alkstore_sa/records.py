@@ -246,6 +246,16 @@ class ScheduleInfo:
     updated_on: dt.datetime
     kind: str = "cron"
     last_job_id: uuid.UUID | None = None
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Fields another client wrote that Python cannot read, with why (``data`` or
+    ``options`` is then ``None``); empty for a row that is fine. Such a schedule
+    is reported and skipped when it is due."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> ScheduleInfo:
+        """From a row of ``readable_columns``: never raises for what it holds."""
+        values, problems = read_record(row, ("data", "options"))
+        return cls(**values, unreadable=problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,7 +232,11 @@ def test_a_turn_not_due_evaluates_nothing(
     sql(engine, schema46, "UPDATE {s}.version SET cron_on = now()")
     calls: list[str] = []
     parse = rrule.parse
-    monkeypatch.setattr(rrule, "parse", lambda e, tz: calls.append(e) or parse(e, tz))
+    def counted(expr: str, tz: str) -> Any:
+        calls.append(expr)
+        return parse(expr, tz)
+
+    monkeypatch.setattr(rrule, "parse", counted)
     report = Supervisor(engine, schema=schema46, **ONLY_CRON).run_once()
     assert not report.cron_checked and calls == []
 

@@ -119,4 +119,4 @@ def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[Sc
     else:
         stmt = queue_sql.get_schedules(by_name=name is not None, by_key=key is not None)
     result = yield Call(stmt, params)
-    return [ScheduleInfo(**r) for r in result.mappings().all()]
+    return [ScheduleInfo.from_row(r) for r in result.mappings().all()]

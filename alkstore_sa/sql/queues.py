@@ -27,6 +27,7 @@ from ._common import (
     delete_queue_fn,
     state_text,
 )
+from .reading import readable_columns
 
 
 @functools.cache
@@ -160,7 +161,10 @@ def delete_schedule() -> Any:
 
 @functools.cache
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
-    stmt = select(*SCHEDULE.c).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
+    # Read as readable_columns: a row Python cannot decode is listed, not fatal.
+    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(
+        SCHEDULE.c.name, SCHEDULE.c.key
+    )
     if by_name:
         stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
     if by_key:

@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
 from .._common import schedules_as_text
+from ..reading import readable_columns
 from ..tables46 import JOB, QUEUE, SCHEDULE, VERSION
 from .supervision import now
 
@@ -97,7 +98,10 @@ def timekeeper_schedules() -> Select[Any]:
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
     """Stored schedules with their ``kind`` and ``last_job_id``, of queue
     ``:qname`` and key ``:key`` when asked."""
-    stmt = all_schedules()
+    # Read as readable_columns: a row Python cannot decode is listed, not fatal.
+    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(
+        SCHEDULE.c.name, SCHEDULE.c.key
+    )
     if by_name:
         stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
     if by_key:
