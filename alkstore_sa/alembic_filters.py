@@ -53,6 +53,7 @@ from alembic.util import coerce_resource_to_filename
 from sqlalchemy import Table
 from sqlalchemy.sql.schema import SchemaItem
 
+from .errors import shown
 from .migrations import (
     OUR_VERSION_DIRS,
     REVISION_PREFIX,
@@ -252,10 +253,10 @@ def process_revision_directives(
         into_ours = folder is not None and folder in OUR_VERSION_DIRS
         if not ours and not into_ours:
             continue
-        what = f"the new revision {directive.rev_id!r} would "
+        what = f"the new revision {shown(directive.rev_id)} would "
         if ours:
             what += (
-                f"build on alkstore_sa's revision {ours[0]!r} (--head "
+                f"build on alkstore_sa's revision {shown(ours[0])} (--head "
                 f"{directive.head or 'head'}), joining alkstore_sa's 'alkstore' branch"
             )
         if into_ours:

@@ -12,30 +12,30 @@ import zoneinfo
 
 from cronsim import CronSim, CronSimError
 
-from .errors import InvalidOptionsError
+from .errors import InvalidOptionsError, shown
 
 
 def timezone(tz: object) -> zoneinfo.ZoneInfo:
     """The ``ZoneInfo`` for ``tz``, or :class:`InvalidOptionsError`."""
     if not isinstance(tz, str) or not tz:
-        raise InvalidOptionsError("tz", f"must be an IANA time zone name, not {tz!r}")
+        raise InvalidOptionsError("tz", f"must be an IANA time zone name, not {shown(tz)}")
     try:
         return zoneinfo.ZoneInfo(tz)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidOptionsError("tz", f"unknown time zone {tz!r}") from exc
+        raise InvalidOptionsError("tz", f"unknown time zone {shown(tz)}") from exc
 
 
 def validate(cron: object, tz: object) -> tuple[str, str]:
     """Check a cron expression (5 fields, or 6 with seconds first) and a time zone."""
     zone = timezone(tz)
     if not isinstance(cron, str) or not cron.strip():
-        raise InvalidOptionsError("cron", f"must be a cron expression, not {cron!r}")
+        raise InvalidOptionsError("cron", f"must be a cron expression, not {shown(cron)}")
     expr = " ".join(cron.split())
     try:
         _sim(expr, dt.datetime.now(zone))
     except (CronSimError, ValueError) as exc:
         raise InvalidOptionsError(
-            "cron", f"{cron!r} is not a valid cron expression: {exc}"
+            "cron", f"{shown(cron)} is not a valid cron expression: {exc}"
         ) from None
     return expr, str(tz)
 
@@ -59,6 +59,6 @@ def previous_fire(expr: str, tz: str, now: dt.datetime) -> dt.datetime | None:
         return None
     except (CronSimError, ValueError) as exc:
         raise InvalidOptionsError(
-            "cron", f"{expr!r} is not a valid cron expression: {exc}"
+            "cron", f"{shown(expr)} is not a valid cron expression: {exc}"
         ) from None
     return fired.astimezone(dt.UTC)

@@ -7,7 +7,25 @@ denied, ...) are SQLAlchemy's own and are not wrapped.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Collection, Sequence
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 120
+_SHOWN.maxlevel = 4
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxset = _SHOWN.maxfrozenset = 8
+_SHOWN.maxdict = _SHOWN.maxdeque = _SHOWN.maxarray = 8
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, bounded: at most about 120 characters of a
+    string, 8 items and 4 levels of a container, whatever the caller passed (a
+    value nested 2,000 deep would make ``repr`` itself fail; one of 100,000
+    characters would make a log line of them)."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # a __repr__ of the caller's own that fails
+        return f"<{type(value).__name__}>"
 
 
 class AlkstoreError(Exception):
@@ -24,7 +42,7 @@ class InvalidOptionsError(AlkstoreError, ValueError):
     def __init__(self, option: str, problem: str) -> None:
         self.option = option
         self.problem = problem
-        super().__init__(f"invalid option {option!r}: {problem}")
+        super().__init__(f"invalid option {shown(option)}: {problem}")
 
 
 class InvalidNameError(InvalidOptionsError):
@@ -37,8 +55,8 @@ class QueueNotFoundError(AlkstoreError, LookupError):
     def __init__(self, queue: str, schema: str | None = None) -> None:
         self.queue = queue
         self.schema = schema
-        where = f" in schema {schema!r}" if schema else ""
-        super().__init__(f"queue {queue!r} does not exist{where}")
+        where = f" in schema {shown(schema)}" if schema else ""
+        super().__init__(f"queue {shown(queue)} does not exist{where}")
 
 
 class UnknownPolicyError(AlkstoreError):
@@ -52,7 +70,7 @@ class UnknownPolicyError(AlkstoreError):
         self.queue = queue
         self.policy = policy
         super().__init__(
-            f"queue {queue!r} has policy {policy!r}, which this release does not know: "
+            f"queue {shown(queue)} has policy {shown(policy)}, which this release does not know: "
             "it neither sends to nor claims from it"
         )
 
@@ -62,7 +80,7 @@ class QueueExistsError(AlkstoreError):
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        super().__init__(f"queue {queue!r} already exists")
+        super().__init__(f"queue {shown(queue)} already exists")
 
 
 class SchemaNotInstalledError(AlkstoreError):
@@ -71,7 +89,7 @@ class SchemaNotInstalledError(AlkstoreError):
     def __init__(self, schema: str) -> None:
         self.schema = schema
         super().__init__(
-            f"the alkstore/pg-boss schema {schema!r} is not installed; "
+            f"the alkstore/pg-boss schema {shown(schema)} is not installed; "
             f"run `alkstore db upgrade --schema {schema}` or `alembic upgrade alkstore@head`"
         )
 
@@ -105,7 +123,7 @@ def _runtime_advice(schema: str, found: int, spoken: list[int]) -> str:
     """One line for a runtime (service, worker, supervisor) refusing ``found``."""
     from .names import NEWEST_KNOWN_SCHEMA_VERSION as newest
 
-    head = f"schema {schema!r} is at pg-boss schema version {found}, "
+    head = f"schema {shown(schema)} is at pg-boss schema version {found}, "
     speaks = f"alkstore_sa speaks {' and '.join(map(str, spoken))}"
     if found > newest:
         return (
@@ -141,7 +159,7 @@ class SchemaVersionChangedError(AlkstoreError):
         self.after = after
         now = "no version" if after is None else f"version {after}"
         super().__init__(
-            f"schema {schema!r} moved from pg-boss schema version {before} to {now} under "
+            f"schema {shown(schema)} moved from pg-boss schema version {before} to {now} under "
             "this process (another client migrated it) and this transaction's statement "
             "failed on it: roll the transaction back and retry it; the next transaction "
             "uses the new version"
@@ -149,7 +167,7 @@ class SchemaVersionChangedError(AlkstoreError):
 
 
 def _advice(schema: str, found: int | None, expected: int) -> str:
-    head = f"schema {schema!r} "
+    head = f"schema {shown(schema)} "
     if found is None:
         return (
             head + f"has a pg-boss version table but no version row, so its schema version "
@@ -238,7 +256,7 @@ class SchemaCatalogError(SchemaHealthError, SchemaVersionError):
             schema,
             version,
             problems,
-            f"schema {schema!r} says pg-boss schema version {version} but its catalog is "
+            f"schema {shown(schema)} says pg-boss schema version {version} but its catalog is "
             f"not version {version}'s{like}; nothing was changed, compare it with the "
             "differences below",
         )
@@ -261,7 +279,7 @@ class UnfinishedIndexBuildError(SchemaHealthError):
             schema,
             version,
             problems,
-            f"schema {schema!r} (pg-boss schema version {version}) has unfinished index "
+            f"schema {shown(schema)} (pg-boss schema version {version}) has unfinished index "
             f"builds; run `alkstore db upgrade --schema-version {version} --schema {schema}` "
             "to finish them",
         )
@@ -288,8 +306,8 @@ class SchemaFeatureError(AlkstoreError):
         self.found = found
         super().__init__(
             f"{feature} needs a pg-boss schema at version {needed} or later (pg-boss 12); "
-            f"schema {schema!r} is at {found}: run `alkstore db upgrade --schema-version {needed} "
-            f"--schema {schema}`"
+            f"schema {shown(schema)} is at {found}: run `alkstore db upgrade "
+            f"--schema-version {needed} --schema {schema}`"
         )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Required, TypedDict
 
 from . import limits
-from .errors import InvalidOptionsError
+from .errors import InvalidOptionsError, shown
 from .options import INT32_MAX, check_text
 
 
@@ -60,7 +60,7 @@ class GroupLimits:
 def _limit(option: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT32_MAX:
         raise InvalidOptionsError(
-            option, f"must be an integer from 1 to {INT32_MAX}, not {value!r}"
+            option, f"must be an integer from 1 to {INT32_MAX}, not {shown(value)}"
         )
     return value
 
@@ -75,13 +75,13 @@ def group_limits(value: object, option: str = "group_concurrency") -> GroupLimit
             raise InvalidOptionsError(
                 option,
                 "must be an integer or a mapping {'default': n, 'tiers': {tier: n}}, "
-                f"not {value!r}",
+                f"not {shown(value)}",
             )
         return GroupLimits(_limit(option, value))
     unknown = sorted(str(k) for k in set(value) - {"default", "tiers"})
     if unknown:
         raise InvalidOptionsError(
-            option, f"unknown key {unknown[0]!r} (a mapping takes 'default' and 'tiers')"
+            option, f"unknown key {shown(unknown[0])} (a mapping takes 'default' and 'tiers')"
         )
     if "default" not in value:
         raise InvalidOptionsError(option, "a mapping needs 'default', the limit of other groups")
@@ -91,12 +91,12 @@ def group_limits(value: object, option: str = "group_concurrency") -> GroupLimit
         return GroupLimits(default)
     if not isinstance(tiers, Mapping):
         raise InvalidOptionsError(
-            f"{option}.tiers", f"must be a mapping of tier to limit, not {tiers!r}"
+            f"{option}.tiers", f"must be a mapping of tier to limit, not {shown(tiers)}"
         )
     checked: list[tuple[str, int]] = []
     for tier, limit in tiers.items():
         check_text(
             f"{option}.tiers", tier, allow_empty=False, max_bytes=limits.MAX_GROUP_TIER_BYTES
         )
-        checked.append((tier, _limit(f"{option}.tiers[{tier!r}]", limit)))
+        checked.append((tier, _limit(f"{option}.tiers[{shown(tier)}]", limit)))
     return GroupLimits(default, tuple(sorted(checked)))

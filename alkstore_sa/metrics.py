@@ -40,7 +40,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
-from .errors import InvalidOptionsError
+from .errors import InvalidOptionsError, shown
 from .migrate import installed_version
 from .names import DEFAULT_SCHEMA, validate_schema
 from .records import Job
@@ -123,14 +123,14 @@ def queue_metrics_collector(
     for name in names:
         validate_schema(name)
     if len(set(names)) != len(names):
-        raise InvalidOptionsError("schemas", f"a schema is named twice in {names!r}")
+        raise InvalidOptionsError("schemas", f"a schema is named twice in {shown(names)}")
     if (
         isinstance(cache_seconds, bool)
         or not isinstance(cache_seconds, int | float)
         or not 0 <= cache_seconds < float("inf")
     ):
         raise InvalidOptionsError(
-            "cache_seconds", f"must be 0 or more seconds, not {cache_seconds!r}"
+            "cache_seconds", f"must be 0 or more seconds, not {shown(cache_seconds)}"
         )
     if (
         isinstance(statement_timeout_ms, bool)
@@ -139,7 +139,7 @@ def queue_metrics_collector(
     ):
         raise InvalidOptionsError(
             "statement_timeout_ms",
-            f"must be a positive whole number of milliseconds, not {statement_timeout_ms!r}",
+            f"must be a positive whole number of milliseconds, not {shown(statement_timeout_ms)}",
         )
     return QueueMetricsCollector(engine, names, float(cache_seconds), statement_timeout_ms)
 
@@ -201,13 +201,15 @@ class QueueMetricsCollector(Collector):
                 )
                 version = installed_version(conn, schema)
                 if version is None:
-                    raise LookupError(f"schema {schema!r} is not installed")
+                    raise LookupError(f"schema {shown(schema)} is not installed")
                 if version == 26:
                     stmt = sql.queue_metrics_26()
                 elif version == 46:
                     stmt = sql.queue_metrics_46()
                 else:
-                    raise LookupError(f"schema {schema!r} is at version {version}, not 26 or 46")
+                    raise LookupError(
+                        f"schema {shown(schema)} is at version {version}, not 26 or 46"
+                    )
                 rows = conn.execution_options(
                     schema_translate_map={DEFAULT_SCHEMA: schema}
                 ).execute(stmt)
@@ -489,7 +491,7 @@ def worker_metrics(option: object, schema: str) -> WorkerMetrics:
     if isinstance(option, CollectorRegistry):
         return WorkerMetrics(schema, option)
     raise InvalidOptionsError(
-        "metrics", f"must be True, False, None or a prometheus_client registry, not {option!r}"
+        "metrics", f"must be True, False, None or a prometheus_client registry, not {shown(option)}"
     )
 
 

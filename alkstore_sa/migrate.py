@@ -54,6 +54,7 @@ from .errors import (
     SchemaNotInstalledError,
     SchemaVersionError,
     UnfinishedIndexBuildError,
+    shown,
 )
 from .migrations import (
     SCHEMA_OPTION,
@@ -147,7 +148,7 @@ def schema_version_info(version: int) -> SchemaVersionInfo:
     :raises InvalidOptionsError: if it is not a version we can install (before any SQL).
     """
     if isinstance(version, bool) or not isinstance(version, int):
-        raise InvalidOptionsError("schema_version", f"expected an integer, got {version!r}")
+        raise InvalidOptionsError("schema_version", f"expected an integer, got {shown(version)}")
     info = SCHEMA_VERSIONS.get(version)
     if info is None:
         raise InvalidOptionsError(
@@ -254,7 +255,7 @@ def _refuse_wrong_direction(conn: Connection, schema: str, target: str, way: str
         other = "downgrade" if way == "upgrade" else "upgrade"
         raise InvalidOptionsError(
             "schema_version",
-            f"schema {schema!r} is at pg-boss schema version {found}; {way} cannot go to "
+            f"schema {shown(schema)} is at pg-boss schema version {found}; {way} cannot go to "
             f"{wanted} (use {other})",
         )
 
@@ -412,7 +413,7 @@ def _refuse_or_record(
 def _below_a_node_schema(schema: str, found: int, wanted: int) -> InvalidOptionsError:
     return InvalidOptionsError(
         "schema_version",
-        f"schema {schema!r} is at pg-boss schema version {found}, which Node pg-boss made "
+        f"schema {shown(schema)} is at pg-boss schema version {found}, which Node pg-boss made "
         f"without alkstore_sa's revisions (none is recorded); upgrade cannot go down to "
         f"{wanted}. Nothing was changed. `alkstore db upgrade --schema-version {found}` "
         f"adopts it as it is; going back to {wanted} after that is an explicit `alkstore db "

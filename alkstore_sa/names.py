@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .errors import InvalidNameError
+from .errors import InvalidNameError, shown
 
 DEFAULT_SCHEMA = "pgboss"
 """The schema Node pg-boss uses by default, and so do we."""
@@ -66,7 +66,7 @@ def validate_schema(schema: object) -> str:
     if not schema or len(schema) > _SCHEMA_MAX or not _SCHEMA_RE.fullmatch(schema):
         raise InvalidNameError(
             "schema",
-            f"{schema!r} must match ^[A-Za-z_][A-Za-z0-9_]*$ and have at most "
+            f"{shown(schema)} must match ^[A-Za-z_][A-Za-z0-9_]*$ and have at most "
             f"{_SCHEMA_MAX} characters",
         )
     return schema
@@ -83,7 +83,8 @@ def validate_queue(name: object, option: str = "name") -> str:
     if not name or len(name) > QUEUE_NAME_MAX or not _QUEUE_RE.fullmatch(name):
         raise InvalidNameError(
             option,
-            f"{name!r} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits and _ . : / -",
+            f"{shown(name)} must be 1 to {QUEUE_NAME_MAX} characters of letters, digits "
+            "and _ . : / -",
         )
     return name
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Required, TypedDict
 
 from . import limits
-from .errors import InvalidOptionsError
+from .errors import InvalidOptionsError, shown
 from .models.enums import QueuePolicy
 from .names import queue_ref
 
@@ -478,7 +478,7 @@ ACCEPTED_SEND_OPTIONS = frozenset(o.name for o in OPTIONS if o.send)
 
 def check_int(option: str, value: object, *, minimum: int = 0, maximum: int = INT32_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidOptionsError(option, f"must be an integer, not {value!r}")
+        raise InvalidOptionsError(option, f"must be an integer, not {shown(value)}")
     if value < minimum or value > maximum:
         raise InvalidOptionsError(option, f"must be between {minimum} and {maximum}, not {value}")
     return value
@@ -486,7 +486,7 @@ def check_int(option: str, value: object, *, minimum: int = 0, maximum: int = IN
 
 def check_bool(option: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise InvalidOptionsError(option, f"must be True or False, not {value!r}")
+        raise InvalidOptionsError(option, f"must be True or False, not {shown(value)}")
     return value
 
 
@@ -497,7 +497,7 @@ def check_text(
     UTF-8 and, with ``max_bytes``, at most that many bytes once encoded (the limit of
     a value that enters an index, see :mod:`alkstore_sa.limits`)."""
     if not isinstance(value, str):
-        raise InvalidOptionsError(option, f"must be a string, not {value!r}")
+        raise InvalidOptionsError(option, f"must be a string, not {shown(value)}")
     if not value and not allow_empty:
         raise InvalidOptionsError(option, "must be a non-empty string")
     if "\x00" in value:
@@ -526,7 +526,7 @@ def _policy(value: object) -> str:
         return QueuePolicy(value if isinstance(value, str) else repr(value)).value
     except ValueError:
         raise InvalidOptionsError(
-            "policy", f"{value!r} is not one of " + ", ".join(p.value for p in QueuePolicy)
+            "policy", f"{shown(value)} is not one of " + ", ".join(p.value for p in QueuePolicy)
         ) from None
 
 
@@ -552,7 +552,7 @@ def _checker(spec: OptionSpec) -> Callable[[object], Any]:
     elif spec.kind == "uuid":
         check = job_id
     else:
-        raise AssertionError(f"option {name!r} has an unknown kind {spec.kind!r}")
+        raise AssertionError(f"option {shown(name)} has an unknown kind {shown(spec.kind)}")
     if spec.nullable:
         strict = check
         return lambda value: None if value is None else strict(value)
@@ -578,7 +578,7 @@ def check_requirements(values: Mapping[str, Any], base: Mapping[str, Any] | None
             continue
         other, wanted = spec.requires
         if values.get(other, (base or {}).get(other)) != wanted:
-            raise InvalidOptionsError(spec.name, f"is only allowed with {other}={wanted!r}")
+            raise InvalidOptionsError(spec.name, f"is only allowed with {other}={shown(wanted)}")
 
 
 def check_options(given: Mapping[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -790,10 +790,10 @@ def start_after(value: object) -> StartAfter:
             raise InvalidOptionsError("start_after", f"must be at most {_LONGEST_WAIT.days} days")
         return StartAfter(None, value if value > dt.timedelta(0) else None)
     if isinstance(value, bool):
-        raise InvalidOptionsError("start_after", f"unsupported value {value!r}")
+        raise InvalidOptionsError("start_after", f"unsupported value {shown(value)}")
     if isinstance(value, int | float):
         if not math.isfinite(value):
-            raise InvalidOptionsError("start_after", f"must be finite, not {value!r}")
+            raise InvalidOptionsError("start_after", f"must be finite, not {shown(value)}")
         if value > _LONGEST_WAIT.total_seconds():
             raise InvalidOptionsError(
                 "start_after", f"must be at most {_LONGEST_WAIT.total_seconds():.0f} seconds"
@@ -811,7 +811,7 @@ def start_after(value: object) -> StartAfter:
             parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise InvalidOptionsError(
-                "start_after", f"{value!r} is neither a number of seconds nor an ISO-8601 time"
+                "start_after", f"{shown(value)} is neither a number of seconds nor an ISO-8601 time"
             ) from None
         return start_after(parsed)
     raise InvalidOptionsError("start_after", f"unsupported type {type(value).__name__}")
@@ -825,7 +825,7 @@ def job_id(value: object) -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise InvalidOptionsError("id", f"{value!r} is not a UUID")
+    raise InvalidOptionsError("id", f"{shown(value)} is not a UUID")
 
 
 def job_ids(ids: object) -> list[uuid.UUID]:
@@ -834,7 +834,7 @@ def job_ids(ids: object) -> list[uuid.UUID]:
         return [job_id(ids)]
     if isinstance(ids, list | tuple | set | frozenset):
         return [job_id(i) for i in ids]
-    raise InvalidOptionsError("ids", f"expected a UUID or a list of UUIDs, not {ids!r}")
+    raise InvalidOptionsError("ids", f"expected a UUID or a list of UUIDs, not {shown(ids)}")
 
 
 PGBOSS_SEND_KEYS = {o.pgboss: o.name for o in OPTIONS if o.send and o.public}

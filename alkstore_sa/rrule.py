@@ -35,7 +35,7 @@ from dateutil import rrule as du
 
 from . import limits
 from .cron import timezone
-from .errors import InvalidOptionsError
+from .errors import InvalidOptionsError, shown
 
 T = TypeVar("T")
 
@@ -205,7 +205,7 @@ def _instant(value: str, params: dict[str, str], zone: dt.tzinfo, what: str) -> 
             utc = False
             naive = dt.datetime.strptime(text, "%Y%m%d")
     except ValueError:
-        raise _bad(f"{what} {value!r} is not an iCalendar date or date-time") from None
+        raise _bad(f"{what} {shown(value)} is not an iCalendar date or date-time") from None
     if utc:
         return naive.replace(tzinfo=dt.UTC)
     if "TZID" in params:
@@ -319,7 +319,7 @@ class Rule:
         try:
             rule: Any = du.rrulestr(body, dtstart=start)
         except Exception as exc:  # dateutil: ValueError, OverflowError, IndexError...
-            raise _bad(f"{body!r} cannot be evaluated: {_reason(exc)}") from None
+            raise _bad(f"{shown(body)} cannot be evaluated: {_reason(exc)}") from None
         if _COUNTED_ITER is not None:
             rule._alkstore_budget = budget
             rule._iter = types.MethodType(_COUNTED_ITER, rule)
@@ -464,7 +464,7 @@ def _check_ranges(parts: list[tuple[str, str]]) -> None:
             text = item.strip()
             number = text[1:] if signed and text[:1] in "+-" else text
             if not number.isdigit() or not low <= int(number) <= high:
-                raise _bad(f"{key}={value}: {text!r} is out of range")
+                raise _bad(f"{key}={value}: {shown(text)} is out of range")
 
 
 def parse(expression: str, tz: str) -> Rule:
@@ -495,7 +495,7 @@ def _parse(expression: str, tz: str, budget: _Budget) -> Rule:
                 key, _, val = item.partition("=")
                 params[key.upper()] = val
         if name not in _PROPERTIES:
-            raise _bad(f"unsupported property {name!r} (supported: {', '.join(_PROPERTIES)})")
+            raise _bad(f"unsupported property {shown(name)} (supported: {', '.join(_PROPERTIES)})")
         if name == "DTSTART":
             if start is not None:
                 raise _bad("more than one DTSTART")
@@ -518,11 +518,11 @@ def _parse(expression: str, tz: str, budget: _Budget) -> Rule:
         key, _, value = part.partition("=")
         key = key.upper()
         if not value:
-            raise _bad(f"part {part!r} has no value")
+            raise _bad(f"part {shown(part)} has no value")
         if key.startswith("X-"):
             continue  # extensions: no evaluator reads them
         if key not in _PARTS:
-            raise _bad(f"unsupported part {part!r}")
+            raise _bad(f"unsupported part {shown(part)}")
         if any(k == key for k, _ in parts):
             raise _bad(f"more than one {key} part")
         if key == "UNTIL" and not value.upper().endswith("Z"):
@@ -575,7 +575,7 @@ def validate(expression: object, tz: object) -> tuple[str, str]:
     :raises InvalidOptionsError: naming ``cron`` (the rule) or ``tz``.
     """
     if not isinstance(expression, str) or not expression.strip():
-        raise InvalidOptionsError("cron", f"must be a non-empty string, not {expression!r}")
+        raise InvalidOptionsError("cron", f"must be a non-empty string, not {shown(expression)}")
     # The rule first, in a zone known to be usable, so a caller who got both
     # wrong hears about the rule (pg-boss judges the two in that order).
     parsed = parse(expression, "UTC")
@@ -598,14 +598,14 @@ def validate(expression: object, tz: object) -> tuple[str, str]:
         raise _bad(f"BYDAY={byday}: a numbered day needs FREQ=MONTHLY or FREQ=YEARLY")
     for day in (d.strip().upper() for d in (byday or "").split(",")):
         if _ORDINAL_DAY.match(day) and not 1 <= abs(int(day[:-2])) <= _MAX_ORDINAL.get(freq, 53):
-            raise _bad(f"BYDAY={byday}: {day!r} numbers a weekday out of range")
+            raise _bad(f"BYDAY={byday}: {shown(day)} numbers a weekday out of range")
     # Every part at its wall-clock reading too (the elapsed-time reading of
     # hourly and finer rules leaves the wall-clock parts to a filter).
     body = ";".join(f"{k}={v}" for k, v in parsed.parts)
     try:
         du.rrulestr(body, dtstart=parsed.start)
     except Exception as exc:  # dateutil: ValueError, OverflowError...
-        raise _bad(f"{body!r}: {exc or 'a value out of range'}") from None
+        raise _bad(f"{shown(body)}: {exc or 'a value out of range'}") from None
     timezone(tz)
     return expression, str(tz)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from .errors import shown
 from .migrations import VERSION_TABLE
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Finding:
     def __str__(self) -> str:
         where = f" on {self.table}" if self.table and self.kind.endswith("index") else ""
         if self.queue is not None:
-            where += f" (queue {self.queue!r})"
+            where += f" (queue {shown(self.queue)})"
         return f"{self.kind} {self.name}{where}" + (f": {self.detail}" if self.detail else "")
 
     def as_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+from ..errors import shown
 from ..migrate import normalise_url
 from ..names import DEFAULT_SCHEMA, validate_schema
 
@@ -149,7 +150,7 @@ def describe_url(url: str | None) -> str | None:
         return None
     host = parsed.host or "the local socket"
     port = f":{parsed.port}" if parsed.port else ""
-    return f"database {parsed.database or '(default)'!r} on {host}{port}"
+    return f"database {shown(parsed.database or '(default)')} on {host}{port}"
 
 
 def schema_of(args: argparse.Namespace) -> str:

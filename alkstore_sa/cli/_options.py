@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
+from ..errors import shown
 from ..models.enums import QueuePolicy
 from ..options import OPTIONS, OptionSpec
 
@@ -16,7 +17,7 @@ def integer(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer") from None
     return value
 
 

@@ -38,6 +38,7 @@ from sqlalchemy.schema import DropSchema
 
 from .. import migrate
 from .._embedded import embedded_available, embedded_postgres
+from ..errors import shown
 from ..records import Job
 from ..service import QueueService
 from ..worker import Worker
@@ -226,7 +227,9 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the whole demo in ``schema`` (created here); returns the report."""
     version = migrate.DEFAULT_SCHEMA_VERSION
-    out.write(f"installing the queue schema {schema!r} (pg-boss schema version {version})...\n")
+    out.write(
+        f"installing the queue schema {shown(schema)} (pg-boss schema version {version})...\n"
+    )
     migrate.upgrade(engine, schema, schema_version=version)
     shop = _Shop(schema)
     shop.metadata.create_all(engine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import shown
 from ..models.enums import JobState
 from ..records import Settled
 from ..service import QueueService
@@ -65,7 +66,7 @@ def _get(args: argparse.Namespace) -> int:
     # An unknown queue is QueueNotFoundError from the service, not "no job".
     job = in_transaction(args, lambda q: q.get_job(args.queue, args.id))
     if job is None:
-        raise CommandError(f"no job {args.id} in queue {args.queue!r}")
+        raise CommandError(f"no job {args.id} in queue {shown(args.queue)}")
     emit(args, job)
     return 0
 

@@ -12,6 +12,7 @@ import datetime as dt
 import re
 from typing import Any
 
+from ..errors import shown
 from ._common import BadInput, emit, leaf
 from ._service import in_transaction
 
@@ -82,7 +83,9 @@ def when(option: str, text: str | None) -> dt.datetime | None:
     except ValueError:
         value = None
     if value is None or value.tzinfo is None:
-        raise BadInput(f"{option}: {text!r} is neither 30m/24h/7d nor an ISO-8601 time with offset")
+        raise BadInput(
+            f"{option}: {shown(text)} is neither 30m/24h/7d nor an ISO-8601 time with offset"
+        )
     return value
 
 

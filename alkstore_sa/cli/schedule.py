@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import shown
 from ..rrule import is_rrule
 from ..service import QueueService
 from ._common import CommandError, emit, leaf, parse_json
@@ -51,7 +52,7 @@ def _add(args: argparse.Namespace) -> int:
     if (args.cron is None) == (args.rrule is None):
         raise CommandError("give either CRON or --rrule RULE")
     if args.rrule is not None and not is_rrule(args.rrule):
-        raise CommandError(f"--rrule {args.rrule!r} is not an RFC 5545 rule (no FREQ= part)")
+        raise CommandError(f"--rrule {shown(args.rrule)} is not an RFC 5545 rule (no FREQ= part)")
     expression = args.cron if args.rrule is None else args.rrule
     data = parse_json("--data", args.data)
     options = given_options(args, SCHEDULE)
@@ -70,7 +71,7 @@ def _remove(args: argparse.Namespace) -> int:
         return q.unschedule(args.queue, args.key)
 
     if not in_transaction(args, remove):
-        raise CommandError(f"no schedule {args.key!r} on queue {args.queue!r}")
+        raise CommandError(f"no schedule {shown(args.key)} on queue {shown(args.queue)}")
     emit(args, {"name": args.queue, "key": args.key, "status": "removed"})
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import shown
 from ._common import CommandError, emit, leaf, parse_json
 from ._options import SEND, add_options, given_options
 from ._service import in_transaction
@@ -27,7 +28,8 @@ def _send(args: argparse.Namespace) -> int:
     job_id = in_transaction(args, lambda q: q.send(args.queue, data, **options))
     if job_id is None:
         raise CommandError(
-            f"job not sent: queue {args.queue!r} refused it (policy, throttle slot or id taken)",
+            f"job not sent: queue {shown(args.queue)} refused it "
+            "(policy, throttle slot or id taken)",
             NOT_SENT,
         )
     emit(args, {"id": str(job_id)} if args.json else str(job_id))

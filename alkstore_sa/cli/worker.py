@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any
 
+from ..errors import shown
 from ..worker import AsyncWorker, Worker
 from ._common import BadInput, CommandError, describe_url, leaf
 
@@ -81,7 +82,7 @@ def _log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {text!r} (choose from {', '.join(LOG_LEVELS)}, in any case)"
+            f"invalid choice: {shown(text)} (choose from {', '.join(LOG_LEVELS)}, in any case)"
         )
     return level
 
@@ -90,9 +91,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
     if not value >= 0:  # NaN included
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: must be 0 or more seconds")
     return value
 
 
@@ -101,9 +102,9 @@ def _metrics_address(text: str) -> tuple[str, int]:
     try:
         number = int(port)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port or HOST:PORT") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a port or HOST:PORT") from None
     if not 1 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: the port must be 1 to 65535")
+        raise argparse.ArgumentTypeError(f"{shown(text)}: the port must be 1 to 65535")
     return host.strip("[]") or "0.0.0.0", number
 
 
@@ -137,7 +138,7 @@ def load_worker(spec: str) -> Worker | AsyncWorker:
     """Import ``module:attr`` and return the worker it names (calling it if need be)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise BadInput(f"--app must look like module:attribute, not {spec!r}")
+        raise BadInput(f"--app must look like module:attribute, not {shown(spec)}")
     # Like other app runners: the current directory is importable.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -145,13 +146,13 @@ def load_worker(spec: str) -> Worker | AsyncWorker:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name == module_name:  # the module named by --app is not there
-            raise BadInput(f"cannot import {module_name!r}: {exc}") from None
-        raise CommandError(f"cannot import {module_name!r}: {exc}") from None
+            raise BadInput(f"cannot import {shown(module_name)}: {exc}") from None
+        raise CommandError(f"cannot import {shown(module_name)}: {exc}") from None
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise BadInput(f"{module_name!r} has no attribute {attr!r}") from None
+            raise BadInput(f"{shown(module_name)} has no attribute {shown(attr)}") from None
     if not isinstance(target, Worker | AsyncWorker) and callable(target):
         target = target()
     if not isinstance(target, Worker | AsyncWorker):

@@ -37,7 +37,13 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from .. import cron, migrate, rrule
-from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
+from ..errors import (
+    AlkstoreError,
+    InvalidOptionsError,
+    QueueNotFoundError,
+    SchemaFeatureError,
+    shown,
+)
 from ..models.enums import JobState
 from ..names import queue_ref, validate_schema
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
@@ -329,7 +335,7 @@ class Dashboard:
     def schema_of(self, request: Request) -> str:
         schema = str(request.path_params["schema"])
         if schema not in self.schemas:
-            raise HTTPException(404, f"schema {schema!r} is not shown by this dashboard")
+            raise HTTPException(404, f"schema {shown(schema)} is not shown by this dashboard")
         return schema
 
     def _session_work(self, schema: str, work: Callable[[QueueService], T], write: bool) -> T:
@@ -410,7 +416,7 @@ def _parse_when(name: str, value: str) -> dt.datetime | None:
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise BadRequest(f"{name}: {value!r} is not an ISO-8601 date or time") from None
+        raise BadRequest(f"{name}: {shown(value)} is not an ISO-8601 date or time") from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
@@ -418,7 +424,7 @@ def _parse_uuid(name: str, value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise BadRequest(f"{name}: {value!r} is not a job id (a UUID)") from None
+        raise BadRequest(f"{name}: {shown(value)} is not a job id (a UUID)") from None
 
 
 def _safe_next(root: str, value: str | None, fallback: str) -> str:
@@ -555,7 +561,7 @@ async def job_list(request: Request) -> Response:
     filters = {k: p.get(k, "").strip() for k in ("queue", "state", "key", "group", "q")}
     filters.update({k: p.get(k, "").strip() for k in ("since", "until", "after")})
     if filters["state"] and filters["state"] not in STATES:
-        raise BadRequest(f"state: {filters['state']!r} is not one of {', '.join(STATES)}")
+        raise BadRequest(f"state: {shown(filters['state'])} is not one of {', '.join(STATES)}")
     since = _parse_when("since", filters["since"])
     until = _parse_when("until", filters["until"])
 
@@ -621,7 +627,7 @@ async def job_detail(request: Request) -> Response:
 
     job = await d.read(schema, read)
     if job is None:
-        raise HTTPException(404, f"no job {job_id} in schema {schema!r}")
+        raise HTTPException(404, f"no job {job_id} in schema {shown(schema)}")
     parents: list[JobDependency] = []
     children: list[JobDependency] = []
     version = await d.version(schema)
@@ -845,7 +851,7 @@ async def action(request: Request) -> Response:
     form = await _form(request, d)
     name = str(request.path_params["action"])
     if name not in ACTIONS:
-        raise HTTPException(404, f"no action {name!r}: one of {', '.join(ACTIONS)}")
+        raise HTTPException(404, f"no action {shown(name)}: one of {', '.join(ACTIONS)}")
     ids, queue = _action_targets(name, form)
     root = d._root(request)
     fallback = (
@@ -903,7 +909,7 @@ async def save_queue(request: Request) -> Response:
     name = str(form.get("name", "")).strip()
     mode = str(form.get("mode", "create"))
     if mode not in ("create", "update"):
-        raise BadRequest(f"mode: {mode!r} is not create or update")
+        raise BadRequest(f"mode: {shown(mode)} is not create or update")
     options: dict[str, Any] = {}
     for option in _INT_OPTIONS:
         raw = str(form.get(option, "")).strip()
@@ -911,7 +917,7 @@ async def save_queue(request: Request) -> Response:
             try:
                 options[option] = int(raw)
             except ValueError:
-                raise BadRequest(f"{option}: {raw!r} is not a whole number") from None
+                raise BadRequest(f"{option}: {shown(raw)} is not a whole number") from None
     dead_letter = str(form.get("dead_letter", "")).strip()
     if dead_letter:
         options["dead_letter"] = dead_letter

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from ..errors import shown
 from ._serve import is_loopback
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def normalise_hosts(hosts: Iterable[str] | None) -> frozenset[str] | None:
         if name is None:
             from ..errors import InvalidOptionsError
 
-            raise InvalidOptionsError("allowed_hosts", f"{raw!r} is not a host name")
+            raise InvalidOptionsError("allowed_hosts", f"{shown(raw)} is not a host name")
         out.add(name)
     return frozenset(out)
 
@@ -143,9 +144,9 @@ class SecurityMiddleware:
 
     async def _refusal(self, request: Request) -> Response | None:
         if not self._host_allowed(request):
-            shown = request.headers.get("host", "")[:100]
+            host = request.headers.get("host", "")
             return PlainTextResponse(
-                f"host {shown!r} is not allowed: without authentication the dashboard "
+                f"host {shown(host)} is not allowed: without authentication the dashboard "
                 "answers only to a loopback name (localhost, 127.0.0.1, [::1]); name "
                 "others with allowed_hosts (--allowed-host)",
                 status_code=400,

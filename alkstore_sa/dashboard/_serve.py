@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -33,7 +33,7 @@ def check_bind(host: str, has_auth: bool) -> None:
     if not has_auth and not is_loopback(host):
         raise InvalidOptionsError(
             "host",
-            f"refusing to serve the dashboard on {host!r} without authentication: set "
+            f"refusing to serve the dashboard on {shown(host)} without authentication: set "
             "ALKSTORE_DASHBOARD_USER and ALKSTORE_DASHBOARD_PASSWORD (basic auth) or bind "
             "to 127.0.0.1",
         )

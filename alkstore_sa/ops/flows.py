@@ -13,7 +13,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import limits, tracing
-from ..errors import FlowConflictError, InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
+from ..errors import (
+    FlowConflictError,
+    InvalidOptionsError,
+    QueueNotFoundError,
+    SchemaFeatureError,
+    shown,
+)
 from ..models.enums import JobState, QueuePolicy
 from ..names import queue_ref
 from ..options import check_int
@@ -67,13 +73,13 @@ class _Graph:
                 raise InvalidOptionsError(f"{where}.ref", "each flow job needs a non-empty ref")
             if ref in index_of:
                 raise InvalidOptionsError(
-                    f"{where}.ref", f"duplicate ref {ref!r} (also jobs[{index_of[ref]}])"
+                    f"{where}.ref", f"duplicate ref {shown(ref)} (also jobs[{index_of[ref]}])"
                 )
             index_of[ref] = i
             name = job.get("name")
             if not isinstance(name, str) or not name:
                 raise InvalidOptionsError(
-                    f"{where}.name", f"job {ref!r} needs a non-empty queue name"
+                    f"{where}.name", f"job {shown(ref)} needs a non-empty queue name"
                 )
             queue_ref(name)
             options = job.get("options")
@@ -91,7 +97,7 @@ class _Graph:
                 or not isinstance(depends_on, Iterable)
             ):
                 raise InvalidOptionsError(
-                    f"{where}.depends_on", f"must be a list of refs, not {depends_on!r}"
+                    f"{where}.depends_on", f"must be a list of refs, not {shown(depends_on)}"
                 )
             self.refs.append(ref)
             self.queues.append(name)
@@ -106,11 +112,13 @@ class _Graph:
             for dep in parents:
                 where = f"jobs[{i}].depends_on"
                 if not isinstance(dep, str) or not dep:
-                    raise InvalidOptionsError(where, f"refs must be non-empty strings, not {dep!r}")
+                    raise InvalidOptionsError(
+                        where, f"refs must be non-empty strings, not {shown(dep)}"
+                    )
                 if dep == self.refs[i]:
-                    raise InvalidOptionsError(where, f"job {dep!r} cannot depend on itself")
+                    raise InvalidOptionsError(where, f"job {shown(dep)} cannot depend on itself")
                 if dep not in index_of:
-                    raise InvalidOptionsError(where, f"ref {dep!r} is not a job of this flow")
+                    raise InvalidOptionsError(where, f"ref {shown(dep)} is not a job of this flow")
                 seen[index_of[dep]] = None
             self.parents.append(list(seen))
             edges += len(seen)
@@ -178,7 +186,7 @@ def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
         if first != i:
             raise InvalidOptionsError(
                 f"jobs[{i}].options.id",
-                f"id {job_id} is also the id of jobs[{first}] in queue {queue!r}",
+                f"id {job_id} is also the id of jobs[{first}] in queue {shown(queue)}",
             )
     wanted = list(dict.fromkeys(graph.queues))
 
@@ -266,7 +274,8 @@ def _after(after: object) -> tuple[str, uuid.UUID] | None:
             pass
     raise InvalidOptionsError(
         "after",
-        f"must be the last JobDependency of the previous page or a (queue, id) pair, not {after!r}",
+        "must be the last JobDependency of the previous page or a (queue, id) pair, "
+        f"not {shown(after)}",
     )
 
 

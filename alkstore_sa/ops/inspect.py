@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 
-from ..errors import InvalidOptionsError, SchemaFeatureError
+from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..models.enums import JobState
 from ..names import queue_ref
 from ..options import check_int
@@ -28,7 +28,7 @@ def _state(value: object) -> JobState | None:
         return None
     known = [s.value for s in JobState]
     if not isinstance(value, str) or value not in known:
-        raise InvalidOptionsError("state", f"{value!r} is not one of {', '.join(known)}")
+        raise InvalidOptionsError("state", f"{shown(value)} is not one of {', '.join(known)}")
     return JobState(value)
 
 
@@ -54,15 +54,15 @@ def encode_cursor(job: Job) -> str:
 def decode_cursor(cursor: object) -> tuple[dt.datetime, uuid.UUID]:
     """A cursor of :func:`encode_cursor` read back, or InvalidOptionsError."""
     if not isinstance(cursor, str):
-        raise InvalidOptionsError("after", f"must be a cursor string, not {cursor!r}")
+        raise InvalidOptionsError("after", f"must be a cursor string, not {shown(cursor)}")
     when, _, ident = cursor.rpartition("_")
     try:
         on = dt.datetime.fromisoformat(when)
         job_id = uuid.UUID(ident)
     except ValueError:
-        raise InvalidOptionsError("after", f"{cursor!r} is not a job-list cursor") from None
+        raise InvalidOptionsError("after", f"{shown(cursor)} is not a job-list cursor") from None
     if on.tzinfo is None:
-        raise InvalidOptionsError("after", f"{cursor!r} is not a job-list cursor")
+        raise InvalidOptionsError("after", f"{shown(cursor)} is not a job-list cursor")
     return on, job_id
 
 
@@ -70,7 +70,7 @@ def _aware(option: str, value: object) -> dt.datetime | None:
     if value is None:
         return None
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
-        raise InvalidOptionsError(option, f"must be an aware datetime, not {value!r}")
+        raise InvalidOptionsError(option, f"must be an aware datetime, not {shown(value)}")
     return value
 
 
@@ -79,7 +79,8 @@ def _text(option: str, value: object, maximum: int = 1000) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > maximum or "\x00" in value:
         raise InvalidOptionsError(
-            option, f"must be a non-empty string of at most {maximum} characters, not {value!r}"
+            option,
+            f"must be a non-empty string of at most {maximum} characters, not {shown(value)}",
         )
     return value
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import options as opt
 from .. import tracing
-from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
+from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import UpdateResult, UpsertResult
@@ -69,7 +69,7 @@ class _Target:
             raise InvalidOptionsError("match", "only applies when jobs are named by singleton_key")
         if match is not None and match not in keys_sql.MATCHES:
             raise InvalidOptionsError(
-                "match", f"must be one of {', '.join(keys_sql.MATCHES)}, not {match!r}"
+                "match", f"must be one of {', '.join(keys_sql.MATCHES)}, not {shown(match)}"
             )
         self.id: uuid.UUID | None = None if id is None else opt.check_option("id", id)
         self.key: str | None = (
@@ -243,12 +243,14 @@ def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> O
         limit = BLOCKED_KEYS_LIMIT
     count = opt.check_int("limit", limit, minimum=1, maximum=BLOCKED_KEYS_LIMIT_MAX)
     if after is not None and (not isinstance(after, str) or not after):
-        raise InvalidOptionsError("after", f"must be a non-empty string (a key), not {after!r}")
+        raise InvalidOptionsError(
+            "after", f"must be a non-empty string (a key), not {shown(after)}"
+        )
     info = yield from require_queue(ctx, name)
     if info.policy != QueuePolicy.KEY_STRICT_FIFO:
         raise InvalidOptionsError(
             "name",
-            f"queue {name!r} has policy {info.policy!s}: blocked keys exist only "
+            f"queue {shown(name)} has policy {info.policy!s}: blocked keys exist only "
             "on key_strict_fifo queues",
         )
     params: dict[str, Any] = {"qname": name, "limit": count}

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidOptionsError, SchemaFeatureError
+from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..names import queue_ref
 from ..options import check_int
 from ..records import (
@@ -102,7 +102,7 @@ def _percentiles(value: object) -> tuple[float, ...] | None:
     for p in value:
         if isinstance(p, bool) or not isinstance(p, int | float) or not 1 <= p <= 100:
             raise InvalidOptionsError(
-                "percentiles", f"{p!r} is not a percent from 1 to 100, such as 95"
+                "percentiles", f"{shown(p)} is not a percent from 1 to 100, such as 95"
             )
         if p not in seen:
             seen.append(p)
@@ -116,7 +116,7 @@ def _time(option: str, value: object) -> dt.datetime | None:
     if value is None:
         return None
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
-        raise InvalidOptionsError(option, f"must be an aware datetime or None, not {value!r}")
+        raise InvalidOptionsError(option, f"must be an aware datetime or None, not {shown(value)}")
     return value
 
 
@@ -265,7 +265,7 @@ def get_queue_stats_history(
     if bucketed:
         if aggregate not in _AGGREGATES:
             raise InvalidOptionsError(
-                "aggregate", f"must be 'max', 'min' or 'avg', not {aggregate!r}"
+                "aggregate", f"must be 'max', 'min' or 'avg', not {shown(aggregate)}"
             )
         if bucket_seconds is not None:
             check_int("bucket_seconds", bucket_seconds, minimum=1)
@@ -298,7 +298,7 @@ def get_warnings(
     """Persisted warnings, newest first."""
     if type is not None and (not isinstance(type, str) or not type):
         raise InvalidOptionsError(
-            "type", f"must be a warning type such as 'queue_backlog', not {type!r}"
+            "type", f"must be a warning type such as 'queue_backlog', not {shown(type)}"
         )
     when = _time("since", since)
     check_int("limit", limit, minimum=1, maximum=LIMIT_MAX)
@@ -327,7 +327,9 @@ def get_instances(ctx: Context, limit: object, after: object) -> Op[list[Instanc
         try:
             ref = after if isinstance(after, uuid.UUID) else uuid.UUID(str(after))
         except ValueError:
-            raise InvalidOptionsError("after", f"must be an instance id, not {after!r}") from None
+            raise InvalidOptionsError(
+                "after", f"must be an instance id, not {shown(after)}"
+            ) from None
     require46(ctx, "the instance registry")
     params: dict[str, Any] = {"limit": limit}
     if ref is not None:

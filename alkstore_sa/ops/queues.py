@@ -13,6 +13,7 @@ from ..errors import (
     QueueExistsError,
     QueueNotFoundError,
     UnknownPolicyError,
+    shown,
 )
 from ..models.enums import QueuePolicy
 from ..names import queue_ref, validate_queue
@@ -96,13 +97,13 @@ def create_queue(
         raise InvalidOptionsError(
             "policy",
             f"key_strict_fifo needs a schema at version 46 (pg-boss 12); "
-            f"{ctx.schema!r} is at {ctx.version}",
+            f"{shown(ctx.schema)} is at {ctx.version}",
         )
     dead = checked.get("dead_letter")
     if dead is not None:
         found = yield from get_queue(ctx, dead)
         if found is None:
-            raise InvalidOptionsError("dead_letter", f"queue {dead!r} does not exist")
+            raise InvalidOptionsError("dead_letter", f"queue {shown(dead)} does not exist")
     # Same lock as Node's createQueue: concurrent creators queue up behind it.
     yield _lock(ctx, locks.CREATE_QUEUE)
     before = yield from get_queue(ctx, name)
@@ -134,7 +135,7 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
     if dead is not None:
         found = yield from get_queue(ctx, dead)
         if found is None:
-            raise InvalidOptionsError("dead_letter", f"queue {dead!r} does not exist")
+            raise InvalidOptionsError("dead_letter", f"queue {shown(dead)} does not exist")
     if not checked:
         return current
     columns = tuple(sorted(checked))
@@ -155,7 +156,8 @@ def delete_queue(ctx: Context, name: str) -> Op[bool]:
     row = refs.one()
     if row.queues:
         raise InvalidOptionsError(
-            "name", f"queue {name!r} is the dead letter queue of {', '.join(sorted(row.queues))}"
+            "name",
+            f"queue {shown(name)} is the dead letter queue of {', '.join(sorted(row.queues))}",
         )
     # Jobs of other queues that name it as dead letter queue are found by the
     # foreign key's own check when the queue row goes (ON DELETE RESTRICT: at
@@ -168,7 +170,7 @@ def delete_queue(ctx: Context, name: str) -> Op[bool]:
         )
     except Conflict:
         raise InvalidOptionsError(
-            "name", f"jobs of other queues dead-letter into {name!r}"
+            "name", f"jobs of other queues dead-letter into {shown(name)}"
         ) from None
     ctx.policies.drop(ctx.schema, name)
     return True

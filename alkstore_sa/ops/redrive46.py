@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import options as opt
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..names import queue_ref
 from ..sql.v46 import redrive as redrive46_sql
 from ._core import Call, Context, Op
@@ -34,13 +34,15 @@ def check_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
     data = filters.get("data")
     if data is not None:
         if not isinstance(data, Mapping):
-            raise InvalidOptionsError("data", f"must be a JSON object (a mapping), not {data!r}")
+            raise InvalidOptionsError(
+                "data", f"must be a JSON object (a mapping), not {shown(data)}"
+            )
         params["contains"] = opt.encode_json("data", dict(data))
     before = filters.get("created_before")
     if before is not None:
         if not isinstance(before, datetime) or before.tzinfo is None:
             raise InvalidOptionsError(
-                "created_before", f"must be an aware datetime, not {before!r}"
+                "created_before", f"must be an aware datetime, not {shown(before)}"
             )
         params["created_before"] = before
     return params

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from .. import limits
 from .. import options as opt
-from ..errors import InvalidOptionsError, SchemaFeatureError
+from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import ScheduleInfo
@@ -61,7 +61,7 @@ def schedule(
     options = dict(options)
     missed = options.pop("missed", None)
     if missed not in (None, "skip", "once"):
-        raise InvalidOptionsError("missed", f"must be 'skip' or 'once', not {missed!r}")
+        raise InvalidOptionsError("missed", f"must be 'skip' or 'once', not {shown(missed)}")
     # Validate the send options now, so that a schedule never fires bad jobs.
     opt.send_options(options, version=ctx.version)
     encoded = opt.encode_json("data", data)
@@ -80,7 +80,7 @@ def schedule(
         # policy refuses a job without a key, so every firing would fail.
         raise InvalidOptionsError(
             "singleton_key",
-            f"queue {name!r} has policy key_strict_fifo: a schedule on it needs a"
+            f"queue {shown(name)} has policy key_strict_fifo: a schedule on it needs a"
             " singleton_key in its options (every job it sends needs a key)",
         )
     stored = {**opt.to_pgboss_send_options(options), "tz": tz, "key": key}

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from .. import limits, tracing
 from .. import options as opt
-from ..errors import InvalidOptionsError, QueueNotFoundError
+from ..errors import InvalidOptionsError, QueueNotFoundError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import EventSubscription
@@ -123,7 +123,9 @@ def _check_dead_letters(name: str, specs: Sequence[Mapping[str, Any]]) -> Op[Non
     result = yield Call(send_sql.queues_exist(), {"names": sorted(wanted)})
     missing = wanted - set(result.scalars().all())
     if missing:
-        raise InvalidOptionsError("dead_letter", f"queue {sorted(missing)[0]!r} does not exist")
+        raise InvalidOptionsError(
+            "dead_letter", f"queue {shown(sorted(missing)[0])} does not exist"
+        )
 
 
 def _job_list(jobs: object) -> list[Any]:
@@ -222,7 +224,7 @@ def _send_many(
 
 def _refuse_unkeyed(name: str) -> InvalidOptionsError:
     return InvalidOptionsError(
-        "singleton_key", f"queue {name!r} has policy key_strict_fifo: every job needs a key"
+        "singleton_key", f"queue {shown(name)} has policy key_strict_fifo: every job needs a key"
     )
 
 

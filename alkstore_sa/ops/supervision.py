@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from .. import options as opt
 from ..cron import previous_fire
-from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError
+from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, shown
 from ..names import SEND_IT_QUEUE, queue_ref
 from ..records import QueueWarning as QueueWarning  # re-exported: the supervisors report it
 from ..records import SupervisionReport as SupervisionReport
@@ -144,10 +144,12 @@ class Settings:
                 low = _MINIMUM_INTERVALS.get(key)
                 ok = isinstance(value, int | float) and not isinstance(value, bool)
                 if not ok or not math.isfinite(value) or not 0 < value <= top:
-                    raise InvalidOptionsError(key, f"must be seconds in (0, {top}], not {value!r}")
+                    raise InvalidOptionsError(
+                        key, f"must be seconds in (0, {top}], not {shown(value)}"
+                    )
                 if low is not None and value < low:
                     raise InvalidOptionsError(
-                        key, f"must be at least {low:g} seconds, not {value!r}"
+                        key, f"must be at least {low:g} seconds, not {shown(value)}"
                     )
                 values[key] = value
             elif key == "queues":
@@ -180,7 +182,9 @@ def _queue_names(value: object) -> tuple[str, ...] | None:
     if isinstance(value, str):
         return (queue_ref(value, "queues"),)
     if not isinstance(value, Sequence) or not value:
-        raise InvalidOptionsError("queues", f"must be a queue name or a list of them: {value!r}")
+        raise InvalidOptionsError(
+            "queues", f"must be a queue name or a list of them: {shown(value)}"
+        )
     return tuple(queue_ref(v, "queues") for v in value)
 
 
@@ -424,10 +428,12 @@ def decode_stored(text: str | None) -> Any:
 
 def _unpack(data: Any) -> tuple[str, Any, dict[str, Any]]:
     if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        raise InvalidOptionsError("data", f"a send-it job needs {{name, data, options}}: {data!r}")
+        raise InvalidOptionsError(
+            "data", f"a send-it job needs {{name, data, options}}: {shown(data)}"
+        )
     options = data.get("options")
     if options is not None and not isinstance(options, Mapping):
-        raise InvalidOptionsError("options", f"must be an object, not {options!r}")
+        raise InvalidOptionsError("options", f"must be an object, not {shown(options)}")
     return data["name"], data.get("data"), opt.from_pgboss_send_options(options)
 
 
@@ -685,7 +691,7 @@ def supervise_once(
     settings = Settings.from_options({**options, "queues": queues})
     opt.check_bool("force", force)
     if now is not None and (not isinstance(now, dt.datetime) or now.tzinfo is None):
-        raise InvalidOptionsError("now", f"must be a timezone-aware datetime, not {now!r}")
+        raise InvalidOptionsError("now", f"must be a timezone-aware datetime, not {shown(now)}")
     if now is not None and abs(now - dt.datetime.now(dt.UTC)) > NOW_WINDOW:
         # A clock for tests of expiry and deletion, not a way to expire or delete
         # everything: supervise(now=9999-12-31) would delete every queued job.

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError
+from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError, shown
 from ..groups import GroupLimits, group_limits
 from ..models.enums import JobState
 from ..names import queue_ref
@@ -316,14 +316,16 @@ def _lock_groups(
 def _fence(value: object) -> datetime | None:
     if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
         return value
-    raise InvalidOptionsError("started_on", f"must be an aware datetime or None, not {value!r}")
+    raise InvalidOptionsError(
+        "started_on", f"must be an aware datetime or None, not {shown(value)}"
+    )
 
 
 def _of_job(name: str, job: Job, output: Any) -> Settlement:
     """A fenced settlement of the attempt ``job`` was fetched in."""
     if job.name != name:
         raise InvalidOptionsError(
-            "jobs", f"job {job.id} belongs to queue {job.name!r}, not {name!r}"
+            "jobs", f"job {job.id} belongs to queue {shown(job.name)}, not {shown(name)}"
         )
     if job.started_on is None:
         # Never fetched, so there is no attempt to fence on; settling it anyway
@@ -358,7 +360,9 @@ def settlements(name: str, jobs: object, output: Any = None) -> list[Settlement]
     if isinstance(jobs, Job | uuid.UUID | str):
         jobs = [jobs]
     if not isinstance(jobs, list | tuple | set | frozenset):
-        raise InvalidOptionsError("jobs", f"expected a Job, a UUID or a list of them, not {jobs!r}")
+        raise InvalidOptionsError(
+            "jobs", f"expected a Job, a UUID or a list of them, not {shown(jobs)}"
+        )
     return [_one(name, ref, output) for ref in jobs]
 
 
@@ -367,7 +371,7 @@ def settlement_items(name: str, items: object) -> list[Settlement]:
     an id, a ``(job or id, output)`` pair, or a :class:`Settlement`."""
     queue_ref(name)
     if not isinstance(items, list | tuple):
-        raise InvalidOptionsError("items", f"expected a list, not {items!r}")
+        raise InvalidOptionsError("items", f"expected a list, not {shown(items)}")
     out: list[Settlement] = []
     for item in items:
         if isinstance(item, Settlement):
@@ -375,7 +379,7 @@ def settlement_items(name: str, items: object) -> list[Settlement]:
         elif isinstance(item, tuple):
             if len(item) != 2:
                 raise InvalidOptionsError(
-                    "items", f"a pair must be (job or id, output), not {item!r}"
+                    "items", f"a pair must be (job or id, output), not {shown(item)}"
                 )
             out.append(_one(name, item[0], item[1]))
         else:

@@ -162,9 +162,7 @@ def delete_schedule() -> Any:
 @functools.cache
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
     # Read as readable_columns: a row Python cannot decode is listed, not fatal.
-    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(
-        SCHEDULE.c.name, SCHEDULE.c.key
-    )
+    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
     if by_name:
         stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
     if by_key:

@@ -56,7 +56,7 @@ from .._engine_cache import (
     version_due,
 )
 from ..clock import Clock, SystemClock
-from ..errors import InvalidOptionsError, SchemaVersionError
+from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, validate_schema
 from ..ops import Context, Op, driver, observe46
 from ..ops._core import may_be_schema_change
@@ -104,7 +104,7 @@ class _Core:
         if not isinstance(self.clock, Clock):
             raise InvalidOptionsError("clock", "must have now() and database_now()")
         if on_warning is not None and not callable(on_warning):
-            raise InvalidOptionsError("on_warning", f"must be callable, not {on_warning!r}")
+            raise InvalidOptionsError("on_warning", f"must be callable, not {shown(on_warning)}")
         self.on_warning = on_warning
         self._state = engine_state(engine)
         self._ctx = Context(schema=schema, notify=notify, policies=self._state.policies)

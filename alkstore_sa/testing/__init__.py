@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..names import DEFAULT_SCHEMA
 from ..records import Job
 from ..service import QueueService
@@ -63,7 +63,9 @@ def _service(target: Target, schema: str) -> tuple[QueueService, Session | None]
     if isinstance(target, Engine):
         session = Session(target)
         return QueueService(session, schema=schema), session
-    raise InvalidOptionsError("target", f"expected a Session, QueueService or Engine: {target!r}")
+    raise InvalidOptionsError(
+        "target", f"expected a Session, QueueService or Engine: {shown(target)}"
+    )
 
 
 def _matches(expected: Any, actual: Any) -> bool:
@@ -114,12 +116,12 @@ def assert_enqueued(
         assert_enqueued(session, "emails", data={"to": "ada@example.com"}, count=1)
     """
     jobs = enqueued(target, queue, data=data, schema=schema)
-    what = "" if data is _ANY else f" with data matching {data!r}"
+    what = "" if data is _ANY else f" with data matching {shown(data)}"
     if count is None and not jobs:
-        raise AssertionError(f"no job queued in {queue!r}{what}{_seen(target, queue, schema)}")
+        raise AssertionError(f"no job queued in {shown(queue)}{what}{_seen(target, queue, schema)}")
     if count is not None and len(jobs) != count:
         raise AssertionError(
-            f"expected {count} job(s) queued in {queue!r}{what}, found {len(jobs)}"
+            f"expected {count} job(s) queued in {shown(queue)}{what}, found {len(jobs)}"
             + _seen(target, queue, schema)
         )
     return jobs
@@ -136,13 +138,13 @@ def refute_enqueued(
     """
     jobs = enqueued(target, queue, data=data, schema=schema)
     if jobs:
-        what = "" if data is _ANY else f" with data matching {data!r}"
+        what = "" if data is _ANY else f" with data matching {shown(data)}"
         raise AssertionError(
-            f"expected no job queued in {queue!r}{what}, found {len(jobs)}: "
+            f"expected no job queued in {shown(queue)}{what}, found {len(jobs)}: "
             + ", ".join(repr(j.data) for j in jobs[:5])
         )
 
 
 def _seen(target: Target, queue: str, schema: str) -> str:
     data = [j.data for j in enqueued(target, queue, schema=schema)][:5]
-    return f"; queued there: {data!r}" if data else "; the queue is empty"
+    return f"; queued there: {shown(data)}" if data else "; the queue is empty"

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from .. import ops
 from .._engine_cache import execution_options, make_context
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..names import DEFAULT_SCHEMA
 from ..ops import driver
 from ..records import Job
@@ -52,13 +52,13 @@ def handler_specs(handlers: Handlers, queue: str | None, *, want_async: bool) ->
         }
     if queue is not None:
         if queue not in specs:
-            raise InvalidOptionsError("queue", f"no handler for {queue!r}")
+            raise InvalidOptionsError("queue", f"no handler for {shown(queue)}")
         specs = {queue: specs[queue]}
     for spec in specs.values():
         if spec.is_async != want_async:
             raise InvalidOptionsError(
                 "handlers",
-                f"{spec.queue!r} has an {'a' if spec.is_async else ''}sync handler; "
+                f"{shown(spec.queue)} has an {'a' if spec.is_async else ''}sync handler; "
                 f"use {'adrain' if spec.is_async else 'drain'}",
             )
     return list(specs.values())

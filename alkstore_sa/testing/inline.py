@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from .. import options as opt
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..models.enums import JobState
 from ..names import queue_ref
 from ..records import Job
@@ -60,7 +60,7 @@ class InlineQueueService:
         queue_ref(name)
         spec = self._specs.get(name)
         if spec is None:
-            raise InvalidOptionsError("name", f"no inline handler for queue {name!r}")
+            raise InvalidOptionsError("name", f"no inline handler for queue {shown(name)}")
         checked = opt.send_options(options)
         opt.encode_json("data", data)
         job = _inline_job(name, data, checked)

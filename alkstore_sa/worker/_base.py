@@ -28,7 +28,7 @@ from .._engine_cache import (
     make_context,
     version_due,
 )
-from ..errors import InvalidOptionsError, SchemaVersionError
+from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..models.enums import JobState
 from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
 from ..ops import observe46, working
@@ -1124,7 +1124,7 @@ def listen_conninfo(url: URL) -> str:
 
 def _seconds(option: str, value: object, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidOptionsError(option, f"must be a number of seconds, not {value!r}")
+        raise InvalidOptionsError(option, f"must be a number of seconds, not {shown(value)}")
     if value == 0 and not allow_zero:
         raise InvalidOptionsError(option, "must be positive")
     return float(value)

@@ -20,7 +20,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 
 DEFAULT_HEARTBEAT_SECONDS = 30
 """pg-boss's default ``instanceHeartbeatSeconds``."""
@@ -30,7 +30,7 @@ def check_heartbeat(value: object) -> int:
     """``instance_heartbeat_seconds``: an integer from 1 to 3600, as pg-boss accepts."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 3600:
         raise InvalidOptionsError(
-            "instance_heartbeat_seconds", f"must be an integer from 1 to 3600, not {value!r}"
+            "instance_heartbeat_seconds", f"must be an integer from 1 to 3600, not {shown(value)}"
         )
     return value
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..ops import driver
 from ..steps import Call, Join, Run, Steps, Wait, adrive
 from ..supervision import AsyncSupervisor
@@ -142,7 +142,7 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
                 return True
             _, pending = await asyncio.wait(tasks, timeout=step.timeout)
             return not pending
-        raise TypeError(f"not a step: {step!r}")
+        raise TypeError(f"not a step: {shown(step)}")
 
     def _spawn(self, steps: Steps[Any], name: str) -> asyncio.Task[Any]:
         return asyncio.create_task(adrive(steps, self._answer), name=name)

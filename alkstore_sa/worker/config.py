@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..groups import GroupConcurrencyConfig, GroupLimits, group_limits
 from ..names import queue_ref
 
@@ -73,7 +73,7 @@ class HandlerSpec:
     def __post_init__(self) -> None:
         queue_ref(self.queue, "queue")
         if not callable(self.fn):
-            raise InvalidOptionsError("handler", f"{self.fn!r} is not callable")
+            raise InvalidOptionsError("handler", f"{shown(self.fn)} is not callable")
         _positive_int("concurrency", self.concurrency, 10_000)
         if self.batch_size is not None:
             _positive_int("batch_size", self.batch_size, 100_000)
@@ -81,7 +81,7 @@ class HandlerSpec:
         for flag in ("transactional", "extend_lease", "priority"):
             if not isinstance(getattr(self, flag), bool):
                 value = getattr(self, flag)
-                raise InvalidOptionsError(flag, f"must be True or False, not {value!r}")
+                raise InvalidOptionsError(flag, f"must be True or False, not {shown(value)}")
         if self.timeout is not None:
             _positive_float("timeout", self.timeout)
         spec_group_limits(self)  # checked at registration, not at the first fetch
@@ -143,7 +143,9 @@ def is_async_callable(fn: object) -> bool:
 
 def _positive_int(option: str, value: object, maximum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise InvalidOptionsError(option, f"must be an integer from 1 to {maximum}, not {value!r}")
+        raise InvalidOptionsError(
+            option, f"must be an integer from 1 to {maximum}, not {shown(value)}"
+        )
 
 
 def _positive_float(option: str, value: object) -> None:
@@ -153,7 +155,9 @@ def _positive_float(option: str, value: object) -> None:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise InvalidOptionsError(option, f"must be a positive number of seconds, not {value!r}")
+        raise InvalidOptionsError(
+            option, f"must be a positive number of seconds, not {shown(value)}"
+        )
 
 
 _SPEC_OPTIONS = frozenset(HandlerSpec.__dataclass_fields__) - {"queue", "fn"}
@@ -221,13 +225,13 @@ class Registry:
 
     def _add(self, spec: HandlerSpec) -> HandlerSpec:
         if spec.queue in self._specs:
-            raise InvalidOptionsError("queue", f"{spec.queue!r} already has a handler")
+            raise InvalidOptionsError("queue", f"{shown(spec.queue)} already has a handler")
         if spec.is_async != self._async_handlers:
             wanted = "an async" if self._async_handlers else "a plain (sync)"
             other = "Worker" if self._async_handlers else "AsyncWorker"
             raise InvalidOptionsError(
                 "handler",
-                f"{spec.queue!r}: this worker runs {wanted} function; "
+                f"{shown(spec.queue)}: this worker runs {wanted} function; "
                 f"use {other} for the other kind",
             )
         self._specs[spec.queue] = spec
@@ -253,7 +257,7 @@ class Registry:
             if missing:
                 raise InvalidOptionsError(
                     "queue",
-                    f"no handler registered for {missing[0]!r} "
+                    f"no handler registered for {shown(missing[0])} "
                     f"(registered: {', '.join(sorted(self._specs)) or 'none'})",
                 )
             self._specs = {q: self._specs[q] for q in wanted}

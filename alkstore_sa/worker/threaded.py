@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import InvalidOptionsError
+from ..errors import InvalidOptionsError, shown
 from ..ops import driver
 from ..steps import Call, Join, Run, Steps, Wait, drive
 from ..supervision import Supervisor
@@ -162,7 +162,7 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
                 if thread is not None:
                     thread.join(max(0.0, deadline - monotonic()))
             return not any(t is not None and t.is_alive() for t in step.handles)
-        raise TypeError(f"not a step: {step!r}")
+        raise TypeError(f"not a step: {shown(step)}")
 
     def _spawn(self, steps: Steps[Any], name: str) -> threading.Thread:
         thread = threading.Thread(target=drive, args=(steps, self._answer), name=name, daemon=True)

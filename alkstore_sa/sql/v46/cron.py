@@ -99,9 +99,7 @@ def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
     """Stored schedules with their ``kind`` and ``last_job_id``, of queue
     ``:qname`` and key ``:key`` when asked."""
     # Read as readable_columns: a row Python cannot decode is listed, not fatal.
-    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(
-        SCHEDULE.c.name, SCHEDULE.c.key
-    )
+    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
     if by_name:
         stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
     if by_key:

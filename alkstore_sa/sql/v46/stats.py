@@ -52,6 +52,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import TIMESTAMP, aggregate_order_by
 
+from ...errors import shown
 from ...models.enums import JobState
 from .._common import now_param, seconds, state_text
 from ..tables46 import INSTANCE, JOB, QUEUE, QUEUE_STATS
@@ -81,7 +82,7 @@ def now() -> ColumnElement[Any]:
 
 
 def _float(value: float) -> ColumnElement[Any]:
-    return literal_column(f"{value!r}::float8", Float)
+    return literal_column(f"{shown(value)}::float8", Float)
 
 
 def _interval(seconds_: int) -> ColumnElement[Any]:
