@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..names import validate_queue
-from ..options import check_int
+from ..options import check_int, in_utc
 from ..records import (
     Instance,
     PersistedWarning,
@@ -113,11 +113,7 @@ def _percentiles(value: object) -> tuple[float, ...] | None:
 
 
 def _time(option: str, value: object) -> dt.datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, dt.datetime) or value.tzinfo is None:
-        raise InvalidOptionsError(option, f"must be an aware datetime or None, not {value!r}")
-    return value
+    return None if value is None else in_utc(option, value)
 
 
 def _bins(value: Any) -> tuple[int, ...] | None:

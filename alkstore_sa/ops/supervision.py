@@ -644,8 +644,8 @@ def supervise_once(
     now = options.pop("now", None)
     settings = Settings.from_options({**options, "queues": queues})
     opt.check_bool("force", force)
-    if now is not None and (not isinstance(now, dt.datetime) or now.tzinfo is None):
-        raise InvalidOptionsError("now", f"must be a timezone-aware datetime, not {now!r}")
+    if now is not None:
+        now = opt.in_utc("now", now)
     plan = PassPlan(
         settings,
         monitor=settings.supervise,
