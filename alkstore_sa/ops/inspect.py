@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..models.enums import JobState
 from ..names import validate_queue
-from ..options import check_int, in_utc
+from ..options import check_int, check_text, in_utc
 from ..records import Job, JobCounts, JobPage, read_job
 from ..sql import inspect as inspect_sql
 from ..sql._common import JOB as JOB26
@@ -77,7 +77,8 @@ def _text(option: str, value: object, maximum: int = 1000) -> str | None:
         raise InvalidOptionsError(
             option, f"must be a non-empty string of at most {maximum} characters, not {value!r}"
         )
-    return value
+    # Valid UTF-8 (no lone surrogate), or the driver raises UnicodeEncodeError.
+    return check_text(option, value)
 
 
 def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int) -> Op[JobPage]:

@@ -244,6 +244,8 @@ def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> O
     count = opt.check_int("limit", limit, minimum=1, maximum=BLOCKED_KEYS_LIMIT_MAX)
     if after is not None and (not isinstance(after, str) or not after):
         raise InvalidOptionsError("after", f"must be a non-empty string (a key), not {after!r}")
+    if after is not None:
+        opt.check_text("after", after)
     info = yield from require_queue(ctx, name)
     if info.policy != QueuePolicy.KEY_STRICT_FIFO:
         raise InvalidOptionsError(

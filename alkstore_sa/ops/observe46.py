@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InvalidOptionsError, SchemaFeatureError
 from ..names import validate_queue
-from ..options import check_int, in_utc
+from ..options import check_int, check_text, in_utc
 from ..records import (
     Instance,
     PersistedWarning,
@@ -296,6 +296,8 @@ def get_warnings(
         raise InvalidOptionsError(
             "type", f"must be a warning type such as 'queue_backlog', not {type!r}"
         )
+    if type is not None:
+        check_text("type", type)
     when = _time("since", since)
     check_int("limit", limit, minimum=1, maximum=LIMIT_MAX)
     check_int("offset", offset, minimum=0)
