@@ -93,3 +93,12 @@ MAX_RRULE_STEPS = 200_000
 #: rule in practice (about a fifth of a second on a current machine); this one bounds
 #: steps that cost more than usual, on a slow or loaded machine.
 MAX_RRULE_SECONDS = 1.0
+
+#: Longest delay before a retry, in seconds: 100 years of 365.25 days. pg-boss's backoff
+#: at schema 46 multiplies ``retry_delay`` (up to 2^31 - 1 seconds) by up to 2^17,
+#: about 2.8e14 seconds, past PostgreSQL's interval range (about 9.2e12 seconds), which
+#: made the whole fail or expiry statement raise. The cap keeps ``start_after`` a time
+#: every client reads (well before :data:`LATEST_START`); pg-boss's value is kept
+#: whenever it is shorter, which at schema 26 (``retry_delay`` plus at most 2^17
+#: seconds, 68 years) is always.
+LONGEST_RETRY_DELAY = 3_155_760_000

@@ -756,6 +756,25 @@ _LATEST_START = limits.LATEST_START
 _LONGEST_WAIT = limits.LONGEST_WAIT
 
 
+def in_utc(option: str, value: object) -> dt.datetime:
+    """An aware datetime ``value`` converted to UTC, or InvalidOptionsError naming ``option``.
+
+    Every time bound to a statement goes through here: PostgreSQL refuses a UTC
+    offset of 16 hours or more in a ``timestamptz`` (Python allows up to 23:59),
+    which would reach the server as a raw error and spoil the caller's transaction.
+    A time that leaves Python's range once in UTC (``datetime.max`` west of UTC,
+    ``datetime.min`` east of it) is refused.
+    """
+    if not isinstance(value, dt.datetime) or value.utcoffset() is None:
+        raise InvalidOptionsError(option, f"must be a timezone-aware datetime, not {shown(value)}")
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidOptionsError(
+            option, f"{value.isoformat()} is outside Python's datetime range in UTC"
+        ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class StartAfter:
     absolute: dt.datetime | None
@@ -770,7 +789,7 @@ def start_after(value: object) -> StartAfter:
     if value is None:
         return StartAfter(None, None)
     if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
+        if value.utcoffset() is None:
             raise InvalidOptionsError("start_after", "a datetime must be timezone-aware")
         # Aware datetimes compare by their UTC instant, without converting (which
         # would overflow at year 1 east of UTC or year 9999 west of it).
@@ -784,7 +803,9 @@ def start_after(value: object) -> StartAfter:
                 "start_after",
                 f"must be before {_LATEST_START.isoformat()} in UTC, not {value.isoformat()}",
             )
-        return StartAfter(value, None)
+        # In UTC: PostgreSQL refuses an offset of 16 hours or more (Python allows
+        # 23:59), and the bounds above keep the conversion inside Python's range.
+        return StartAfter(value.astimezone(dt.UTC), None)
     if isinstance(value, dt.timedelta):
         if value > _LONGEST_WAIT:
             raise InvalidOptionsError("start_after", f"must be at most {_LONGEST_WAIT.days} days")

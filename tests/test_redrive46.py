@@ -243,6 +243,34 @@ def test_key_strict_fifo_conflicts_fail_only_the_oldest_of_a_key(env46: Any) -> 
     assert row(env46, newer).state == "created"
 
 
+def test_a_keyless_copy_redriven_into_key_strict_fifo_is_failed_in_place(env46: Any) -> None:
+    # key_strict_fifo requires a key (a CHECK on the job table): a copy without one is a
+    # conflict, failed in place, while a keyed copy of the same batch moves and the
+    # caller's transaction goes on.
+    queues(env46)
+    env46.tx(lambda q: q.create_queue("kq", policy="key_strict_fifo"))
+    keyless = env46.tx(lambda q: q.send("dlq", {"n": 1}))
+    keyed = env46.tx(lambda q: q.send("dlq", {"n": 2}, singleton_key="k"))
+    svc = env46.service()
+    mine = svc.send("orders", {"mine": 1})
+    [moved] = svc.redrive("dlq", "kq")
+    env46.commit()
+    assert env46.tx(lambda q: q.get_job("kq", moved)).data == {"n": 2}
+    assert env46.sql("SELECT id FROM {s}.job WHERE name = 'dlq'") == [(keyless,)]
+    failed = row(env46, keyless)
+    assert failed.state == "failed"
+    assert failed.output == {
+        "message": "Not redriven: queue kq requires a singletonKey under its "
+        "key_strict_fifo policy",
+        "reason": "redrive_conflict",
+        "destination": "kq",
+        "policy": "key_strict_fifo",
+        "singletonKey": None,
+    }
+    assert row(env46, mine).state == "created"
+    assert keyed != moved
+
+
 def test_a_copy_without_a_source_stays_unless_a_queue_is_named(env46: Any) -> None:
     queues(env46)
     sent = env46.tx(lambda q: q.send("dlq", {"by": "hand"}))

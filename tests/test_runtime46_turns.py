@@ -28,6 +28,8 @@ def _no_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     from alkstore_sa import limits
 
     monkeypatch.setattr(limits, "MAX_RRULE_SECONDS", 600.0)
+
+
 ONLY_BAM: dict[str, Any] = {"supervise": False, "schedule": False}
 
 
@@ -242,6 +244,7 @@ def test_a_turn_not_due_evaluates_nothing(
     sql(engine, schema46, "UPDATE {s}.version SET cron_on = now()")
     calls: list[str] = []
     parse = rrule.parse
+
     def counted(expr: str, tz: str) -> Any:
         calls.append(expr)
         return parse(expr, tz)

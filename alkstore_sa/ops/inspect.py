@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..models.enums import JobState
 from ..names import queue_ref
-from ..options import check_int
+from ..options import check_int, check_text, in_utc
 from ..records import Job, JobCounts, JobPage, read_job
 from ..sql import inspect as inspect_sql
 from ..sql._common import JOB as JOB26
@@ -61,17 +61,13 @@ def decode_cursor(cursor: object) -> tuple[dt.datetime, uuid.UUID]:
         job_id = uuid.UUID(ident)
     except ValueError:
         raise InvalidOptionsError("after", f"{shown(cursor)} is not a job-list cursor") from None
-    if on.tzinfo is None:
+    if on.utcoffset() is None:
         raise InvalidOptionsError("after", f"{shown(cursor)} is not a job-list cursor")
-    return on, job_id
+    return in_utc("after", on), job_id
 
 
 def _aware(option: str, value: object) -> dt.datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, dt.datetime) or value.tzinfo is None:
-        raise InvalidOptionsError(option, f"must be an aware datetime, not {shown(value)}")
-    return value
+    return None if value is None else in_utc(option, value)
 
 
 def _text(option: str, value: object, maximum: int = 1000) -> str | None:
@@ -82,7 +78,8 @@ def _text(option: str, value: object, maximum: int = 1000) -> str | None:
             option,
             f"must be a non-empty string of at most {maximum} characters, not {shown(value)}",
         )
-    return value
+    # Valid UTF-8 (no lone surrogate), or the driver raises UnicodeEncodeError.
+    return check_text(option, value)
 
 
 def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int) -> Op[JobPage]:

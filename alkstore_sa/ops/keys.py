@@ -246,6 +246,8 @@ def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> O
         raise InvalidOptionsError(
             "after", f"must be a non-empty string (a key), not {shown(after)}"
         )
+    if after is not None:
+        opt.check_text("after", after)
     info = yield from require_queue(ctx, name)
     if info.policy != QueuePolicy.KEY_STRICT_FIFO:
         raise InvalidOptionsError(

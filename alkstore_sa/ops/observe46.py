@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..names import queue_ref
-from ..options import check_int
+from ..options import check_int, check_text, in_utc
 from ..records import (
     Instance,
     PersistedWarning,
@@ -113,11 +113,7 @@ def _percentiles(value: object) -> tuple[float, ...] | None:
 
 
 def _time(option: str, value: object) -> dt.datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, dt.datetime) or value.tzinfo is None:
-        raise InvalidOptionsError(option, f"must be an aware datetime or None, not {shown(value)}")
-    return value
+    return None if value is None else in_utc(option, value)
 
 
 def _bins(value: Any) -> tuple[int, ...] | None:
@@ -300,6 +296,8 @@ def get_warnings(
         raise InvalidOptionsError(
             "type", f"must be a warning type such as 'queue_backlog', not {shown(type)}"
         )
+    if type is not None:
+        check_text("type", type)
     when = _time("since", since)
     check_int("limit", limit, minimum=1, maximum=LIMIT_MAX)
     check_int("offset", offset, minimum=0)

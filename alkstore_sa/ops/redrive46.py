@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from .. import options as opt
@@ -40,11 +39,7 @@ def check_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
         params["contains"] = opt.encode_json("data", dict(data))
     before = filters.get("created_before")
     if before is not None:
-        if not isinstance(before, datetime) or before.tzinfo is None:
-            raise InvalidOptionsError(
-                "created_before", f"must be an aware datetime, not {shown(before)}"
-            )
-        params["created_before"] = before
+        params["created_before"] = opt.in_utc("created_before", before)
     return params
 
 

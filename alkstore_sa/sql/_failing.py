@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     ColumnElement,
     Select,
     Table,
@@ -27,12 +28,14 @@ from sqlalchemy import (
     column,
     delete,
     func,
+    literal_column,
     or_,
     select,
     union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
+from ..limits import LONGEST_RETRY_DELAY
 from ..models.enums import JobState
 from ._common import seconds, settle_input, state, state_text
 
@@ -94,6 +97,16 @@ def poison_delete(job: Table) -> CTE:
     )
 
 
+def capped(delay: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``LEAST(delay, LONGEST_RETRY_DELAY)``: a retry delay in seconds that stays
+    inside PostgreSQL's interval range and leaves ``now + delay`` a time every
+    client reads (100 years; pg-boss's backoff at 46 reaches 2.8e14 seconds, past the
+    interval range, and one such row made the whole fail or expiry statement raise).
+    A delay under the cap is left as pg-boss computes it. Written into the SQL text
+    as a constant, not bound."""
+    return func.least(delay, literal_column(str(LONGEST_RETRY_DELAY), BigInteger))
+
+
 def outcomes(
     deleted: CTE, now: ColumnElement[Any], backoff: ColumnElement[Any], **also: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -101,16 +114,17 @@ def outcomes(
     ``failed`` when no retry is left) and as ``failed`` (see :func:`reinsert`).
 
     A retry starts after ``retry_delay`` seconds, or ``backoff`` seconds (the
-    version's formula) when ``retry_backoff`` is set; a job failed for good keeps
-    its ``start_after``. ``also``: more values both set.
+    version's formula) when ``retry_backoff`` is set, either capped at
+    :data:`~alkstore_sa.limits.LONGEST_RETRY_DELAY` (see :func:`capped`); a job
+    failed for good keeps its ``start_after``. ``also``: more values both set.
     """
     d = deleted.c
     retrying = d.retry_count < d.retry_limit
     start_after = case(
         # The last attempt failed: the job is done, start_after stays as it was.
         (d.retry_count == d.retry_limit, d.start_after),
-        (d.retry_backoff.is_(False), now + seconds(d.retry_delay)),
-        else_=now + seconds(backoff),
+        (d.retry_backoff.is_(False), now + seconds(capped(d.retry_delay))),
+        else_=now + seconds(capped(backoff)),
     )
     common = {"output": d.new_output, **also}
     as_retry = {

@@ -16,7 +16,8 @@ copy, all in one statement:
   retention, policy, heartbeat, dead letter): the copy never kept the original
   send's own options, and ``dead_letter`` sends a second failure back to the
   dead letter queue;
-- a copy its queue refuses (a policy or key conflict) is not lost and not left
+- a copy its queue refuses (a policy or key conflict, or no key for a
+  key_strict_fifo queue, whose CHECK requires one) is not lost and not left
   waiting (a waiting copy would come first in every later redrive and stall the
   drain): it is failed in place, its output saying why
   (``reason: "redrive_conflict"``, pg-boss's output shape) and its previous
@@ -109,6 +110,10 @@ def _conflict_output(j: Any, q: Any) -> Any:
     """Why a copy was not redriven, as pg-boss words it (it is stored data that
     Node's dashboards and our users read alike)."""
     what = case(
+        (
+            and_(j.c.singleton_key.is_(None), q.c.policy == KEY_STRICT_FIFO),
+            literal(" requires a singletonKey"),
+        ),
         (j.c.singleton_key.is_(None), literal(" already has a job this one conflicts with")),
         else_=literal(" already has a job with singletonKey ") + j.c.singleton_key,
     )
@@ -199,6 +204,10 @@ def redrive_jobs() -> Select[Any]:
         .select_from(candidates)
         .join(m, and_(m.c.name == qname(), m.c.id == c.id))
         .join(q, q.c.name == _destination(m.c.source_name))
+        # A key_strict_fifo job must have a key (the table's CHECK would fail the
+        # whole statement, not this row): a keyless copy is not inserted, and so
+        # is failed in place as a conflict.
+        .where(or_(q.c.policy.is_distinct_from(KEY_STRICT_FIFO), m.c.singleton_key.is_not(None)))
         .order_by(m.c.created_on, m.c.id)
     )
     ins = (
