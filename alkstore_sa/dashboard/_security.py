@@ -23,17 +23,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ..errors import shown
+from ..errors import InvalidOptionsError, shown
 from ._serve import is_loopback
-
-if TYPE_CHECKING:
-    from ._app import Dashboard
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,17 +84,30 @@ def normalise_hosts(hosts: Iterable[str] | None) -> frozenset[str] | None:
             continue
         name = host_name(raw) if isinstance(raw, str) else None
         if name is None:
-            from ..errors import InvalidOptionsError
-
             raise InvalidOptionsError("allowed_hosts", f"{shown(raw)} is not a host name")
         out.add(name)
     return frozenset(out)
 
 
+class Gate(Protocol):
+    """What the checks read of the dashboard (``_app.Dashboard`` is one)."""
+
+    @property
+    def allowed_hosts(self) -> frozenset[str] | None: ...
+
+    @property
+    def has_auth(self) -> bool: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+    async def authenticate(self, request: Request) -> Response | None: ...
+
+
 class SecurityMiddleware:
     """The checks and headers above, around the whole dashboard application."""
 
-    def __init__(self, app: ASGIApp, dashboard: Dashboard) -> None:
+    def __init__(self, app: ASGIApp, dashboard: Gate) -> None:
         self.app = app
         self.dashboard = dashboard
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -162,25 +162,33 @@ def sent_back(call: Call, error: BaseException) -> Conflict | None:
     return Conflict() if is_conflict(error) else None
 
 
-def contained(op: Op[T]) -> Op[T]:
-    """``op`` with each of its plain statements in a savepoint that sends every
-    database error back (``contained``): a statement that fails raises
-    :class:`Conflict` (its ``error`` the cause) out of ``op``, with the caller's
-    transaction rolled back to just before it and still usable. Statements ``op``
-    already runs in a savepoint keep their own rule."""
+def restated(op: Op[T], change: Callable[[Call], Call]) -> Op[T]:
+    """``op`` with each statement it yields replaced by ``change(statement)``;
+    results and conflicts go back to ``op`` as they come."""
     try:
         call = next(op)
         while True:
-            if not call.savepoint:
-                call = dataclasses.replace(call, savepoint=True, contained=True)
             try:
-                result = yield call
+                result = yield change(call)
             except Conflict as exc:
                 call = op.throw(exc)
                 continue
             call = op.send(result)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def contained(op: Op[T]) -> Op[T]:
+    """``op`` with each of its plain statements in a savepoint that sends every
+    database error back (``contained``): a statement that fails raises
+    :class:`Conflict` (its ``error`` the cause) out of ``op``, with the caller's
+    transaction rolled back to just before it and still usable. Statements ``op``
+    already runs in a savepoint keep their own rule."""
+
+    def in_savepoint(call: Call) -> Call:
+        return call if call.savepoint else dataclasses.replace(call, savepoint=True, contained=True)
+
+    return restated(op, in_savepoint)
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -36,7 +36,7 @@ from ..records import SupervisionReport as SupervisionReport
 from ..sql import fail as fail_sql
 from ..sql import locks
 from ..sql import supervision as sql
-from ._core import Call, Conflict, Context, Op, contained
+from ._core import Call, Conflict, Context, Op, contained, restated
 from .queues import create_queue, get_queue
 from .sending import send, send_many
 from .working import Settlement, complete_many, fail_many, fetch
@@ -646,17 +646,7 @@ def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
 def _savepointed(op: Op[T]) -> Op[T]:
     # Every statement in a savepoint: if one fails, the caller's transaction is
     # rolled back to just before it and stays usable while the error propagates.
-    try:
-        call = next(op)
-        while True:
-            try:
-                result = yield dataclasses.replace(call, savepoint=True)
-            except Conflict as exc:
-                call = op.throw(exc)
-                continue
-            call = op.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+    return restated(op, lambda call: dataclasses.replace(call, savepoint=True))
 
 
 def run_inline(steps: Pass) -> Op[SupervisionReport]:
