@@ -171,8 +171,8 @@ MIGRATION_WAIT = 0.5
 def passing_through(found: int | None) -> bool:
     """Whether ``found`` is a version a migration between two spoken ones passes through.
 
-    Our migrations commit version by version (docs/concepts/compatibility.md, "Live
-    upgrades"), so a schema going from 26 to 46 shows 27 to 45 on the way.
+    Our migrations commit version by version (the "Compatibility with pg-boss, and deliberate
+    differences" page, "Live upgrades"), so a schema going from 26 to 46 shows 27 to 45 on the way.
     """
     spoken = names.SPOKEN_SCHEMA_VERSIONS
     return found is not None and found not in spoken and min(spoken) < found < max(spoken)

@@ -206,7 +206,7 @@ FIRST_REVISION_ADVICE = (
     "start your application's own branch with `alembic revision --head base "
     '--branch-label myapp --version-path migrations/versions -m "..."` and build '
     'later revisions on it with `alembic revision --head myapp@head -m "..."` '
-    "(see docs/how-to/alembic.md)"
+    "(see the 'Wire the migrations into your Alembic environment' page)"
 )
 
 

@@ -5,7 +5,7 @@ worker or a fetch limits the active jobs of each group with ``group_concurrency`
 as pg-boss 12's ``groupConcurrency``: an integer, or a mapping
 ``{"default": n, "tiers": {"gold": m, ...}}`` whose ``tiers`` give the limit of the
 groups of a tier, and ``default`` that of every other group (no tier, or a tier
-the mapping does not name). See docs/how-to/group-concurrency.md.
+the mapping does not name). See the "Limit concurrency per group" page.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Each limit keeps a row readable and claimable by every worker: a value past one of them
 is refused with :class:`~alkstore_sa.errors.InvalidOptionsError` when it is sent, and a
 row written past one by another client is failed on its own when it is claimed (see
-docs/concepts/guarantees.md). The limits and the reasons for them are listed in
-docs/concepts/limits.md.
+the "Guarantees" page). The limits and the reasons for them are listed in
+the "Limits" page.
 """
 
 from __future__ import annotations

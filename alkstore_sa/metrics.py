@@ -21,7 +21,7 @@ Example::
     registry.register(queue_metrics_collector(engine, ["pgboss"]))
     body, content_type = render(registry)
 
-See docs/how-to/metrics.md for the metric names and what each number means.
+See the "Export Prometheus metrics" page for the metric names and what each number means.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class QueueMetricsCollector(Collector):
                     raise LookupError(f"schema {shown(schema)} is not installed")
                 if version == 26:
                     stmt = sql.queue_metrics_26()
-                elif version == 46:
+                elif version >= 46:
                     stmt = sql.queue_metrics_46()
                 else:
                     raise LookupError(
@@ -278,7 +278,7 @@ def _families(readings: list[_Reading], errors: dict[str, int]) -> list[Metric]:
             version.add_metric([r.schema], float(r.version))
         for row in r.rows:
             labels = [r.schema, row.name]
-            if r.version == 46:
+            if r.version >= 46:
                 states = {
                     "ready": row.ready,
                     "deferred": row.deferred,

@@ -8,7 +8,7 @@ Each pg-boss schema version is one revision of ours (:data:`SCHEMA_VERSIONS`):
 version 26 is ``alkstore_0001`` and version N after it is ``alkstore_00NN``. Without
 ``schema_version`` (or ``revision``), :func:`upgrade` goes to
 :data:`DEFAULT_SCHEMA_VERSION` (46, the newest version the runtime speaks;
-docs/concepts/compatibility.md).
+the "Compatibility with pg-boss, and deliberate differences" page).
 
 Every function takes an :class:`~sqlalchemy.engine.Engine`, a
 :class:`~sqlalchemy.engine.Connection` or a database URL.
@@ -137,7 +137,7 @@ NEWEST_SCHEMA_VERSION = max(SCHEMA_VERSIONS)
 DEFAULT_SCHEMA_VERSION = 46
 """What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 46, the newest
 version the services and workers speak; ``schema_version=26`` keeps a schema next to Node
-pg-boss 11.1.x to 12.5.x (docs/concepts/compatibility.md)."""
+pg-boss 11.1.x to 12.5.x (the "Compatibility with pg-boss, and deliberate differences" page)."""
 
 _BY_REVISION = {info.revision: info for info in SCHEMA_VERSIONS.values()}
 
@@ -349,7 +349,8 @@ def upgrade(
 FEW_JOBS = 10_000
 """Up to this many rows in ``job``, :func:`upgrade` runs every revision in one
 transaction and builds the indexes inside it; above, each revision commits and then
-builds its indexes ``CONCURRENTLY`` (docs/how-to/alembic.md)."""
+builds its indexes ``CONCURRENTLY`` (the "Wire the migrations into your Alembic environment"
+page)."""
 
 
 def _few_jobs(conn: Connection, schema: str) -> bool:
@@ -417,7 +418,8 @@ def _below_a_node_schema(schema: str, found: int, wanted: int) -> InvalidOptions
         f"without alkstore_sa's revisions (none is recorded); upgrade cannot go down to "
         f"{wanted}. Nothing was changed. `alkstore db upgrade --schema-version {found}` "
         f"adopts it as it is; going back to {wanted} after that is an explicit `alkstore db "
-        f"downgrade --schema-version {wanted}` (docs/concepts/compatibility.md)",
+        f"downgrade --schema-version {wanted}` (the 'Compatibility with pg-boss, and "
+        "deliberate differences' page)",
     )
 
 

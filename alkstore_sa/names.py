@@ -27,9 +27,9 @@ SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26, 46})
 
 26 (Node pg-boss 11.1.x, 12.0-12.5.x) and 46 (12.38.0), each with its own statements;
 the runtime at 46 passes the interop suite against Node pg-boss 12.38.0
-(docs/concepts/compatibility.md). Versions 27 to 45 are never spoken: they are
-refused with advice to move on to 46. Read at every schema check (not bound at
-import), so a test may narrow it with ``monkeypatch``."""
+(the "Compatibility with pg-boss, and deliberate differences" page). Versions 27 to 45 are
+never spoken: they are refused with advice to move on to 46. Read at every schema check (not
+bound at import), so a test may narrow it with ``monkeypatch``."""
 
 SCHEMA_RECHECK_SECONDS = 10.0
 """How long a verified schema version is trusted before it is read again.
@@ -38,7 +38,7 @@ Workers, supervisors and services of one engine share the answer; when it expire
 the next statement re-reads the version, so a schema another client migrated
 (Node pg-boss 12.38 started with ``migrate: true``) is noticed within this many
 seconds, and at once when a statement fails the way a changed schema makes it fail
-(docs/concepts/compatibility.md, "Live upgrades")."""
+(the "Compatibility with pg-boss, and deliberate differences" page, "Live upgrades")."""
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:/-]+")

@@ -1,7 +1,7 @@
 """Queue and send options: the option table and the checks derived from it, done in
 Python before any SQL runs.
 
-Each option is declared once in :data:`OPTIONS` (see docs/concepts/architecture.md,
+Each option is declared once in :data:`OPTIONS` (see the "Architecture" page,
 "Options"); validation, the send statement's inputs, the pg-boss JSON mappings, the
 command line's flags and inline mode's defaults are derived from it. The typed options
 below are written out for type checkers; a test keeps their keys equal to the table's.

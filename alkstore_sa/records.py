@@ -42,7 +42,7 @@ class Job:
     dead_letter: str | None
     policy: str | None
     # The columns schema 46 (pg-boss 12) adds; on a schema-26 database they keep
-    # these defaults (docs/concepts/compatibility.md).
+    # these defaults (the "Compatibility with pg-boss, and deliberate differences" page).
     group_id: str | None = None
     group_tier: str | None = None
     heartbeat_on: dt.datetime | None = None
@@ -77,7 +77,7 @@ class UnreadableJob(Job):
 
     Returned by ``get_job``, ``get_jobs`` and ``list_jobs`` so that one such row never
     makes them fail; ``fetch`` never returns one: it fails the job instead (see
-    docs/concepts/limits.md). Each field named in :attr:`unreadable` holds a
+    the "Limits" page). Each field named in :attr:`unreadable` holds a
     stand-in: ``None`` for JSON, the nearest readable instant for a timestamp.
     """
 
@@ -271,7 +271,7 @@ class EventSubscription:
 
 # ---------------------------------------------------------------- results
 #
-# One result type per family of calls (docs/reference/api.md, "Results"):
+# One result type per family of calls (the "API reference" page, "Results"):
 # calls that change jobs named by id or Job return Settled (FailResult for fail,
 # which also says where each job went); calls that delete by state return an
 # int count; supervision returns a SupervisionReport.
@@ -419,7 +419,7 @@ class SupervisionReport:
     :ivar busy: steps skipped because another session held their advisory lock.
     :ivar errors: steps that failed (each also logged).
     :ivar recorded: queues whose queue-stats history row this pass wrote (schema 46;
-        see docs/how-to/supervision.md, "Queue-stats history").
+        see the "Supervision and cron" page, "Queue-stats history").
     :ivar flows_resolved: completed flow parents resolved (schema 46, flow turn).
     :ivar released: flow children unblocked because their last parent completed.
     :ivar bam: ``bam`` commands run, as ``"<name> (<table>): completed|failed"``.
@@ -573,7 +573,7 @@ class PersistedWarning:
 
     :ivar type: what it is about: ``queue_backlog``, ``monitor_backoff``,
         ``invalid_schedule``, ``index_bloat``, or one of the types only Node
-        writes (docs/how-to/observability.md).
+        writes (the "Observe queues, warnings and workers" page).
     :ivar data: the details, as the writer stored them (JSON).
     """
 

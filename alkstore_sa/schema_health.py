@@ -1,7 +1,7 @@
 """Is a pg-boss schema the schema its version row claims, and is every index usable?
 
 What ``alkstore db check`` reports and ``alkstore db upgrade`` refuses or heals
-(docs/how-to/alembic.md, "Checking and healing a schema"):
+(the "Wire the migrations into your Alembic environment" page, "Checking and healing a schema"):
 
 - the *expected catalog* of each pg-boss schema version we install (26 to 46): its
   tables and columns, indexes, constraints, functions and enum types. It is a snapshot

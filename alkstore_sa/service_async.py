@@ -72,7 +72,7 @@ class AsyncQueueService:
     :param notify: announce new jobs with ``pg_notify`` (delivered on commit), so
         that listening workers wake at once.
 
-    Results, one type per family (docs/reference/api.md, "Results"): calls that
+    Results, one type per family (the "API reference" page, "Results"): calls that
     change jobs named by id or Job return :class:`~alkstore_sa.Settled`
     (``fail``/``fail_many`` its subclass :class:`~alkstore_sa.FailResult`);
     deletes by state return a count; ``supervise`` returns a
@@ -179,8 +179,8 @@ class AsyncQueueService:
         """Create a queue (idempotent unless ``exist_ok=False``) and return it.
 
         Options: ``policy`` (standard, short, singleton, stately, exclusive, and
-        key_strict_fifo on a schema at 46: docs/how-to/key-strict-fifo.md),
-        ``partition`` (a dedicated partition table), ``dead_letter``,
+        key_strict_fifo on a schema at 46: the "Run each key's jobs in order: key_strict_fifo"
+        page), ``partition`` (a dedicated partition table), ``dead_letter``,
         ``retry_limit`` (2), ``retry_delay`` (0 s), ``retry_backoff`` (False),
         ``retry_delay_max``, ``expire_seconds`` (900), ``retention_seconds``
         (14 days), ``deletion_seconds`` (7 days), ``warning_queued`` (0 = global).
@@ -313,7 +313,7 @@ class AsyncQueueService:
         ``blocked``: no worker, ours or Node's, fetches it until every parent has
         completed and a supervision pass (the flow turn, every 5 s by default) has
         released it. A parent that fails or is cancelled, or is deleted, leaves its
-        children blocked, as pg-boss does (docs/how-to/flows.md).
+        children blocked, as pg-boss does (the "Run jobs after other jobs: flows" page).
 
         All or nothing: every job and dependency is written, or none (the flow is
         one statement, in a savepoint). The flags are written as Node writes them,
@@ -479,11 +479,11 @@ class AsyncQueueService:
         ``group_concurrency`` (schema 46): activate a job of a group (its
         ``group_id``) only while the group has fewer active jobs in the queue than
         its limit: an integer, or ``{"default": n, "tiers": {tier: n}}`` (see
-        docs/how-to/group-concurrency.md). The group locks it takes are held until
+        the "Limit concurrency per group" page). The group locks it takes are held until
         the transaction ends.
 
         A row that cannot be activated or read (written past the limits of
-        docs/concepts/limits.md by another client) is failed on its own, with an
+        the "Limits" page by another client) is failed on its own, with an
         output saying why and one WARNING log, and the rest of the batch is returned.
 
         :raises InvalidOptionsError: for a bad ``group_concurrency``, or one at
@@ -566,7 +566,7 @@ class AsyncQueueService:
         not (:class:`~alkstore_sa.NotSettled`: not found, a job of another
         queue, not active, or active in another attempt than the Job's). That
         costs one more read, of the jobs left alone only
-        (docs/how-to/batch-results.md).
+        (the "Settle a batch and see what happened to each job" page).
         """
         return await self._run(ops.complete_many(self._ctx, name, items, per_job))
 
@@ -598,7 +598,7 @@ class AsyncQueueService:
         failed by supervision (ours or Node pg-boss's) with the output
         ``{"value": {"message": "job heartbeat timeout"}}``; workers touch their
         jobs themselves, so call this only for a job you fetched and run
-        yourself (docs/how-to/heartbeats.md). The lease (``expire_seconds``)
+        yourself (the "Keep long jobs alive with heartbeats" page). The lease (``expire_seconds``)
         does not move: see :meth:`extend_leases`.
 
         Given the fetched :class:`~alkstore_sa.Job` the touch is fenced on its
@@ -758,7 +758,7 @@ class AsyncQueueService:
         it takes its settings (retries, expiry, policy, heartbeat, dead letter)
         from its queue. A job its queue refuses (policy or key conflict) is
         failed in place with output ``reason: "redrive_conflict"``; one with no
-        source and no ``to`` stays (docs/how-to/dead-letters.md).
+        source and no ``to`` stays (the "Dead letters: provenance and redrive" page).
 
         At schema 26 ``to`` is required (dead letters record no source there)
         and waiting or failed jobs move, each a new job of ``to`` with its
@@ -792,7 +792,7 @@ class AsyncQueueService:
         ``RDATE`` and ``EXDATE`` lines of a calendar entry. Its shape decides
         its ``kind`` (``"cron"`` or ``"rrule"``), stored on the row. ``tz`` is an
         IANA zone; a rule's ``DTSTART`` may name its own (``TZID=``). Schedules
-        fire through the supervisor's timekeeper (docs/how-to/supervision.md).
+        fire through the supervisor's timekeeper (the "Supervision and cron" page).
         ``missed="once"`` catches up the latest occurrence a gap skipped.
 
         :raises InvalidOptionsError: a malformed expression or rule, an unknown
@@ -872,7 +872,7 @@ class AsyncQueueService:
         picks the width so the series fits in about that many points), one
         snapshot per epoch-aligned bucket: gauges collapsed by ``aggregate``
         (``"max"``, ``"min"`` or ``"avg"``), counters and histograms summed
-        (docs/how-to/observability.md). ``percentiles`` (percents from 1 to 100)
+        (the "Observe queues, warnings and workers" page). ``percentiles`` (percents from 1 to 100)
         fills each snapshot's ``percentiles`` from its histograms.
 
         :raises QueueNotFoundError: if the queue does not exist.

@@ -9,7 +9,7 @@ loops that feed answers back; what a step means is up to the runtime's ``answer`
 
 Operations themselves (the statements) are still executed by
 :mod:`alkstore_sa.ops.driver` only: a runtime's answer to :class:`Run` calls
-``driver.run`` / ``driver.arun``. See docs/concepts/architecture.md.
+``driver.run`` / ``driver.arun``. See the "Architecture" page.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What pg-boss 12.38 does with OpenTelemetry, done the same way so that a trace
 crosses the queue whichever client sent the job and whichever works it
-(docs/how-to/tracing.md):
+(the "Trace jobs with OpenTelemetry" page):
 
 * an operation that creates jobs (``send``, ``send_many``, ``upsert``, ``flow``)
   runs a PRODUCER span named ``"<operation> <queue>"`` (``send``, ``insert``,

@@ -6,7 +6,7 @@ function. Global options have environment variables: ``--database-url``
 (``ALKSTORE_SCHEMA``), ``--json`` (``ALKSTORE_JSON=1``).
 
 Commands raise; :func:`main` alone decides what the user sees and the exit code
-(docs/reference/cli.md, "Output and exit codes"): one line on stderr per error,
+(the "`alkstore` command line" page, "Output and exit codes"): one line on stderr per error,
 2 for bad input, 1 for failures, 130 when interrupted, 141 when stdout was
 closed early. ``ALKSTORE_DEBUG=1`` adds the traceback.
 """

@@ -1,4 +1,4 @@
-"""``alkstore dashboard``: the web dashboard (docs/how-to/dashboard.md).
+"""``alkstore dashboard``: the web dashboard (the "Browse and act in the dashboard" page).
 
 Serves :func:`alkstore_sa.dashboard.create_app` with uvicorn until Ctrl-C.
 Basic-auth credentials come from the environment only (never the command line,

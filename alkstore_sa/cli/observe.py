@@ -2,7 +2,7 @@
 
 What supervision persisted and who is connected: the ``warning`` table, the
 ``instance`` registry and a queue's ``queue_stats`` history, written by our
-workers and supervisors as by Node pg-boss 12.38 (docs/how-to/observability.md).
+workers and supervisors as by Node pg-boss 12.38 (the "Observe queues, warnings and workers" page).
 """
 
 from __future__ import annotations

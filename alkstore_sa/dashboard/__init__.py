@@ -1,5 +1,5 @@
 """A small web dashboard over the queue schemas: queues, jobs, schedules,
-workers, warnings, and the operator's actions (docs/how-to/dashboard.md).
+workers, warnings, and the operator's actions (the "Browse and act in the dashboard" page).
 
 Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, python-multipart);
 ``import alkstore_sa`` never imports it.

@@ -1,4 +1,4 @@
-"""The dashboard's Starlette application (docs/how-to/dashboard.md).
+"""The dashboard's Starlette application (the "Browse and act in the dashboard" page).
 
 Every page and action reads and writes through :class:`~alkstore_sa.QueueService`,
 in a session of its own with ``statement_timeout`` set for the transaction, run in
@@ -481,7 +481,7 @@ async def overview(request: Request) -> Response:
 
         # Exact counts scan the job table (one grouped query). Where that takes
         # longer than the statement timeout, the queue table's cached counters
-        # stand in, marked as such (docs/how-to/dashboard.md).
+        # stand in, marked as such (the "Browse and act in the dashboard" page).
         cached = False
         try:
             queues, counts = await d.read(schema, read)
@@ -668,7 +668,7 @@ async def _next_fires(
     schedules: Sequence[ScheduleInfo],
 ) -> list[tuple[ScheduleInfo, dt.datetime | None]]:
     """Each schedule with its next firing, worked out in the thread pool: an rrule
-    may take up to its evaluation budget (docs/reference/limits.md), and the event
+    may take up to its evaluation budget (the "Limits" page), and the event
     loop answers other requests (``/healthz`` too) meanwhile."""
     now = dt.datetime.now(dt.UTC)
     return await run_in_threadpool(lambda: [(s, next_fire(s, now)) for s in schedules])
@@ -1013,7 +1013,7 @@ def create_app(
     title: str = "alkstore",
     allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
-    """The dashboard as a Starlette application (docs/how-to/dashboard.md).
+    """The dashboard as a Starlette application (the "Browse and act in the dashboard" page).
 
     :param engine: a synchronous SQLAlchemy engine on the database.
     :param schemas: the queue schemas to show.

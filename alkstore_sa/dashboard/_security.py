@@ -1,5 +1,5 @@
 """The dashboard's outer layer: which requests reach a page at all, and the
-headers every response carries (docs/how-to/dashboard.md, "Secure it").
+headers every response carries (the "Browse and act in the dashboard" page, "Secure it").
 
 In order, for every HTTP request:
 

@@ -9,7 +9,7 @@ several schemas in one database keep separate histories.
 
 This environment runs alkstore_sa's revisions only: a revision file of anybody
 else's in its version locations is refused before anything runs (see
-docs/how-to/alembic.md).
+the "Wire the migrations into your Alembic environment" page).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which ``bam`` rows our supervisor runs: the trust boundary of the BAM turn.
 
 A ``bam`` row's ``command`` is SQL that the winner of the BAM turn executes as
-the supervising role (docs/concepts/guarantees.md, "What a bam row can run").
+the supervising role (the "Guarantees" page, "What a bam row can run").
 pg-boss's migrations, and Node's ``createQueue`` on a partitioned queue, queue
 index builds there; whoever can insert into the table could queue anything else.
 So we run a row only when its command is one of those builds: ``CREATE [UNIQUE]

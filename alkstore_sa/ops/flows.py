@@ -1,7 +1,7 @@
 """``flow``: jobs with dependencies between them, at schema 46 (pg-boss 12.38's ``flow``).
 
-docs/how-to/flows.md describes the behaviour. Every check on the jobs and their
-graph is made in Python before any SQL; then the queues are read (and locked
+the "Run jobs after other jobs: flows" page describes the behaviour. Every check on the jobs
+and their graph is made in Python before any SQL; then the queues are read (and locked
 ``FOR KEY SHARE``) and the whole flow is inserted by one statement
 (:func:`alkstore_sa.sql.v46.flow.insert_flow`) in a savepoint.
 """
@@ -51,7 +51,7 @@ class _Graph:
             raise InvalidOptionsError(
                 "jobs",
                 f"a flow holds at most {limits.MAX_FLOW_JOBS:,} jobs, not {len(items):,} "
-                "(see docs/concepts/limits.md)",
+                "(see the 'Limits' page)",
             )
         self.refs: list[str] = []
         self.queues: list[str] = []
@@ -126,7 +126,7 @@ class _Graph:
             raise InvalidOptionsError(
                 "jobs",
                 f"a flow holds at most {limits.MAX_FLOW_DEPENDENCIES:,} dependencies, "
-                f"not {edges:,} (see docs/concepts/limits.md)",
+                f"not {edges:,} (see the 'Limits' page)",
             )
         self.edges = edges
         self._refuse_cycles()

@@ -3,8 +3,8 @@
 A job with ``heartbeat_seconds`` must have its ``heartbeat_on`` moved at least
 that often while it is ``active``, or supervision (ours, or Node pg-boss's
 monitor) fails it with ``{"value": {"message": "job heartbeat timeout"}}``. Our
-workers do it themselves (docs/how-to/heartbeats.md); :func:`touch` is for code
-that runs a fetched job by itself.
+workers do it themselves (the "Keep long jobs alive with heartbeats" page); :func:`touch` is
+for code that runs a fetched job by itself.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Operations by key at schema 46: ``update``, ``upsert`` and ``get_blocked_keys``.
 
-pg-boss 12.38 (schema 45 on) is the specification; docs/how-to/upserts.md and
-docs/how-to/key-strict-fifo.md describe the behaviour.
+pg-boss 12.38 (schema 45 on) is the specification; the "Replace a queued job by key: upserts"
+page and the "Run each key's jobs in order: key_strict_fifo" page describe the behaviour.
 """
 
 from __future__ import annotations

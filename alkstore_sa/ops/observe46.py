@@ -1,4 +1,4 @@
-"""Observability at schema 46 (docs/how-to/observability.md): queue-stats history
+"""Observability at schema 46 (the "Observe queues, warnings and workers" page): queue-stats history
 read back, optionally in time buckets; persisted warnings; the instance registry.
 
 Each read refuses a schema below 46 with :class:`~alkstore_sa.SchemaFeatureError`;

@@ -8,7 +8,7 @@ timestamp outside Python's years 1 to 9999, JSON nested past
 fetch of its queue fail, and the jobs behind it never run. A fetch instead fails
 that one job, for good (it would not read better on a retry), through the normal
 fail statement so a dead letter queue still receives it, with an output saying
-why; the rest of the batch is returned as usual. See docs/concepts/limits.md.
+why; the rest of the batch is returned as usual. See the "Limits" page.
 """
 
 from __future__ import annotations

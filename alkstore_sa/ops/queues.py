@@ -163,7 +163,7 @@ def delete_queue(ctx: Context, name: str) -> Op[bool]:
     # foreign key's own check when the queue row goes (ON DELETE RESTRICT: at
     # once, not at commit). Nothing indexes job.dead_letter, so that check reads
     # the whole job table; asking first would read it twice
-    # (docs/concepts/limits.md). The savepoint keeps the transaction usable.
+    # (the "Limits" page). The savepoint keeps the transaction usable.
     try:
         yield Call(
             queue_sql.delete_queue(), {"qname": name}, savepoint=True, refused=_DEAD_LETTER_FKEY

@@ -94,7 +94,7 @@ def schedule(
         "data": encoded,
         "options": opt.encode_json("options", stored),
     }
-    if ctx.version == 46:
+    if ctx.version >= 46:
         # At 46 the row names its kind, and the expression is stored as given.
         yield Call(cron46_sql.upsert_schedule(), {**params, "kind": kind})
         return

@@ -1,7 +1,7 @@
 """Queue-stats history at schema 46, as units of the supervise pass
 (:func:`alkstore_sa.ops.supervision46.supervise_pass46`).
 
-The rule (docs/how-to/supervision.md, "Queue-stats history"): a pass writes
+The rule (the "Supervision and cron" page, "Queue-stats history"): a pass writes
 history when ``persist_queue_stats`` is set, **or** when another instance
 persists it, as :func:`~alkstore_sa.sql.v46.stats.persisted_elsewhere` reads
 from the schema. A monitor turn we win then never drops the row a Node instance

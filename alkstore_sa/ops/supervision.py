@@ -85,7 +85,7 @@ class Settings:
     :ivar persist_queue_stats: schema 46 only: write queue-stats history on every
         monitor turn won and prune it (pg-boss's ``persistQueueStats``, off by
         default). Without it history is still written in a turn won while another
-        instance persists it (docs/how-to/supervision.md, "Queue-stats history").
+        instance persists it (the "Supervision and cron" page, "Queue-stats history").
     :ivar warning_retention_days: days warnings are kept with ``persist_warnings``
         (pg-boss's ``warningRetentionDays``, 365, at most 365).
     :ivar queue_stats_retention_days: days of history kept with
@@ -625,7 +625,7 @@ def supervise_pass(ctx: Context, plan: PassPlan) -> Pass:
     At schema 46 the pass is :func:`~alkstore_sa.ops.supervision46.supervise_pass46`.
     """
     plan.settings.check_version(ctx.version)
-    if ctx.version == 46:
+    if ctx.version >= 46:
         from .supervision46 import supervise_pass46
 
         return (yield from supervise_pass46(ctx, plan))

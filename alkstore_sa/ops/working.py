@@ -461,7 +461,7 @@ def _expire46(
     opt.check_int("limit", limit, minimum=1)
     params = {
         # Names read from the queue table, not input: whatever another client
-        # named a queue, it is a bind parameter here (docs/concepts/guarantees.md).
+        # named a queue, it is a bind parameter here (the "Guarantees" page).
         "names": list(names),
         "limit": limit,
         "output": opt.encode_json("output", output),
@@ -649,7 +649,7 @@ def redrive(
     At 26 ``to`` is required (copies there record no source), and waiting or
     failed jobs move: jobs that ``to`` refuses (its policy or a taken id) stay in
     ``dead_letter``, and so do jobs whose data cannot be read or sent again
-    (another client wrote it past the limits of docs/concepts/limits.md): those
+    (another client wrote it past the limits of the "Limits" page): those
     are logged, once per redrive.
     """
     from ..sql import redrive as redrive_sql

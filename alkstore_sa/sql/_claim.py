@@ -186,7 +186,7 @@ def commit_without_flush(stmt: Select[Any]) -> Select[Any]:
     database server crash within the next fraction of a second, the claim may be
     undone: its jobs are queued again and run again, as after an expired lease; a
     later durable commit (a completion, say) flushes the claim with it. See
-    docs/concepts/guarantees.md.
+    the "Guarantees" page.
     """
     setting = literal_column("'synchronous_commit'", Text)
     value = literal_column("'off'", Text)

@@ -4,7 +4,7 @@ A scrape must stay cheap on a job table of millions of rows, so nothing here cou
 jobs. The counts come from the queue rows, where supervision's monitor caches them
 (and stamps ``monitor_on``); the one number read from the jobs is the oldest ready
 job's ``start_after``, a ``min()`` the planner answers from the front of a partial
-index, one probe per queue and state. See docs/how-to/metrics.md.
+index, one probe per queue and state. See the "Export Prometheus metrics" page.
 """
 
 from __future__ import annotations

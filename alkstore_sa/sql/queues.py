@@ -74,7 +74,7 @@ def queue_references() -> Select[Any]:
 
     Jobs that do are left to the foreign key's check at the delete: nothing
     indexes ``job.dead_letter``, and asking here would read the job table once
-    more (docs/concepts/limits.md)."""
+    more (the "Limits" page)."""
     other = QUEUE.alias("other")
     uses = (
         select(func.array_agg(other.c.name))

@@ -8,8 +8,8 @@ use, as for schema 26.
 
 Columns, their order, nullability and server defaults are those of the catalog our
 migrations build at 46, which is the catalog pg-boss 12.38.0's own migration builds
-(tests/test_golden_schema46.py; tests/test_schema_version_runtime.py compares these
-objects with it). Nothing here emits DDL: the migrations own the schema, so the
+(the golden-schema tests hold both, and the runtime's schema-version tests compare
+these objects with it). Nothing here emits DDL: the migrations own the schema, so the
 constraints are declared only as far as statements need them (primary keys, for
 ``ON CONFLICT`` targets and identity), and indexes not at all.
 """

@@ -4,7 +4,7 @@
 the supervision pass of :mod:`alkstore_sa.ops.supervision` on a timer, each unit
 in a short transaction of its own. Workers run one by default; ``alkstore
 maintain`` runs one from the command line; ``QueueService.supervise`` runs a pass
-inline instead. See docs/how-to/supervision.md.
+inline instead. See the "Supervision and cron" page.
 """
 
 from .supervisor import AsyncSupervisor, QueueWarning, Settings, SupervisionReport, Supervisor

@@ -9,7 +9,7 @@ Example::
         mailer.send(**job.data)
     worker.run()
 
-See ``docs/how-to/workers.md`` for the full picture: wake-ups, fencing,
+See ``the "Run workers" page`` for the full picture: wake-ups, fencing,
 leases, timeouts and graceful shutdown.
 """
 

@@ -5,7 +5,7 @@ timed-out attempt becomes, what to write and when) is made here, in generators
 that yield steps (:mod:`alkstore_sa.steps`). :class:`~alkstore_sa.Worker` answers
 them with threads and :class:`~alkstore_sa.AsyncWorker` with asyncio tasks; those
 two modules hold only how to wait, how to run a handler and how to start things.
-See docs/concepts/architecture.md.
+See the "Architecture" page.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ class WorkerBase(Registry, Generic[B]):
     @property
     def metrics_registry(self) -> Any:
         """The ``prometheus_client`` registry this worker counts into (``None``: metrics
-        off); see the ``metrics`` option and docs/how-to/metrics.md."""
+        off); see the ``metrics`` option and the "Export Prometheus metrics" page."""
         return None if self._metrics is None else self._metrics.registry
 
     @property

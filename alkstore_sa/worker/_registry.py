@@ -1,4 +1,5 @@
-"""A worker's row in the instance registry (schema 46; docs/how-to/observability.md).
+"""A worker's row in the instance registry (schema 46; the "Observe queues, warnings and
+workers" page).
 
 As a Node pg-boss 12.38 instance does, a worker registers at start, refreshes its
 row every ``instance_heartbeat_seconds`` (30) and stamps ``stopped_on`` at a

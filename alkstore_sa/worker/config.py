@@ -52,7 +52,7 @@ class HandlerSpec:
         that every worker of every process (and Node pg-boss's) counts the others'
         jobs. An integer, or ``{"default": n, "tiers": {tier: n}}``: the limit of
         a group whose jobs have a tier the mapping names, else ``default``. See
-        docs/how-to/group-concurrency.md.
+        the "Limit concurrency per group" page.
     :param local_group_concurrency: schema 46: the same limit counted only among
         this worker's own running jobs of the queue (no group locks, no counting
         in the database); at most ``concurrency``. Not with ``group_concurrency``.

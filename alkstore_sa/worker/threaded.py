@@ -72,7 +72,7 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         row reads as not live after three missed heartbeats.
     :param metrics: Prometheus counters of the jobs this worker claims, completes,
         fails, retries and loses, and histograms of handler duration and pickup
-        latency (``alkstore_worker_*``, see docs/how-to/metrics.md). ``None`` (the
+        latency (``alkstore_worker_*``, see the "Export Prometheus metrics" page). ``None`` (the
         default): counted into ``prometheus_client``'s default registry when it
         is installed (the ``metrics`` extra), else not; ``True``: the same, and
         an error without it; ``False``: nothing counted; a

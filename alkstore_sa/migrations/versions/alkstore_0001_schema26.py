@@ -60,7 +60,7 @@ class _NotAdopted(SchemaVersionError):
             f"with `alkstore db upgrade --schema-version {found}` once (it compares the "
             f"catalog with version {found}'s and records revision {adopt}), or record it "
             f"yourself with `alembic stamp alkstore@{adopt}`, then upgrade again "
-            "(docs/concepts/compatibility.md)",
+            "(the 'Compatibility with pg-boss, and deliberate differences' page)",
         )
 
 

@@ -301,7 +301,7 @@ def fetch_jobs(
         conditions.append(j.c.id.in_(select(heads.c.id)))
     # A group past MAX_GROUP_ID_BYTES (written by another client; ours are refused)
     # may not fit job_i7, which activation enters: the whole claim would fail at
-    # every fetch. Such a job is left queued (docs/concepts/limits.md).
+    # every fetch. Such a job is left queued (the "Limits" page).
     conditions.append(
         or_(j.c.group_id.is_(None), func.octet_length(j.c.group_id) <= MAX_GROUP_ID_BYTES)
     )

@@ -1,5 +1,5 @@
 """Observability at schema 46: reading queue-stats history and warnings, and the
-instance registry (docs/how-to/observability.md).
+instance registry (the "Observe queues, warnings and workers" page).
 
 - **History** (:func:`stats_history`): a queue's ``queue_stats`` rows, newest
   first, between two capture times; bucketing is done on these rows by

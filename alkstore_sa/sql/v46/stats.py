@@ -1,5 +1,5 @@
 """Queue-stats history at schema 46: what pg-boss 12.38's monitor writes with
-``persistQueueStats``, as our own statements (docs/how-to/supervision.md, "Queue-stats
+``persistQueueStats``, as our own statements (the "Supervision and cron" page, "Queue-stats
 history").
 
 - **Throughput** (:func:`throughput`, joined into the monitor's aggregate): per
