@@ -278,7 +278,7 @@ def _families(readings: list[_Reading], errors: dict[str, int]) -> list[Metric]:
             version.add_metric([r.schema], float(r.version))
         for row in r.rows:
             labels = [r.schema, row.name]
-            if r.version >= 46:
+            if r.version is not None and r.version >= 46:
                 states = {
                     "ready": row.ready,
                     "deferred": row.deferred,
