@@ -16,7 +16,10 @@ DEFAULT_SCHEMA = "pgboss"
 """The schema Node pg-boss uses by default, and so do we."""
 
 SCHEMA_VERSION = 26
-"""The pg-boss schema version migrations install by default and the runtime has always spoken."""
+"""The oldest pg-boss schema version the runtime speaks (Node pg-boss 11.1.x to 12.5.x),
+which the first of our migrations installs. ``alkstore db upgrade`` and
+:func:`alkstore_sa.migrate.upgrade` go on to :data:`alkstore_sa.migrate.DEFAULT_SCHEMA_VERSION`
+(46) unless told otherwise; the versions spoken are :data:`SPOKEN_SCHEMA_VERSIONS`."""
 
 NEWEST_KNOWN_SCHEMA_VERSION = 46
 """The newest pg-boss schema version this release knows (pg-boss 12.38.0's); a schema
