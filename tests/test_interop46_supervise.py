@@ -48,7 +48,8 @@ RUN_FOR = 20.0  # seconds of load
 
 
 def install_audit(engine: Engine, schema: str) -> None:
-    """Record each change of a supervision stamp with the writer's application_name."""
+    """Record each turn taken (the monitor's claim, the maintenance stamp) with the
+    writer's application_name."""
     sql(
         engine,
         schema,
@@ -61,9 +62,12 @@ def install_audit(engine: Engine, schema: str) -> None:
         """
         CREATE FUNCTION {s}.test_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-          IF NEW.monitor_on IS DISTINCT FROM OLD.monitor_on THEN
-            INSERT INTO {s}.test_audit VALUES (NEW.name, 'monitor', OLD.monitor_on,
-              NEW.monitor_on, current_setting('application_name'));
+          -- The monitor's turn is its claim (monitor_claim_on); monitor_on is written
+          -- with the counts, in a statement that may start later under load.
+          IF NEW.monitor_claim_on IS DISTINCT FROM OLD.monitor_claim_on
+             AND NEW.monitor_claim_on IS NOT NULL THEN
+            INSERT INTO {s}.test_audit VALUES (NEW.name, 'monitor', OLD.monitor_claim_on,
+              NEW.monitor_claim_on, current_setting('application_name'));
           END IF;
           IF NEW.maintain_on IS DISTINCT FROM OLD.maintain_on AND NEW.maintain_on IS NOT NULL THEN
             INSERT INTO {s}.test_audit VALUES (NEW.name, 'maintain', OLD.maintain_on,
