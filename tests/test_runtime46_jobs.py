@@ -323,7 +323,7 @@ def test_a_key_strict_fifo_conflict_with_another_client_is_an_empty_fetch(
         # Commit only once our claim is seen waiting for the other client's transaction
         # (no timing: the wait is read from pg_blocking_pids).
         claim = run_blocked(engine, other, lambda: svc.fetch(queue, 10))
-        assert claim.waited, "our claim never waited on the other client's job_i8 entry"
+        assert claim.waited, ("our claim never waited on the other client's job_i8 entry", claim)
         assert claim.error is None and claim.result == []
         # The caller's transaction is still usable.
         assert svc.send(queue, "b", singleton_key="b") is not None
