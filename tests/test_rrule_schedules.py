@@ -5,6 +5,7 @@ fired by our supervisor, refused when malformed, spent or on schema 26."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -273,8 +274,8 @@ def test_a_plain_count_far_from_its_start_is_counted_not_walked(
 def test_every_entry_point_stops_at_the_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     from alkstore_sa import limits, rrule
 
-    # The step budget is under test: the time budget (1 s) ran out first on a
-    # loaded machine with the declared floor of python-dateutil.
+    # The step budget is under test: the time budget ran out first on a loaded
+    # machine with the declared floor of python-dateutil.
     monkeypatch.setattr(limits, "MAX_RRULE_SECONDS", 600.0)
 
     at = dt.datetime(2026, 6, 1, tzinfo=UTC)
@@ -292,3 +293,31 @@ def test_every_entry_point_stops_at_the_step_budget(monkeypatch: pytest.MonkeyPa
     for call in calls:
         with pytest.raises(InvalidOptionsError, match="more than 200,000 steps"):
             call()
+
+
+def test_the_time_budget_counts_the_evaluating_threads_cpu_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past MAX_RRULE_SECONDS of CPU time an evaluation is refused; time the thread
+    spends not running (here asleep, on a loaded machine waiting for a core) does
+    not count."""
+    from alkstore_sa import limits, rrule
+
+    at = dt.datetime(2026, 6, 1, tzinfo=UTC)
+    never = rrule.parse("FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30", "UTC")
+    monkeypatch.setattr(limits, "MAX_RRULE_STEPS", 10**9)
+    monkeypatch.setattr(limits, "MAX_RRULE_SECONDS", 0.05)
+    with pytest.raises(InvalidOptionsError, match=r"more than 0.05 s to evaluate"):
+        never.sends_after(at)
+    # A rule that is fine, evaluated while its thread sleeps at each step: past 0.05 s
+    # of wall time, far below it of CPU time.
+    real_tick = rrule._Budget.tick
+
+    def slow_tick(self: object, steps: int = 1) -> None:
+        time.sleep(0.1)  # off the CPU, as a thread waiting for a core is
+        real_tick(self, max(steps, 256))  # type: ignore[arg-type]  # the time read each tick
+
+    monkeypatch.setattr(rrule._Budget, "tick", slow_tick)
+    started = time.monotonic()
+    assert rrule.parse("FREQ=DAILY;BYHOUR=9", "UTC").sends_after(at)
+    assert time.monotonic() - started > 0.05
