@@ -69,3 +69,17 @@ def test_generator_check_mode_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     generator = load_generator()
     monkeypatch.setattr("sys.argv", ["gen_async.py", "--check"])
     assert generator.main() == 0
+
+
+@pytest.mark.parametrize(
+    "gone",
+    ["def _check_version(", "self._read_version()", "time.sleep(MIGRATION_WAIT)"],
+)
+def test_a_rule_that_stops_matching_stops_the_generator(gone: str) -> None:
+    """The sync service changing under a rule (here: its text renamed away) is an
+    error, not an async twin that silently keeps the sync code."""
+    generator = load_generator()
+    source = generator.SOURCE.read_text()
+    assert gone in source
+    with pytest.raises(generator.RuleUnused, match="matches nothing"):
+        generator.convert(source.replace(gone, gone.replace("_", "__", 1).replace(".", "..")))

@@ -4,7 +4,8 @@ The async service must offer the same methods with the same signatures; both run
 the same operations (``alkstore_sa/ops``) through the same driver
 (``alkstore_sa/ops/driver.py``), so only ``run``/``arun`` differs. Run
 ``python tools/gen_async.py`` after editing the sync service; a test fails when
-the generated file is stale.
+the generated file is stale. Every rule must match: one that matches nothing (the
+sync service changed under it) stops the generator with :class:`RuleUnused`.
 """
 
 from __future__ import annotations
@@ -26,56 +27,79 @@ Every method has the same name, arguments and result as its sync twin.
 '''
 
 
+class RuleUnused(Exception):
+    """A rule of :func:`convert` matched nothing in ``service.py``: the sync service
+    changed under it, and the async twin would silently miss what the rule does."""
+
+
+def _swap(body: str, old: str, new: str, count: int = -1) -> str:
+    """``body.replace(old, new, count)``, refusing a rule that matches nothing."""
+    if old not in body:
+        raise RuleUnused(f"gen_async rule matches nothing in service.py: {old!r}")
+    return body.replace(old, new, count)
+
+
+def _resub(pattern: str, repl: str, body: str, flags: int = 0) -> str:
+    """``re.sub``, refusing a pattern that matches nothing."""
+    out, n = re.subn(pattern, repl, body, flags=flags)
+    if n == 0:
+        raise RuleUnused(f"gen_async pattern matches nothing in service.py: {pattern!r}")
+    return out
+
+
 def convert(source: str) -> str:
     body = source.split('"""\n', 1)[1]  # drop the module docstring
-    body = body.replace(
-        "from sqlalchemy.orm import Session", "from sqlalchemy.ext.asyncio import AsyncSession"
+    body = _swap(
+        body,
+        "from sqlalchemy.orm import Session",
+        "from sqlalchemy.ext.asyncio import AsyncSession",
     )
-    body = body.replace("class QueueService:", "class AsyncQueueService:")
-    body = body.replace("session: Session", "session: AsyncSession")
-    body = body.replace("bind = session.get_bind()", "bind = session.sync_session.get_bind()")
-    body = body.replace("QueueService(session)", "AsyncQueueService(session)")
-    body = body.replace(
+    body = _swap(body, "class QueueService:", "class AsyncQueueService:")
+    body = _swap(body, "session: Session", "session: AsyncSession")
+    body = _swap(body, "bind = session.get_bind()", "bind = session.sync_session.get_bind()")
+    body = _swap(body, "QueueService(session)", "AsyncQueueService(session)")
+    body = _swap(
+        body,
         ">>> with Session(engine) as session, session.begin():",
         ">>> async with AsyncSession(engine) as session, session.begin():",
     )
-    body = body.replace("def _run(", "async def _run(").replace("def _drive(", "async def _drive(")
-    body = body.replace("self._drive(version_unlocked(", "await self._drive(version_unlocked(")
-    body = body.replace("self._drive(ensure_version(", "await self._drive(ensure_version(")
-    body = body.replace("def _check_version(", "async def _check_version(")
-    body = body.replace("self._check_version()", "await self._check_version()")
-    body = body.replace("def _read_version(", "async def _read_version(")
-    body = body.replace("self._read_version()", "await self._read_version()")
-    body = body.replace(
-        "pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())"
+    body = _swap(body, "def _run(", "async def _run(")
+    body = _swap(body, "def _drive(", "async def _drive(")
+    body = _swap(body, "self._drive(version_unlocked(", "await self._drive(version_unlocked(")
+    body = _swap(body, "self._drive(ensure_version(", "await self._drive(ensure_version(")
+    body = _swap(body, "def _check_version(", "async def _check_version(")
+    body = _swap(body, "self._check_version()", "await self._check_version()")
+    body = _swap(body, "def _read_version(", "async def _read_version(")
+    body = _swap(body, "self._read_version()", "await self._read_version()")
+    body = _swap(body, "pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())")
+    body = _swap(
+        body, "running, waits_for_us = driver.run(", "running, waits_for_us = await driver.arun("
     )
-    body = body.replace(
-        "running, waits_for_us = driver.run(", "running, waits_for_us = await driver.arun("
-    )
-    body = body.replace(
+    body = _swap(
+        body,
         "from sqlalchemy.ext.asyncio import AsyncSession",
         "from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession",
     )
-    body = body.replace("import time\n", "import asyncio\nimport time\n", 1)
-    body = body.replace("time.sleep(MIGRATION_WAIT)", "await asyncio.sleep(MIGRATION_WAIT)")
-    body = body.replace("def _migrating(", "async def _migrating(")
-    body = body.replace("if not self._migrating(", "if not await self._migrating(")
-    body = body.replace("def _moved(", "async def _moved(")
-    body = body.replace("self._moved()", "await self._moved()")
-    body = body.replace(
+    body = _swap(body, "import time\n", "import asyncio\nimport time\n", 1)
+    body = _swap(body, "time.sleep(MIGRATION_WAIT)", "await asyncio.sleep(MIGRATION_WAIT)")
+    body = _swap(body, "def _migrating(", "async def _migrating(")
+    body = _swap(body, "if not self._migrating(", "if not await self._migrating(")
+    body = _swap(body, "def _moved(", "async def _moved(")
+    body = _swap(body, "self._moved()", "await self._moved()")
+    body = _swap(
+        body,
         "with self._engine.connect() as conn:",
         "async with AsyncEngine(self._engine).connect() as conn:",
     )
-    body = body.replace("return driver.run(conn,", "return await driver.arun(conn,")
-    body = body.replace("return self._drive(op)", "return await self._drive(op)")
-    body = body.replace("return driver.run(self.session,", "return await driver.arun(self.session,")
+    body = _swap(body, "return driver.run(conn,", "return await driver.arun(conn,")
+    body = _swap(body, "return self._drive(op)", "return await self._drive(op)")
+    body = _swap(body, "return driver.run(self.session,", "return await driver.arun(self.session,")
     # public methods: `def name(` -> `async def name(` and `self._run(` -> `await self._run(`
-    body = re.sub(
+    body = _resub(
         r"^(    )def (?!_)(?=[^\n]*\n(?![^\n]*@property))", "    async def ", body, flags=re.M
     )
-    body = re.sub(r"(@property\n    )async def ", r"\1def ", body)
-    body = body.replace("self._run(ops.", "await self._run(ops.")
-    body = body.replace("(await self._run(ops.", "(await self._run(ops.")
+    body = _resub(r"(@property\n    )async def ", r"\1def ", body)
+    body = _swap(body, "self._run(ops.", "await self._run(ops.")
     return _format(HEADER + body)
 
 
