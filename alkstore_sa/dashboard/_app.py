@@ -442,7 +442,7 @@ def _safe_next(root: str, value: str | None, fallback: str) -> str:
     parts = urlsplit(value)
     if parts.scheme or parts.netloc:
         return fallback
-    # No dot segment, plain or percent-encoded: /root/s/../../elsewhere
+    # No dot segment, plain or percent-encoded: /admin/queues/s/../../evil
     # would leave the mount point once the browser resolves it.
     if any(unquote(segment) in (".", "..") for segment in parts.path.split("/")):
         return fallback
