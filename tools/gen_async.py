@@ -32,11 +32,11 @@ class RuleUnused(Exception):
     changed under it, and the async twin would silently miss what the rule does."""
 
 
-def _swap(body: str, old: str, new: str, count: int = -1) -> str:
-    """``body.replace(old, new, count)``, refusing a rule that matches nothing."""
+def _swap(body: str, old: str, new: str) -> str:
+    """``body.replace(old, new)``, refusing a rule that matches nothing."""
     if old not in body:
         raise RuleUnused(f"gen_async rule matches nothing in service.py: {old!r}")
-    return body.replace(old, new, count)
+    return body.replace(old, new)
 
 
 def _resub(pattern: str, repl: str, body: str, flags: int = 0) -> str:
@@ -47,53 +47,52 @@ def _resub(pattern: str, repl: str, body: str, flags: int = 0) -> str:
     return out
 
 
-def convert(source: str) -> str:
-    body = source.split('"""\n', 1)[1]  # drop the module docstring
-    body = _swap(
-        body,
-        "from sqlalchemy.orm import Session",
-        "from sqlalchemy.ext.asyncio import AsyncSession",
-    )
-    body = _swap(body, "class QueueService:", "class AsyncQueueService:")
-    body = _swap(body, "session: Session", "session: AsyncSession")
-    body = _swap(body, "bind = session.get_bind()", "bind = session.sync_session.get_bind()")
-    body = _swap(body, "QueueService(session)", "AsyncQueueService(session)")
-    body = _swap(
-        body,
+RULES: tuple[tuple[str, str], ...] = (
+    ("from sqlalchemy.orm import Session", "from sqlalchemy.ext.asyncio import AsyncSession"),
+    ("class QueueService:", "class AsyncQueueService:"),
+    ("session: Session", "session: AsyncSession"),
+    ("bind = session.get_bind()", "bind = session.sync_session.get_bind()"),
+    ("QueueService(session)", "AsyncQueueService(session)"),
+    (
         ">>> with Session(engine) as session, session.begin():",
         ">>> async with AsyncSession(engine) as session, session.begin():",
-    )
-    body = _swap(body, "def _run(", "async def _run(")
-    body = _swap(body, "def _drive(", "async def _drive(")
-    body = _swap(body, "self._drive(version_unlocked(", "await self._drive(version_unlocked(")
-    body = _swap(body, "self._drive(ensure_version(", "await self._drive(ensure_version(")
-    body = _swap(body, "def _check_version(", "async def _check_version(")
-    body = _swap(body, "self._check_version()", "await self._check_version()")
-    body = _swap(body, "def _read_version(", "async def _read_version(")
-    body = _swap(body, "self._read_version()", "await self._read_version()")
-    body = _swap(body, "pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())")
-    body = _swap(
-        body, "running, waits_for_us = driver.run(", "running, waits_for_us = await driver.arun("
-    )
-    body = _swap(
-        body,
+    ),
+    ("def _run(", "async def _run("),
+    ("def _drive(", "async def _drive("),
+    ("self._drive(version_unlocked(", "await self._drive(version_unlocked("),
+    ("self._drive(ensure_version(", "await self._drive(ensure_version("),
+    ("def _check_version(", "async def _check_version("),
+    ("self._check_version()", "await self._check_version()"),
+    ("def _read_version(", "async def _read_version("),
+    ("self._read_version()", "await self._read_version()"),
+    ("pid = self._drive(backend_pid())", "pid = await self._drive(backend_pid())"),
+    ("running, waits_for_us = driver.run(", "running, waits_for_us = await driver.arun("),
+    (
         "from sqlalchemy.ext.asyncio import AsyncSession",
         "from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession",
-    )
-    body = _swap(body, "import time\n", "import asyncio\nimport time\n", 1)
-    body = _swap(body, "time.sleep(MIGRATION_WAIT)", "await asyncio.sleep(MIGRATION_WAIT)")
-    body = _swap(body, "def _migrating(", "async def _migrating(")
-    body = _swap(body, "if not self._migrating(", "if not await self._migrating(")
-    body = _swap(body, "def _moved(", "async def _moved(")
-    body = _swap(body, "self._moved()", "await self._moved()")
-    body = _swap(
-        body,
+    ),
+    ("import time\n", "import asyncio\nimport time\n"),
+    ("time.sleep(MIGRATION_WAIT)", "await asyncio.sleep(MIGRATION_WAIT)"),
+    ("def _migrating(", "async def _migrating("),
+    ("if not self._migrating(", "if not await self._migrating("),
+    ("def _moved(", "async def _moved("),
+    ("self._moved()", "await self._moved()"),
+    (
         "with self._engine.connect() as conn:",
         "async with AsyncEngine(self._engine).connect() as conn:",
-    )
-    body = _swap(body, "return driver.run(conn,", "return await driver.arun(conn,")
-    body = _swap(body, "return self._drive(op)", "return await self._drive(op)")
-    body = _swap(body, "return driver.run(self.session,", "return await driver.arun(self.session,")
+    ),
+    ("return driver.run(conn,", "return await driver.arun(conn,"),
+    ("return self._drive(op)", "return await self._drive(op)"),
+    ("return driver.run(self.session,", "return await driver.arun(self.session,"),
+)
+"""Text rewrites of the sync service, in order: its imports and names, then each private
+helper that touches the database made ``async`` and awaited where it is called."""
+
+
+def convert(source: str) -> str:
+    body = source.split('"""\n', 1)[1]  # drop the module docstring
+    for old, new in RULES:
+        body = _swap(body, old, new)
     # public methods: `def name(` -> `async def name(` and `self._run(` -> `await self._run(`
     body = _resub(
         r"^(    )def (?!_)(?=[^\n]*\n(?![^\n]*@property))", "    async def ", body, flags=re.M
