@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
+from support.refusals import refused_in_transaction
 from support.worker import Harness, send, wait_for
 
 from alkstore_sa import InvalidOptionsError, Job, Settlement
@@ -380,12 +381,7 @@ def test_supervise_now_is_a_test_clock_not_a_delete_everything_knob(
 ) -> None:
     started = fetched(env, queue)
     queued = env.tx(lambda q: q.send(queue, {"keep": True}))
-    svc = env.service()
-    svc.send(queue, {"mine": 1})  # the caller's own write, before the refusal
-    with pytest.raises(InvalidOptionsError, match="within 1:00:00 of the current time") as caught:
-        svc.supervise(queue, force=True, now=now)
-    assert caught.value.option == "now"
-    env.commit()
-    # Nothing expired or deleted; the caller's write committed.
+    refused = refused_in_transaction(env, queue, lambda q: q.supervise(queue, force=True, now=now))
+    assert refused.option == "now" and "within 1:00:00 of the current time" in refused.problem
+    # Nothing expired or deleted.
     assert row(env, queued).state == "created" and row(env, started.id).state == "active"
-    assert len(env.sql("SELECT 1 FROM {s}.job WHERE data = '{\"mine\": 1}'")) == 1
