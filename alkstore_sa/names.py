@@ -105,16 +105,15 @@ def queue_ref(name: object, option: str = "name") -> str:
     if not isinstance(name, str):
         raise InvalidNameError(option, f"must be a string, not {type(name).__name__}")
     if not name or len(name) > QUEUE_REF_MAX:
-        shown = f"{name[:40]!r}{'...' if len(name) > 40 else ''}"
         raise InvalidNameError(
-            option, f"{shown} must be 1 to {QUEUE_REF_MAX} characters, not {len(name)}"
+            option, f"{shown(name)} must be 1 to {QUEUE_REF_MAX} characters, not {len(name)}"
         )
     if "\x00" in name:
-        raise InvalidNameError(option, f"{name[:100]!r} contains a NUL character")
+        raise InvalidNameError(option, f"{shown(name)} contains a NUL character")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidNameError(option, f"{name[:100]!r} contains a lone surrogate") from None
+        raise InvalidNameError(option, f"{shown(name)} contains a lone surrogate") from None
     return name
 
 
