@@ -81,6 +81,40 @@ def test_the_dashboard_shows_foreign_queues_beside_the_others(env46_sync: Any) -
     assert odd.status_code == 200 and "bogus" in odd.text
 
 
+def test_the_dashboard_links_and_redirects_to_a_queue_by_any_name(env46_sync: Any) -> None:
+    """A name with a space, ``#``, ``?`` and a letter outside ASCII is percent-encoded
+    in every link and redirect: unencoded, the link pointed at another page and the
+    redirect after an action was a 500 (a header holds ASCII only)."""
+    pytest.importorskip("starlette")
+    import re
+
+    from starlette.testclient import TestClient
+
+    from alkstore_sa.dashboard import create_app
+
+    env = env46_sync
+    name = "né #1?x"
+    foreign_queue(env, name)
+    client = TestClient(
+        create_app(env.engine, schemas=[env.schema]),
+        base_url="http://127.0.0.1",
+        headers={"origin": "http://127.0.0.1"},
+    )
+    overview = client.get("/")
+    link = f"/s/{env.schema}/queues/n%C3%A9%20%231%3Fx"
+    assert f'href="{link}"' in overview.text
+    page = client.get(link)
+    assert page.status_code == 200 and f"Queue {name}" in page.text
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert token is not None
+    done = client.post(
+        f"/s/{env.schema}/actions/retry",
+        data={"queue": name, "csrf_token": token.group(1), "confirm": "yes"},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303 and done.headers["location"] == link
+
+
 BIG = "('{\"n\": ' || repeat('9', 5000) || '}')::jsonb"  # an integer Python will not convert
 DEEP = "(repeat('[', 300) || repeat(']', 300))::jsonb"  # deeper than MAX_JSON_DEPTH
 

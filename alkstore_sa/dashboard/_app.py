@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import jinja2
 import markupsafe
@@ -98,9 +98,9 @@ def _pretty(value: Any) -> str:
     if value is None:
         return "null"
     try:
-        return _bidi_safe(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True))
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
-        return _bidi_safe(repr(value))
+        return repr(value)
 
 
 def _compact(value: Any, width: int = 120) -> str:
@@ -108,7 +108,7 @@ def _compact(value: Any, width: int = 120) -> str:
         out = json.dumps(value, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         out = repr(value)
-    return _bidi_safe(out if len(out) <= width else out[: width - 1] + "…")
+    return out if len(out) <= width else out[: width - 1] + "…"
 
 
 def _age(seconds: float | None) -> str:
@@ -222,7 +222,6 @@ class Dashboard:
             compact=_compact,
             age=_age,
             when=_when,
-            safe_text=_bidi_safe,
             sparkline=_sparkline,
         )
 
@@ -425,6 +424,13 @@ def _parse_uuid(name: str, value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise BadRequest(f"{name}: {shown(value)} is not a job id (a UUID)") from None
+
+
+def _in_path(name: str) -> str:
+    """A queue name as a URL path segment: percent-encoded, ``/`` kept (the route
+    takes a path). A name another client made may hold a space, ``#``, ``?`` or any
+    letter; a header of ours carries only ASCII."""
+    return quote(name, safe="/")
 
 
 def _safe_next(root: str, value: str | None, fallback: str) -> str:
@@ -857,7 +863,7 @@ async def action(request: Request) -> Response:
     fallback = (
         f"{root}/s/{schema}/jobs/{ids[0]}" + (f"?{urlencode({'queue': queue})}" if queue else "")
         if len(ids) == 1 and name != "delete"
-        else f"{root}/s/{schema}/queues/{queue}"
+        else f"{root}/s/{schema}/queues/{_in_path(queue)}"
         if queue
         else f"{root}/s/{schema}/jobs"
     )
@@ -935,7 +941,9 @@ async def save_queue(request: Request) -> Response:
         return f"created queue {name}"
 
     message = await d.write(schema, work)
-    response = RedirectResponse(f"{d._root(request)}/s/{schema}/queues/{name}", status_code=303)
+    response = RedirectResponse(
+        f"{d._root(request)}/s/{schema}/queues/{_in_path(name)}", status_code=303
+    )
     d.set_flash(response, request, message)
     return response
 
@@ -961,7 +969,7 @@ async def send_job(request: Request) -> Response:
     job_id = await d.write(schema, lambda q: q.send(name, data, **options))
     root = d._root(request)
     if job_id is None:
-        response = RedirectResponse(f"{root}/s/{schema}/queues/{name}", status_code=303)
+        response = RedirectResponse(f"{root}/s/{schema}/queues/{_in_path(name)}", status_code=303)
         d.set_flash(response, request, "the queue's policy did not accept the job")
     else:
         response = RedirectResponse(
