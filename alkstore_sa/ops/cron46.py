@@ -35,7 +35,7 @@ from ..errors import InvalidOptionsError
 from ..names import SEND_IT_QUEUE
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sup_sql
-from ._core import Call, Conflict, Context, Op
+from ._core import Call, Context, Op
 from .supervision import (
     SLOT_SECONDS,
     CronOutcome,
@@ -43,6 +43,7 @@ from .supervision import (
     _interval,
     decode_stored,
     ensure_send_it,
+    file_occurrences,
     row_problem,
 )
 
@@ -211,11 +212,10 @@ def _file(
     filed: list[tuple[Any, list[str | None], list[dt.datetime]]],
     problems: list[str],
 ) -> Op[tuple[str, ...]]:
-    """Insert the occurrences of every row in ``filed``: all in one statement, or,
-    if that fails, row by row, each in a savepoint (a row the database refuses is
-    reported and skipped). The keys of the jobs inserted."""
+    """Insert the occurrences of every row in ``filed`` (:func:`file_occurrences`: a
+    row the database refuses is reported and skipped). The keys of the jobs inserted."""
 
-    def insert(batch: list[tuple[Any, list[str | None], list[dt.datetime]]]) -> Call:
+    def insert(batch: list[tuple[Any, list[str | None], list[dt.datetime]]]) -> Op[list[str]]:
         params = {
             "queue": SEND_IT_QUEUE,
             "datas": [d for _, datas, _ in batch for d in datas],
@@ -223,32 +223,16 @@ def _file(
             "slots": [s for _, _, slots in batch for s in slots],
             "now": plan.now,
         }
-        return Call(cron_sql.insert_occurrences(), params, savepoint=True, contained=True)
+        inserted = (yield Call(cron_sql.insert_occurrences(), params)).all()
+        return [r.singleton_key for r in inserted]
 
-    if not filed:
-        return ()
-    try:
-        inserted = (yield insert(filed)).all()
-        return tuple(r.singleton_key for r in inserted)
-    except Conflict as whole:
-        logger.warning(
-            "filing schedule occurrences failed (%s); filing them one schedule at a time",
-            whole.error,
-            extra={"action": "invalid_schedule"},
-        )
-    fired: list[str] = []
-    for item in filed:
+    def refused(item: tuple[Any, list[str | None], list[dt.datetime]], reason: str) -> Op[None]:
         row = item[0]
-        try:
-            inserted = (yield insert([item])).all()
-        except Conflict as one:
-            name = f"schedule {row.name}__{row.key}"
-            reason = str(getattr(one.error, "orig", None) or one.error).strip()
-            problems.append(f"{name}: {reason}")
-            yield from _invalid(ctx, plan, row, f"{name} could not be sent: {reason}")
-            continue
-        fired += [r.singleton_key for r in inserted]
-    return tuple(fired)
+        name = f"schedule {row.name}__{row.key}"
+        problems.append(f"{name}: {reason}")
+        yield from _invalid(ctx, plan, row, f"{name} could not be sent: {reason}")
+
+    return tuple((yield from file_occurrences(filed, insert, refused)))
 
 
 __all__ = ["CronEvaluation", "evaluate46", "file46", "is_rrule", "occurrence_key", "slot_of"]

@@ -43,6 +43,8 @@ from .working import Settlement, complete_many, fail_many, fetch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
+X = TypeVar("X")
 
 CHUNK = 100  # queue names per statement, as pg-boss
 SEND_IT_BATCH = 50  # send-it jobs per fetch, as pg-boss
@@ -376,38 +378,60 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
 def _file_occurrences(
     ctx: Context, specs: list[dict[str, Any]], problems: list[str]
 ) -> Op[tuple[str, ...]]:
-    """Send the due schedules' jobs to send-it in one statement; if it fails (a
-    row the database or our checks refuse), one schedule at a time, each in a
-    savepoint: a refused one is reported in ``problems`` and skipped. The keys
+    """Send the due schedules' jobs to send-it (:func:`file_occurrences`). The keys
     of the jobs sent (a slot another timekeeper filled first is not one)."""
+
+    def send(batch: list[dict[str, Any]]) -> Op[list[str]]:
+        ids = yield from send_many(ctx, SEND_IT_QUEUE, batch)
+        return [s["singleton_key"] for s, i in zip(batch, ids, strict=True) if i is not None]
+
+    def refused(spec: dict[str, Any], reason: str) -> Op[None]:
+        key = spec["singleton_key"]
+        problems.append(f"schedule {key}: {reason}")
+        logger.warning(
+            "schedule %s could not be sent: %s",
+            key,
+            reason,
+            extra={"action": "invalid_schedule", "queue": spec["data"]["name"]},
+        )
+        yield from ()
+
+    return tuple((yield from file_occurrences(specs, send, refused)))
+
+
+def file_occurrences(
+    items: Sequence[X],
+    attempt: Callable[[list[X]], Op[list[R]]],
+    refused: Callable[[X, str], Op[None]],
+) -> Op[list[R]]:
+    """``attempt`` on all the due schedules' ``items`` in one go; if the database (or
+    a check of ours) refuses that, ``attempt`` on each item alone, its statements in
+    savepoints (:func:`~alkstore_sa.ops._core.contained`): a refused item goes to
+    ``refused(item, reason)`` and the others are filed. What the attempts returned."""
+    if not items:
+        return []
     try:
-        ids = yield from contained(send_many(ctx, SEND_IT_QUEUE, specs))
-        return tuple(s["singleton_key"] for s, i in zip(specs, ids, strict=True) if i is not None)
+        return (yield from contained(attempt(list(items))))
     except (Conflict, InvalidOptionsError) as whole:
         logger.warning(
             "filing schedule occurrences failed (%s); filing them one schedule at a time",
-            getattr(whole, "error", None) or whole,
+            _refusal(whole),
             extra={"action": "invalid_schedule"},
         )
-    fired: list[str] = []
-    for spec in specs:
-        key = spec["singleton_key"]
+    out: list[R] = []
+    for item in items:
         try:
-            [sent] = yield from contained(send_many(ctx, SEND_IT_QUEUE, [spec]))
+            out += yield from contained(attempt([item]))
         except (Conflict, InvalidOptionsError) as one:
-            cause = getattr(one, "error", None) or one
-            reason = " ".join(str(getattr(cause, "orig", None) or cause).split())[:300]
-            problems.append(f"schedule {key}: {reason}")
-            logger.warning(
-                "schedule %s could not be sent: %s",
-                key,
-                reason,
-                extra={"action": "invalid_schedule", "queue": spec["data"]["name"]},
-            )
-            continue
-        if sent is not None:
-            fired.append(key)
-    return tuple(fired)
+            yield from refused(item, _refusal(one))
+    return out
+
+
+def _refusal(exc: BaseException) -> str:
+    """Why a statement was refused, in one line: the database's message (a
+    :class:`Conflict` carries it) or our check's."""
+    cause = getattr(exc, "error", None) or exc
+    return " ".join(str(getattr(cause, "orig", None) or cause).split())[:300]
 
 
 def row_problem(exc: BaseException) -> str:
