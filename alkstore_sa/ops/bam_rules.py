@@ -84,6 +84,13 @@ def _tail(index: JobIndex) -> str:
     return _squeeze(tail).casefold()
 
 
+def built_index(command: str) -> str | None:
+    """The index a ``CREATE ... INDEX CONCURRENTLY`` command builds (as PostgreSQL
+    reads the name), or ``None`` for any other command (the retired index's drop)."""
+    created = _CREATE.fullmatch(_squeeze(command))
+    return None if created is None else _ident(created["index"])
+
+
 def bam_refusal(schema: str, table: str | None, command: str | None) -> str | None:
     """Why the ``bam`` row's ``command`` is not run, or ``None`` when it is one of
     the index builds above on ``table`` (the row's ``table_name``) of ``schema``."""
@@ -115,4 +122,4 @@ def bam_refusal(schema: str, table: str | None, command: str | None) -> str | No
     return "not an index build of a pg-boss migration"
 
 
-__all__ = ["KNOWN_INDEXES", "RETIRED_SUFFIXES", "bam_refusal"]
+__all__ = ["KNOWN_INDEXES", "RETIRED_SUFFIXES", "bam_refusal", "built_index"]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 from ..sql.v46 import supervision as sup_sql
 from ..sql.v46 import turns as sql
 from ._core import Call, Context, Op
-from .bam_rules import bam_refusal
+from .bam_rules import bam_refusal, built_index
 from .supervision import CHUNK, PassPlan, _interval, _lock, _Tally, queue_tables
 
 logger = logging.getLogger(__name__)
@@ -52,10 +51,6 @@ BAM_CLAIM_LOCK = "bamClaim"
 """The advisory lock key every BAM claim is made under (Node's)."""
 
 # What pg-boss recognises as a concurrent index build, and the index it names.
-_BUILD = re.compile(
-    r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\"?[\w$]+\"?)",
-    re.IGNORECASE,
-)
 
 _BLOAT = (
     'Warning: index "{name}" is bloated ({mb} MB across {pages} pages for ~{entries:.0f} live '
@@ -187,9 +182,7 @@ def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
             extra={"action": "bam_refused", "bam_id": str(row.id)},
         )
         return
-    match = _BUILD.search(row.command)
-    index = match.group(1) if match else None
-    bare = index.strip('"') if index else None
+    bare = built_index(row.command)  # what bam_refusal accepted: a build, or the i5 drop
     error: str | None = None
     try:
         built = False
