@@ -20,15 +20,6 @@ from alkstore_sa.supervision import Supervisor
 ONLY_CRON: dict[str, Any] = {"supervise": False, "bam": False}
 
 
-@pytest.fixture(autouse=True)
-def _no_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests read rules, not the evaluation budget (tests/test_rrule_schedules.py
-    has those): the step budget stays, the time budget is lifted."""
-    from alkstore_sa import limits
-
-    monkeypatch.setattr(limits, "MAX_RRULE_SECONDS", 600.0)
-
-
 ONLY_BAM: dict[str, Any] = {"supervise": False, "schedule": False}
 
 
