@@ -189,3 +189,29 @@ def test_a_schedule_on_a_key_strict_fifo_queue_needs_a_singleton_key(
         engine, schema46, "SELECT singleton_key FROM {s}.job WHERE name = 'ledger' ORDER BY 1"
     )
     assert [r.singleton_key for r in sent] == ["account-7", "own"]
+
+
+@pytest.mark.parametrize("version", [26, 46])
+def test_a_schedule_row_stamped_at_infinity_is_read_and_fires(
+    engine: Engine, request: pytest.FixtureRequest, version: int
+) -> None:
+    """PostgreSQL stores ``infinity`` in a timestamp; Python has no such datetime, so
+    reading the row raised for the whole read: no schedule fired, ``get_schedules``
+    failed. The stamp is read as a stand-in, noted in ``unreadable``."""
+    name = request.getfixturevalue("schema46" if version == 46 else "schema")
+    [(now,)] = rows(engine, name, MINUTE_BEHIND_NOW)
+    in_tx(engine, name, lambda q: q.create_queue("reports"))
+    for key in ("good", "odd"):
+
+        def add(q: QueueService, k: str = key) -> None:
+            q.schedule("reports", "* * * * *", {"k": k}, key=k)
+
+        in_tx(engine, name, add)
+    rows(engine, name, "UPDATE {s}.schedule SET updated_on = 'infinity' WHERE key = 'odd'")
+    settings = ONLY_CRON if version == 46 else {"supervise": False}
+    clock = FakeClock(now + dt.timedelta(seconds=1))
+    report = Supervisor(engine, schema=name, clock=clock, **settings).run_once(force=True)
+    assert report.errors == () and report.sent == 2, report
+    listed = {s.key: s for s in in_tx(engine, name, lambda q: q.get_schedules())}
+    assert listed["good"].unreadable == {}
+    assert "infinity" in listed["odd"].unreadable["updated_on"]

@@ -141,7 +141,7 @@ def evaluate46(ctx: Context, plan: PassPlan) -> Op[CronEvaluation | None]:
         tz = row.timezone or "UTC"
         name = f"schedule {row.name}__{row.key}"
         try:
-            data, options = decode_stored(row.data_text), decode_stored(row.options_text)
+            data, options = decode_stored(row.data), decode_stored(row.options)
             kind, due = _read(row.cron, row.kind or "cron", tz, window, at)
         except Exception as exc:  # one row's failure, whatever it is, is that row's
             reason = row_problem(exc)

@@ -339,8 +339,8 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
                 continue
             payload = {
                 "name": row.name,
-                "data": decode_stored(row.data_text),
-                "options": decode_stored(row.options_text),
+                "data": decode_stored(row.data),
+                "options": decode_stored(row.options),
             }
             opt.encode_json("data", payload)  # what send-it will carry, checked now
         except Exception as exc:

@@ -9,7 +9,6 @@ from sqlalchemy import (
     ColumnElement,
     Interval,
     LargeBinary,
-    Select,
     Table,
     Text,
     Uuid,
@@ -18,7 +17,6 @@ from sqlalchemy import (
     column,
     func,
     literal_column,
-    select,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, TIMESTAMP
@@ -145,16 +143,3 @@ def settle_input() -> Any:
         )
         .render_derived()
     )
-
-
-def schedules_as_text(schedule: Table) -> Select[Any]:
-    """Every row of ``schedule`` (26's table or 46's), by queue and key, with
-    ``data`` and ``options`` as their JSON text (``data_text``, ``options_text``):
-    the timekeeper decodes each row's on its own, so one Python cannot read (nested
-    too deep, a number of thousands of digits) is that row's failure, not the read's."""
-    kept = [c for c in schedule.c if c.name not in ("data", "options")]
-    return select(
-        *kept,
-        cast(schedule.c.data, Text).label("data_text"),
-        cast(schedule.c.options, Text).label("options_text"),
-    ).order_by(schedule.c.name, schedule.c.key)

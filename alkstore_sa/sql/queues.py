@@ -27,7 +27,7 @@ from ._common import (
     delete_queue_fn,
     state_text,
 )
-from .reading import readable_columns
+from .reading import readable_schedules
 
 
 @functools.cache
@@ -161,13 +161,7 @@ def delete_schedule() -> Any:
 
 @functools.cache
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
-    # Read as readable_columns: a row Python cannot decode is listed, not fatal.
-    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
-    if by_name:
-        stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
-    if by_key:
-        stmt = stmt.where(SCHEDULE.c.key == bindparam("key", type_=Text))
-    return stmt
+    return readable_schedules(SCHEDULE, by_name=by_name, by_key=by_key)
 
 
 @functools.cache

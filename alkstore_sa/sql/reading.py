@@ -29,6 +29,7 @@ from sqlalchemy import (
     Select,
     Table,
     Text,
+    bindparam,
     case,
     cast,
     func,
@@ -47,10 +48,6 @@ _TZ_HIGH = "'9999-12-30 00:00:00+00'"
 # singleton_on (timestamp without time zone) is read as stored, so its range is exact.
 _NAIVE_LOW = "'0001-01-01 00:00:00'"
 _NAIVE_HIGH = "'9999-12-31 23:59:59.999999'"
-
-TIMESTAMP_COLUMNS = tuple(c.name for c in JOB.c if isinstance(c.type, DateTime))
-JSON_COLUMNS = ("data", "output", "source_output", "trace_context")
-"""The jsonb job columns (the last two exist from schema 46 on)."""
 
 UNREADABLE = "unreadable"
 """Label of the column listing clamped timestamps as ``name=stored text;...`` (or NULL)."""
@@ -95,3 +92,18 @@ def readable(stmt: Select[Any], table: Table = JOB) -> Select[Any]:
     """
     inner = stmt.subquery("j")
     return select(*readable_columns(inner.c, table))
+
+
+def readable_schedules(
+    schedule: Table, *, by_name: bool = False, by_key: bool = False
+) -> Select[Any]:
+    """The rows of ``schedule`` (26's table or 46's) as :func:`readable_columns`, by queue
+    and key; of queue ``:qname`` and key ``:key`` when asked. The timekeepers and
+    ``get_schedules`` read through it, so a row whose data Python cannot decode, or
+    whose timestamp it cannot hold, is that row's problem and not the read's."""
+    stmt = select(*readable_columns(schedule.c, schedule)).order_by(schedule.c.name, schedule.c.key)
+    if by_name:
+        stmt = stmt.where(schedule.c.name == bindparam("qname", type_=Text))
+    if by_key:
+        stmt = stmt.where(schedule.c.key == bindparam("key", type_=Text))
+    return stmt

@@ -34,10 +34,10 @@ from ._common import (
     VERSION,
     any_name,
     now_param,
-    schedules_as_text,
     seconds,
     state_text,
 )
+from .reading import readable_schedules
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
@@ -187,6 +187,6 @@ def delete_expired() -> Select[Any]:
 
 @functools.cache
 def all_schedules() -> Select[Any]:
-    """Every stored schedule, in a stable order, data and options as JSON text
-    (:func:`~alkstore_sa.sql._common.schedules_as_text`)."""
-    return schedules_as_text(SCHEDULE)
+    """Every stored schedule, in a stable order, as the timekeeper reads them
+    (:func:`~alkstore_sa.sql.reading.readable_schedules`)."""
+    return readable_schedules(SCHEDULE)

@@ -31,8 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
-from .._common import schedules_as_text
-from ..reading import readable_columns
+from ..reading import readable_schedules
 from ..tables46 import JOB, QUEUE, SCHEDULE, VERSION
 from .supervision import now
 
@@ -82,29 +81,17 @@ def cron_turn_state() -> Select[Any]:
 
 
 @functools.cache
-def all_schedules() -> Select[Any]:
-    """Every schedule row (with ``kind`` and ``created_on``), in a stable order."""
-    return select(*SCHEDULE.c).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
-
-
-@functools.cache
 def timekeeper_schedules() -> Select[Any]:
-    """Every schedule row as :func:`all_schedules`, data and options as JSON text
-    (:func:`~alkstore_sa.sql._common.schedules_as_text`)."""
-    return schedules_as_text(SCHEDULE)
+    """Every schedule row, in a stable order, as the timekeeper reads them
+    (:func:`~alkstore_sa.sql.reading.readable_schedules`)."""
+    return readable_schedules(SCHEDULE)
 
 
 @functools.cache
 def get_schedules(*, by_name: bool, by_key: bool) -> Select[Any]:
     """Stored schedules with their ``kind`` and ``last_job_id``, of queue
     ``:qname`` and key ``:key`` when asked."""
-    # Read as readable_columns: a row Python cannot decode is listed, not fatal.
-    stmt = select(*readable_columns(SCHEDULE.c, SCHEDULE)).order_by(SCHEDULE.c.name, SCHEDULE.c.key)
-    if by_name:
-        stmt = stmt.where(SCHEDULE.c.name == bindparam("qname", type_=Text))
-    if by_key:
-        stmt = stmt.where(SCHEDULE.c.key == bindparam("key", type_=Text))
-    return stmt
+    return readable_schedules(SCHEDULE, by_name=by_name, by_key=by_key)
 
 
 @functools.cache
@@ -259,7 +246,6 @@ def upsert_schedule() -> Any:
 
 
 __all__ = [
-    "all_schedules",
     "claim_cron",
     "get_schedules",
     "insert_occurrences",
