@@ -143,7 +143,7 @@ def read_version(schema: str) -> Op[int | None]:
     """The installed version of ``schema``; ``None`` for no schema or no version row."""
     from sqlalchemy import func, select
 
-    from .sql._common import VERSION
+    from .sql.common.base import VERSION
 
     found = yield Call(select(func.to_regclass(f'"{schema}".version').is_not(None)))
     if not found.scalar_one():
@@ -187,7 +187,7 @@ def migration_under_way(schema: str, caller_pid: int) -> Op[tuple[bool, bool]]:
     from sqlalchemy import BigInteger, Integer, and_, column, func, literal, select, table
     from sqlalchemy.dialects.postgresql import OID, array
 
-    from .sql._common import advisory_key
+    from .sql.common.base import advisory_key
 
     key = advisory_key(literal(schema))
     locks = table(

@@ -44,7 +44,7 @@ from .errors import InvalidOptionsError, shown
 from .migrate import installed_version
 from .names import DEFAULT_SCHEMA, validate_schema
 from .records import Job
-from .sql import metrics as sql
+from .sql.v26 import metrics as sql
 
 __all__ = [
     "QueueMetricsCollector",

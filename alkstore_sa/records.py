@@ -133,7 +133,7 @@ JSON_FIELDS = ("data", "output", "source_output", "trace_context")
 def read_record(
     row: Mapping[Any, Any], json_fields: Sequence[str], quiet: Sequence[str] = ()
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The values of a row of :func:`alkstore_sa.sql.reading.readable_columns`, its
+    """The values of a row of :func:`alkstore_sa.sql.common.reading.readable_columns`, its
     ``json_fields`` decoded, and what could not be read, by field name (a stand-in
     is in its place: ``None`` for JSON, the nearest instant for a timestamp).
 
@@ -156,7 +156,7 @@ def read_record(
 
 
 def read_job(row: Mapping[Any, Any]) -> Job:
-    """A :class:`Job` from a row of :func:`alkstore_sa.sql.reading.readable_columns`.
+    """A :class:`Job` from a row of :func:`alkstore_sa.sql.common.reading.readable_columns`.
 
     Never raises for what the row holds: a row with values Python cannot represent
     becomes an :class:`UnreadableJob`.

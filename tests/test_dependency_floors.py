@@ -10,7 +10,7 @@ from pathlib import Path
 from packaging.version import Version
 from sqlalchemy import Engine, column, select, table
 
-from alkstore_sa.sql._compat import distinct_on
+from alkstore_sa.sql.common.compat import distinct_on
 
 ROOT = Path(__file__).resolve().parent.parent
 

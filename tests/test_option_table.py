@@ -19,7 +19,7 @@ from alkstore_sa import options as opt
 from alkstore_sa.cli import build_parser
 from alkstore_sa.cli._options import SEND, given_options
 from alkstore_sa.errors import InvalidOptionsError
-from alkstore_sa.sql import send as send_sql
+from alkstore_sa.sql.v26 import send as send_sql
 from alkstore_sa.testing import InlineQueueService
 
 PUBLIC_SEND = {o.name for o in opt.OPTIONS if o.send and o.public}

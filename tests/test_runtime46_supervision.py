@@ -299,7 +299,7 @@ def test_advisory_keys_are_computed_as_node_computes_them(
 ) -> None:
     from sqlalchemy import Text, bindparam, select
 
-    from alkstore_sa.sql._common import advisory_key
+    from alkstore_sa.sql.common.base import advisory_key
 
     stmt = select(advisory_key(bindparam("k", type_=Text)))
     with engine.connect() as conn:

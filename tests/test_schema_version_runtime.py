@@ -19,7 +19,7 @@ from support.worker import Harness, wait_for
 from alkstore_sa import QueueService, SchemaVersionError, migrate, names
 from alkstore_sa._engine_cache import engine_state
 from alkstore_sa.errors import SchemaVersionChangedError
-from alkstore_sa.sql import tables46
+from alkstore_sa.sql.v46 import tables as tables46
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def lock_key_sql(schema: str) -> str:
     """
     # The runtime's own expression, rendered as text (revisions also render as an
     # offline script): one derivation of the key for both.
-    from ..sql._common import advisory_key
+    from ..sql.common.base import advisory_key
 
     key = advisory_key(sa.literal(schema, sa.Text))
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]

@@ -90,7 +90,7 @@ def check_schema(ctx: Context) -> Op[int]:
     """
     from .. import names
     from ..errors import SchemaNotInstalledError, SchemaVersionError
-    from ..sql._common import VERSION
+    from ..sql.common.base import VERSION
 
     found = yield Call(select(func.to_regclass(f'"{ctx.schema}".version').is_not(None)))
     if not found.scalar_one():
@@ -136,7 +136,7 @@ class Conflict(Exception):
 
 
 # A unique violation (a policy or throttle index) or a deadlock on a unique index
-# (with a client that takes no key locks, see sql/fetch.py) is answered as a
+# (with a client that takes no key locks, see sql/v26/fetch.py) is answered as a
 # conflict. Anything else is a real error and is raised: a foreign-key or check
 # violation must not pass for "nothing happened", and under SERIALIZABLE the
 # caller must retry a serialization failure itself.

@@ -11,10 +11,10 @@ from ..models.enums import JobState
 from ..names import queue_ref
 from ..options import check_int, check_text, in_utc
 from ..records import Job, JobCounts, JobPage, read_job
-from ..sql import inspect as inspect_sql
-from ..sql._common import JOB as JOB26
-from ..sql.tables46 import JOB as JOB46
+from ..sql.common.base import JOB as JOB26
+from ..sql.v26 import inspect as inspect_sql
 from ..sql.v46 import fetch as fetch46_sql
+from ..sql.v46.tables import JOB as JOB46
 from ._core import Call, Context, Op
 from .queues import get_queues, require_queue
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..models.enums import JobState
 from ..records import JobOutcome, NotSettled, Settlement
-from ..sql import settle as settle_sql
+from ..sql.v26 import settle as settle_sql
 from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Context, Op
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import MAX_SINGLETON_KEY_BYTES
-from ..sql import fail as fail_sql
-from ..sql import fetch as fetch_sql
+from ..sql.v26 import fail as fail_sql
+from ..sql.v26 import fetch as fetch_sql
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
 from ._core import Call, Context, Op

@@ -18,8 +18,8 @@ from ..errors import (
 from ..models.enums import QueuePolicy
 from ..names import queue_ref, validate_queue
 from ..records import QueueInfo, QueueStats
-from ..sql import locks
-from ..sql import queues as queue_sql
+from ..sql.common import locks
+from ..sql.v26 import queues as queue_sql
 from ..sql.v46 import queues as queue46_sql
 from ._core import Call, Conflict, Context, Op
 

@@ -14,7 +14,7 @@ from ..errors import InvalidOptionsError, SchemaFeatureError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import ScheduleInfo
-from ..sql import queues as queue_sql
+from ..sql.v26 import queues as queue_sql
 from ..sql.v46 import cron as cron46_sql
 from ._core import Call, Context, Op
 from .queues import require_queue

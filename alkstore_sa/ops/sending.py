@@ -17,8 +17,8 @@ from ..errors import InvalidOptionsError, QueueNotFoundError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import EventSubscription
-from ..sql import queues as queue_sql
-from ..sql import send as send_sql
+from ..sql.v26 import queues as queue_sql
+from ..sql.v26 import send as send_sql
 from ..sql.v46 import job_now, node_channel
 from ..sql.v46 import send as send46_sql
 from ._core import Call, Context, Op
@@ -68,7 +68,7 @@ def _job_arrays(
         arrays["in_id"] = ids
     datas = arrays.get("in_data")
     if datas is not None:
-        # One JSON array text (see sql/send.py, data_array); each element was
+        # One JSON array text (see sql/v26/send.py, data_array); each element was
         # encoded and checked on its own above.
         arrays["in_data"] = "[" + ",".join("null" if d is None else d for d in datas) + "]"
     return arrays, ids

@@ -33,9 +33,9 @@ from ..errors import AlkstoreError, InvalidOptionsError, QueueNotFoundError, sho
 from ..names import SEND_IT_QUEUE, queue_ref
 from ..records import QueueWarning as QueueWarning  # re-exported: the supervisors report it
 from ..records import SupervisionReport as SupervisionReport
-from ..sql import fail as fail_sql
-from ..sql import locks
-from ..sql import supervision as sql
+from ..sql.common import locks
+from ..sql.v26 import fail as fail_sql
+from ..sql.v26 import supervision as sql
 from ._core import Call, Conflict, Context, Op, contained, restated
 from .queues import create_queue, get_queue
 from .sending import send, send_many

@@ -67,7 +67,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from ..records import QueueWarning, SupervisionReport
-from ..sql import locks
+from ..sql.common import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
 from . import stats46, turns46

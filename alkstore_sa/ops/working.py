@@ -19,10 +19,10 @@ from ..names import queue_ref
 from ..records import FailResult as FailResult  # re-exported: the workers read it
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job
 from ..records import Settlement as Settlement
-from ..sql import fail as fail_sql
-from ..sql import fetch as fetch_sql
-from ..sql import reading as reading_sql
-from ..sql import settle as settle_sql
+from ..sql.common import reading as reading_sql
+from ..sql.v26 import fail as fail_sql
+from ..sql.v26 import fetch as fetch_sql
+from ..sql.v26 import settle as settle_sql
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
 from ..sql.v46 import settle as settle46_sql
@@ -130,7 +130,7 @@ def fetch(
     ``autocommit``: the caller runs each statement in autocommit; a policy whose
     claim needs a transaction (key locks) raises :class:`NeedsTransaction` before
     any write. The claim then commits without waiting for the WAL flush (see
-    :func:`alkstore_sa.sql._claim.commit_without_flush`). Unreadable rows the
+    :func:`alkstore_sa.sql.common.claim.commit_without_flush`). Unreadable rows the
     claim activated are failed by the next statement, not in the claim's
     transaction: a crash in between leaves them active until their lease
     expires, and the next claim fails them again.
@@ -245,7 +245,7 @@ def _claim_once(
     """One claim: the jobs it activated and how many poison jobs it failed."""
     poisoned = 0
     if aware:
-        # Lock the keys first, in their own statement (see sql/fetch.py).
+        # Lock the keys first, in their own statement (see sql/v26/fetch.py).
         lock: Executable = (
             fetch46_sql.lock_keys(policy=policy, ignore_start_after=ignore_start_after)
             if ctx.version >= 46
@@ -482,7 +482,7 @@ def expire_jobs46(
 
     Returns how many jobs each queue had failed or set to retry; a batch short of
     ``limit`` means no more are due. ``now`` replaces the schema's clock (tests).
-    The caller holds the advisory lock ``<table>failJobsByTimeout`` (sql/locks.py)
+    The caller holds the advisory lock ``<table>failJobsByTimeout`` (sql/common/locks.py)
     that pg-boss takes for the same sweep.
     """
     return (
@@ -652,7 +652,7 @@ def redrive(
     (another client wrote it past the limits of the "Limits" page): those
     are logged, once per redrive.
     """
-    from ..sql import redrive as redrive_sql
+    from ..sql.v26 import redrive as redrive_sql
     from .redrive46 import check_filters, redrive46
 
     queue_ref(dead_letter, "dead_letter")

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from alkstore_sa import AsyncQueueService, JobSpec, QueueService
 from alkstore_sa._engine_cache import execution_options
-from alkstore_sa.sql.send import insert_jobs
+from alkstore_sa.sql.v26.send import insert_jobs
 
 from .. import ceiling
 from ..common import QUEUE, Config, Sample, Stopwatch, reset

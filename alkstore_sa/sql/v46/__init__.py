@@ -1,8 +1,8 @@
 """Statement builders for pg-boss schema version 46 (pg-boss 12.38.0).
 
 One module per path (send, fetch, settle, fail, supervision, cron), each writing
-through the schema-46 tables of :mod:`alkstore_sa.sql.tables46`. Operations choose
-these or the schema-26 builders of :mod:`alkstore_sa.sql` by ``ctx.version``.
+through the schema-46 tables of :mod:`alkstore_sa.sql.v46.tables`. Operations choose
+these or the schema-26 builders of :mod:`alkstore_sa.sql.v26` by ``ctx.version``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hashlib
 
 from sqlalchemy import DateTime
 
-from .._common import _SchemaFunction
+from ..common.base import _SchemaFunction
 
 
 class job_now(_SchemaFunction):

@@ -31,9 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
-from ..reading import readable_schedules
-from ..tables46 import JOB, QUEUE, SCHEDULE, VERSION
+from ..common.reading import readable_schedules
 from .supervision import now
+from .tables import JOB, QUEUE, SCHEDULE, VERSION
 
 
 @functools.cache
@@ -83,7 +83,7 @@ def cron_turn_state() -> Select[Any]:
 @functools.cache
 def timekeeper_schedules() -> Select[Any]:
     """Every schedule row, in a stable order, as the timekeeper reads them
-    (:func:`~alkstore_sa.sql.reading.readable_schedules`)."""
+    (:func:`~alkstore_sa.sql.common.reading.readable_schedules`)."""
     return readable_schedules(SCHEDULE)
 
 

@@ -1,6 +1,6 @@
 """Fail, retry and dead letters at schema 46 (pg-boss 12.38.0's failJobs and expiry).
 
-The shape is the one of :mod:`alkstore_sa.sql.fail` (schema 26): delete the
+The shape is the one of :mod:`alkstore_sa.sql.v26.fail` (schema 26): delete the
 matched rows and insert them again in one statement, as ``retry`` while retries
 remain (``ON CONFLICT DO NOTHING``, so a stately queue whose retry slot is taken
 falls through) and as ``failed`` otherwise, with a copy of each failed job sent to
@@ -60,10 +60,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from ...models.enums import JobState
-from .. import _failing
-from .._common import any_name, now_param, seconds, state_text
-from ..tables46 import JOB, QUEUE
+from ..common import failing as _failing
+from ..common.base import any_name, now_param, seconds, state_text
 from . import job_now
+from .tables import JOB, QUEUE
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output of a job failed because its lease ran out (byte-compatible with pg-boss)."""

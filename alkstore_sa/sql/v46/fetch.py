@@ -1,6 +1,6 @@
 """The claim at schema 46 (pg-boss 12.38's fetchNextJob), and the job reads.
 
-What changes from the schema-26 claim (:mod:`alkstore_sa.sql.fetch`), each as
+What changes from the schema-26 claim (:mod:`alkstore_sa.sql.v26.fetch`), each as
 pg-boss 12.38 does it:
 
 * the rows a fetch may take are exactly ``name = :qname AND state < 'active' AND
@@ -17,10 +17,10 @@ pg-boss 12.38 does it:
   key locks, so it runs in a savepoint and a conflict is an empty fetch;
 * singleton and stately: keys with an active job of the policy are skipped, at
   most one job per key per batch; keys are first locked as at 26 (see
-  :mod:`alkstore_sa.sql.fetch` for why).
+  :mod:`alkstore_sa.sql.v26.fetch` for why).
 
 Kept from 26: the guard on the cached policy, and rows read through
-:func:`alkstore_sa.sql.reading.readable_columns` so one poison row never fails
+:func:`alkstore_sa.sql.common.reading.readable_columns` so one poison row never fails
 the batch.
 
 Group concurrency (``groups``, see :mod:`alkstore_sa.groups`): a job of a group
@@ -59,13 +59,13 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from ...limits import MAX_GROUP_ID_BYTES
 from ...models.enums import JobState
-from .. import _claim
-from .._claim import in_keys, policy_literal
-from .._common import advisory_key, qname, state_text
-from .._compat import distinct_on
-from ..reading import readable, readable_columns
-from ..tables46 import JOB, QUEUE
+from ..common import claim as _claim
+from ..common.base import advisory_key, qname, state_text
+from ..common.claim import in_keys, policy_literal
+from ..common.compat import distinct_on
+from ..common.reading import readable, readable_columns
 from . import job_now
+from .tables import JOB, QUEUE
 
 SINGLETON_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers ``active``: the claim skips keys already active."""
@@ -285,7 +285,7 @@ def fetch_jobs(
     violation (a Node fetcher activated the key first): run it in a savepoint.
 
     ``relaxed``: for a worker's claim alone in autocommit, see
-    :func:`alkstore_sa.sql._claim.commit_without_flush`.
+    :func:`alkstore_sa.sql.common.claim.commit_without_flush`.
 
     ``groups`` (``"global"`` or ``"local"``, see the module) also binds
     ``:group_default`` and ``:group_tiers``, and ``:groups`` (the groups whose

@@ -3,7 +3,7 @@ their ``job_dependency`` rows, written together).
 
 One statement for the whole flow, whatever queues its jobs go to:
 
-* the jobs arrive as the arrays of a send (:mod:`alkstore_sa.sql.send`), plus
+* the jobs arrive as the arrays of a send (:mod:`alkstore_sa.sql.v26.send`), plus
   three of the flow's own: each job's queue (``:in_flow_queue``), whether it is
   a parent (``:in_flow_blocking``) and how many parents it waits for
   (``:in_flow_pending``). They are inserted as :mod:`alkstore_sa.sql.v46.send`
@@ -45,10 +45,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from ..send import ALL_INPUTS, INPUT_COLUMNS, data_array
-from ..tables46 import JOB, JOB_DEPENDENCY, QUEUE
+from ..v26.send import ALL_INPUTS, INPUT_COLUMNS, data_array
 from . import job_now
 from .send import job_values
+from .tables import JOB, JOB_DEPENDENCY, QUEUE
 
 FLOW_COLUMNS: list[tuple[str, Any]] = [
     ("flow_queue", Text()),
@@ -102,7 +102,7 @@ def insert_flow(
 ) -> Select[Any]:
     """Insert a flow's jobs and dependencies; one row ``(inserted, dependencies)``.
 
-    ``given`` as in :func:`alkstore_sa.sql.send.insert_jobs`. A job whose queue
+    ``given`` as in :func:`alkstore_sa.sql.v26.send.insert_jobs`. A job whose queue
     does not exist is left out (the operation checks the queues first and locks
     them ``FOR KEY SHARE``, so that cannot happen by the time this runs).
     ``traced``: every job stores ``:trace_context`` (see

@@ -39,11 +39,11 @@ from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP
 
 from ...models.enums import JobState
 from ...options import OPTION
-from .._claim import policy_literal
-from .._common import qname, seconds, state_text
-from ..send import _INPUT_TYPES
-from ..tables46 import JOB, QUEUE
+from ..common.base import qname, seconds, state_text
+from ..common.claim import policy_literal
+from ..v26.send import _INPUT_TYPES
 from . import job_now
+from .tables import JOB, QUEUE
 
 KEY_STRICT_FIFO = "key_strict_fifo"
 

@@ -39,10 +39,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID, insert
 
-from .._common import seconds
-from ..reading import readable_columns
-from ..tables46 import INSTANCE, QUEUE_STATS, WARNING
+from ..common.base import seconds
+from ..common.reading import readable_columns
 from . import job_now
+from .tables import INSTANCE, QUEUE_STATS, WARNING
 
 INSTANCE_QUIET_BEATS = 3
 """An instance is live until it misses this many heartbeats."""

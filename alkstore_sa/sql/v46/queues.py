@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Select, Text, Update, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from .._common import QUEUE as QUEUE26
-from ..tables46 import QUEUE
+from ..common.base import QUEUE as QUEUE26
 from . import job_now
+from .tables import QUEUE
 
 READ_COLUMNS = (*(c.name for c in QUEUE26.c), "heartbeat_seconds", "notify")
 """The queue columns :class:`alkstore_sa.records.QueueInfo` holds at 46."""
@@ -31,7 +31,7 @@ def get_queues(*, by_name: bool) -> Select[Any]:
 def update_queue(columns: tuple[str, ...]) -> Update:
     """Set ``columns`` (bound as ``:v_<column>``) on queue ``:qname`` at schema 46.
 
-    As :func:`alkstore_sa.sql.queues.update_queue`, on the table of 46: the columns
+    As :func:`alkstore_sa.sql.v26.queues.update_queue`, on the table of 46: the columns
     include ``heartbeat_seconds`` (``None`` clears it, as pg-boss's updateQueue
     does for a null ``heartbeatSeconds``) and ``notify``; ``updated_on`` comes from
     ``job_now()``, the clock pg-boss 12.38 stamps queues with.

@@ -55,10 +55,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
 from ...models.enums import JobState
-from .._common import qname, seconds, state, state_text
-from .._compat import distinct_on
-from ..tables46 import JOB, QUEUE
+from ..common.base import qname, seconds, state, state_text
+from ..common.compat import distinct_on
 from . import job_now
+from .tables import JOB, QUEUE
 
 KEY_STRICT_FIFO = "key_strict_fifo"
 

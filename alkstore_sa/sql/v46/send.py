@@ -1,6 +1,6 @@
 """The insert behind ``send`` and its relatives at schema 46 (pg-boss 12.38's insertJobs).
 
-Same inputs as the schema-26 statement (:mod:`alkstore_sa.sql.send`: parallel
+Same inputs as the schema-26 statement (:mod:`alkstore_sa.sql.v26.send`: parallel
 arrays that ``unnest`` turns into rows), written for the columns of 46:
 
 * ``created_on`` and every other instant come from ``job_now()``, the clock
@@ -46,10 +46,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ...options import OPTION, OPTIONS, OptionSpec
-from .._common import seconds
-from ..send import ALL_INPUTS, job_source
-from ..tables46 import JOB, QUEUE
+from ..common.base import seconds
+from ..v26.send import ALL_INPUTS, job_source
 from . import job_now
+from .tables import JOB, QUEUE
 
 KEY_STRICT_FIFO = "key_strict_fifo"
 """The policy (pg-boss 12, schema 28 on) that runs each key's jobs one at a time, in order."""
@@ -119,7 +119,7 @@ def insert_jobs(
 ) -> Select[Any]:
     """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
 
-    Inputs as :func:`alkstore_sa.sql.send.insert_jobs`, plus ``:all_keyed`` (every
+    Inputs as :func:`alkstore_sa.sql.v26.send.insert_jobs`, plus ``:all_keyed`` (every
     job has a ``singleton_key``) and ``:node_channel``. Returns one row per
     inserted job ``(found, policy, id)``, or a single row with a NULL id when
     nothing was inserted; ``found`` is false when the queue does not exist and

@@ -1,7 +1,7 @@
 """Statements that settle and move jobs by id at schema 46 (pg-boss 12.38's
 completeJobs, cancelJobs, resumeJobs, retryJobs, deleteJobsById).
 
-As at 26 (:mod:`alkstore_sa.sql.settle`), with what pg-boss 12.38 changed:
+As at 26 (:mod:`alkstore_sa.sql.v26.settle`), with what pg-boss 12.38 changed:
 
 * time is read through ``job_now()``;
 * complete writes only ``completed_on``, ``state`` and ``output`` (flow children
@@ -38,17 +38,17 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from ...models.enums import JobState
-from .. import _settling
-from .._common import ids, qname, state, state_text
-from ..tables46 import JOB, QUEUE
+from ..common import settling as _settling
+from ..common.base import ids, qname, state, state_text
 from . import job_now
+from .tables import JOB, QUEUE
 
 
 @functools.cache
 def complete_jobs() -> Update:
     """``active`` -> ``completed`` with each job's output; returns the ids changed.
 
-    Inputs as :func:`alkstore_sa.sql._common.settle_input`: a fenced item applies
+    Inputs as :func:`alkstore_sa.sql.common.base.settle_input`: a fenced item applies
     only to the attempt that started at its fence (``started_on``).
     """
     return _settling.complete(JOB, job_now())
@@ -206,7 +206,7 @@ def extend_lease() -> Update:
 @functools.cache
 def locate_jobs() -> Select[Any]:
     """``(id, name, state, started_on)`` of jobs ``:ids`` in any queue (see
-    :func:`alkstore_sa.sql._settling.locate`)."""
+    :func:`alkstore_sa.sql.common.settling.locate`)."""
     return _settling.locate(JOB)
 
 

@@ -54,9 +54,9 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP, aggregate_order_by
 
 from ...errors import shown
 from ...models.enums import JobState
-from .._common import now_param, seconds, state_text
-from ..tables46 import INSTANCE, JOB, QUEUE, QUEUE_STATS
+from ..common.base import now_param, seconds, state_text
 from . import job_now
+from .tables import INSTANCE, JOB, QUEUE, QUEUE_STATS
 
 LATENCY_SLOTS = 48
 """Slots of a wait or run histogram: under 10 ms, 46 slots growing by √2, overflow."""

@@ -58,10 +58,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 from sqlalchemy.sql.elements import Grouping
 
 from ...models.enums import JobState
-from .._common import advisory_key, any_name, now_param, seconds, state_text
-from ..tables46 import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
+from ..common.base import advisory_key, any_name, now_param, seconds, state_text
 from . import job_now
 from . import stats as stats_sql
+from .tables import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
 
 DELTA_LAG_SECONDS = 10
 """How far behind ``now`` the retained watermark moves: a completion stamped just

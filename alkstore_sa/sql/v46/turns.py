@@ -53,9 +53,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, OID
 from sqlalchemy.sql import column, table
 
 from ...models.enums import JobState
-from .._common import any_name, state_text
-from ..tables46 import BAM, JOB, JOB_DEPENDENCY, VERSION
+from ..common.base import any_name, state_text
 from .supervision import now
+from .tables import BAM, JOB, JOB_DEPENDENCY, VERSION
 
 FLOW_BATCH = 1_000
 """Completed parents one flow statement resolves (pg-boss's ``FLOW_BATCH_SIZE``)."""

@@ -1,7 +1,7 @@
 """The settle statements that schema 26 and schema 46 share.
 
 Completing, cancelling and extending a lease by id are the same statements at
-both versions (:mod:`alkstore_sa.sql.settle`, :mod:`alkstore_sa.sql.v46.settle`)
+both versions (:mod:`alkstore_sa.sql.v26.settle`, :mod:`alkstore_sa.sql.v46.settle`)
 but for the job table they write and the clock they read (``now()`` at 26,
 the schema's ``job_now()`` at 46), which each builder here takes.
 """
@@ -25,8 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 
-from ..models.enums import JobState
-from ._common import ids, qname, settle_input, state, state_text
+from ...models.enums import JobState
+from .base import ids, qname, settle_input, state, state_text
 
 
 def _active_of(job: Table, src: Any) -> list[ColumnElement[bool]]:
@@ -39,7 +39,7 @@ def complete(job: Table, now: ColumnElement[Any]) -> Update:
     """``active`` -> ``completed`` at ``now`` with each job's output; returns the ids
     changed.
 
-    Inputs as :func:`alkstore_sa.sql._common.settle_input`. Both forms need
+    Inputs as :func:`alkstore_sa.sql.common.base.settle_input`. Both forms need
     ``active`` (pg-boss's complete by id); a fenced one also needs the attempt
     that started at the fence (``started_on``).
     """

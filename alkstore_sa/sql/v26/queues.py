@@ -17,8 +17,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from ..models.enums import JobState
-from ._common import (
+from ...models.enums import JobState
+from ..common.base import (
     JOB,
     QUEUE,
     SCHEDULE,
@@ -27,7 +27,7 @@ from ._common import (
     delete_queue_fn,
     state_text,
 )
-from .reading import readable_schedules
+from ..common.reading import readable_schedules
 
 
 @functools.cache

@@ -1,11 +1,11 @@
 """The pieces of the claim that schema 26 and schema 46 share.
 
-Both claims (:mod:`alkstore_sa.sql.fetch`, :mod:`alkstore_sa.sql.v46.fetch`) take
+Both claims (:mod:`alkstore_sa.sql.v26.fetch`, :mod:`alkstore_sa.sql.v46.fetch`) take
 the same steps: a guard on the cached policy, advisory locks on the keys of
 singleton and stately queues taken before the claim, candidates row-locked with
 ``SKIP LOCKED``, at most one job per key, and an ``UPDATE ... RETURNING`` that
 activates them. Each piece here takes the tables and columns it works on, so
-each version passes its own (``sql._common`` at 26, ``sql.tables46`` at 46) and
+each version passes its own (``sql.common.base`` at 26, ``sql.v46.tables`` at 46) and
 keeps what differs (the predicate, the order, the clock) in its own module.
 """
 
@@ -32,8 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from ..models.enums import JobState
-from ._common import advisory_key, qname, state, state_text
+from ...models.enums import JobState
+from .base import advisory_key, qname, state, state_text
 
 
 def key_of(column: ColumnElement[Any]) -> ColumnElement[Any]:

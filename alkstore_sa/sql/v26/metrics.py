@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Float, Select, and_, cast, false, func, select
 
-from ..models.enums import JobState
-from . import tables46 as t46
-from ._common import JOB, QUEUE, state_text
+from ...models.enums import JobState
+from ..common.base import JOB, QUEUE, state_text
+from ..v46 import tables as t46
 
 
 def _age(expr: Any) -> Any:

@@ -24,8 +24,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType, TypeEngine
 
-from ..models import JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow, job_state_type
-from ..models.enums import JobState
+from ...models import JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow, job_state_type
+from ...models.enums import JobState
 
 JOB: Table = JobRow.__table__  # type: ignore[assignment]
 QUEUE: Table = QueueRow.__table__  # type: ignore[assignment]

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import Select, Update, delete, func, select
 
-from ..models.enums import JobState
-from . import _settling
-from ._common import JOB, ids, qname, state
+from ...models.enums import JobState
+from ..common import settling as _settling
+from ..common.base import JOB, ids, qname, state
 
 
 @functools.cache
@@ -66,12 +66,12 @@ def get_jobs() -> Select[Any]:
 @functools.cache
 def extend_lease() -> Update:
     """Push an active job's expiry out to ``now() + :extend_by`` seconds, fenced on
-    ``started_on`` (see :func:`alkstore_sa.sql._settling.extend_lease`)."""
+    ``started_on`` (see :func:`alkstore_sa.sql.common.settling.extend_lease`)."""
     return _settling.extend_lease(JOB, func.now())
 
 
 @functools.cache
 def locate_jobs() -> Select[Any]:
     """``(id, name, state, started_on)`` of jobs ``:ids`` in any queue (see
-    :func:`alkstore_sa.sql._settling.locate`)."""
+    :func:`alkstore_sa.sql.common.settling.locate`)."""
     return _settling.locate(JOB)

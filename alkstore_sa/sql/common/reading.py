@@ -38,7 +38,7 @@ from sqlalchemy import (
     select,
 )
 
-from ._common import JOB
+from .base import JOB
 
 # timestamptz columns are converted to the session time zone by the driver, which
 # may be up to a day away from UTC: one day of margin at each end keeps the converted
@@ -62,7 +62,7 @@ def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any
     with its own name, plus :data:`UNREADABLE`. See the module docstring.
 
     ``table`` says which columns a job has: the schema-26 job table by default,
-    :data:`alkstore_sa.sql.tables46.JOB` at 46."""
+    :data:`alkstore_sa.sql.v46.tables.JOB` at 46."""
     out: list[ColumnElement[Any]] = []
     marks: list[ColumnElement[Any]] = []
     for name in (c.name for c in table.c):

@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy import Select, func, select
 
-from . import _claim
-from ._claim import in_keys
-from ._common import JOB, QUEUE
-from .reading import readable_columns
+from ..common import claim as _claim
+from ..common.base import JOB, QUEUE
+from ..common.claim import in_keys
+from ..common.reading import readable_columns
 
 RACY_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers the ``active`` state: activating a job can conflict."""
@@ -87,7 +87,7 @@ def fetch_jobs(
     nothing is claimed, and the caller refreshes its belief and asks again.
 
     ``relaxed``: for a worker's claim alone in autocommit, see
-    :func:`alkstore_sa.sql._claim.commit_without_flush`.
+    :func:`alkstore_sa.sql.common.claim.commit_without_flush`.
     """
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=singleton_aware)

@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy import CTE, Integer, Select, Text, bindparam, cast, delete, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..models.enums import JobState
-from . import _failing
-from ._common import JOB, JOB_COLUMNS, QUEUE, any_name, now_param, seconds, state_text
+from ...models.enums import JobState
+from ..common import failing as _failing
+from ..common.base import JOB, JOB_COLUMNS, QUEUE, any_name, now_param, seconds, state_text
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
@@ -68,7 +68,7 @@ def fail_jobs() -> Select[Any]:
 
     Guard without a fence: the job is not finished (``state < 'completed'``), as
     pg-boss's fail by id. With a fence: the job is ``active`` in the attempt that
-    started at that time (see :func:`alkstore_sa.sql._failing.fenced_delete`).
+    started at that time (see :func:`alkstore_sa.sql.common.failing.fenced_delete`).
     """
     return _fail_from(_failing.fenced_delete(JOB))
 
@@ -110,7 +110,7 @@ def fail_poison() -> Select[Any]:
 
     For jobs that can never run (a row no worker can read or activate): the
     normal fail statement, so the job is dead-lettered like any failed job, but
-    with no retry left (see :func:`alkstore_sa.sql._failing.poison_delete`).
+    with no retry left (see :func:`alkstore_sa.sql.common.failing.poison_delete`).
     Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
     """
     return _fail_from(_failing.poison_delete(JOB))

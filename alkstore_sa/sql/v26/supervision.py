@@ -4,7 +4,7 @@
 Every statement that compares against the current time takes it as
 ``COALESCE(:now, now())``: production binds NULL and gets the database clock,
 tests bind a fake clock's time and move days in milliseconds. Expiration lives
-with the fail statement it shares (:func:`alkstore_sa.sql.fail.expire_jobs`).
+with the fail statement it shares (:func:`alkstore_sa.sql.v26.fail.expire_jobs`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from sqlalchemy import (
     true,
 )
 
-from ..models.enums import JobState
-from ._common import (
+from ...models.enums import JobState
+from ..common.base import (
     JOB,
     QUEUE,
     SCHEDULE,
@@ -37,7 +37,7 @@ from ._common import (
     seconds,
     state_text,
 )
-from .reading import readable_schedules
+from ..common.reading import readable_schedules
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
@@ -188,5 +188,5 @@ def delete_expired() -> Select[Any]:
 @functools.cache
 def all_schedules() -> Select[Any]:
     """Every stored schedule, in a stable order, as the timekeeper reads them
-    (:func:`~alkstore_sa.sql.reading.readable_schedules`)."""
+    (:func:`~alkstore_sa.sql.common.reading.readable_schedules`)."""
     return readable_schedules(SCHEDULE)

@@ -1,6 +1,6 @@
 """The shape of fail that schema 26 and schema 46 share.
 
-Both versions (:mod:`alkstore_sa.sql.fail`, :mod:`alkstore_sa.sql.v46.fail`) fail
+Both versions (:mod:`alkstore_sa.sql.v26.fail`, :mod:`alkstore_sa.sql.v46.fail`) fail
 jobs as pg-boss does: delete the rows, insert them again as ``retry`` or
 ``failed`` in the same statement, and copy each failed job into its dead letter
 queue. The steps here take the job table and the column values each version
@@ -35,9 +35,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from ..limits import LONGEST_RETRY_DELAY
-from ..models.enums import JobState
-from ._common import seconds, settle_input, state, state_text
+from ...limits import LONGEST_RETRY_DELAY
+from ...models.enums import JobState
+from .base import seconds, settle_input, state, state_text
 
 
 def fenced_delete(job: Table) -> CTE:

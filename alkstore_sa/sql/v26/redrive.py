@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Integer, Text, Uuid, bindparam, cast, delete, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from ..models.enums import JobState
-from ._common import JOB, state_text
+from ...models.enums import JobState
+from ..common.base import JOB, state_text
 
 
 @functools.cache

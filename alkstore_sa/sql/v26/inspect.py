@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import Integer, Select, Table, Text, Uuid, bindparam, cast, func, select, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
-from ..models.enums import JobState
-from ._common import JOB, state_text
-from .reading import readable_columns
+from ...models.enums import JobState
+from ..common.base import JOB, state_text
+from ..common.reading import readable_columns
 
 
 @functools.cache

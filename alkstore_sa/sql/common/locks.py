@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Select, Text, bindparam, func, select
 
-from ._common import advisory_key
+from .base import advisory_key
 
 CREATE_QUEUE = "create-queue"
 DELETE_QUEUE = "delete-queue"

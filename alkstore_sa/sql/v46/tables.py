@@ -1,7 +1,7 @@
 """The pg-boss schema-46 tables as SQLAlchemy Core :class:`~sqlalchemy.Table` objects.
 
 The builders of :mod:`alkstore_sa.sql.v46` read and write through these, named as
-:mod:`alkstore_sa.sql._common` names the schema-26 tables (``JOB``, ``QUEUE``...).
+:mod:`alkstore_sa.sql.common.base` names the schema-26 tables (``JOB``, ``QUEUE``...).
 They live on their own :data:`metadata`, apart from the schema-26 models, in the
 placeholder schema ``pgboss`` that ``schema_translate_map`` points at the schema in
 use, as for schema 26.
@@ -31,8 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from ..models.enums import job_state_type
-from ..names import DEFAULT_SCHEMA
+from ...models.enums import job_state_type
+from ...names import DEFAULT_SCHEMA
 
 metadata = MetaData(schema=DEFAULT_SCHEMA)
 """The schema-46 tables, in the placeholder schema ``pgboss``; never used for DDL."""

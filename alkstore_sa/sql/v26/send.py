@@ -31,8 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, aggregate_order_by, insert
 
-from ..options import OPTION, OPTIONS, OptionSpec
-from ._common import JOB, QUEUE, seconds
+from ...options import OPTION, OPTIONS, OptionSpec
+from ..common.base import JOB, QUEUE, seconds
 
 # The SQL type of each kind of option value (see OptionSpec.kind), for its input array.
 _INPUT_TYPES: dict[str, Any] = {
