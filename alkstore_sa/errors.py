@@ -10,6 +10,8 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Collection, Sequence
 
+from .schema_versions import NEWEST_KNOWN_SCHEMA_VERSION
+
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 120
 _SHOWN.maxlevel = 4
@@ -121,8 +123,7 @@ class SchemaVersionError(AlkstoreError):
 
 def _runtime_advice(schema: str, found: int, spoken: list[int]) -> str:
     """One line for a runtime (service, worker, supervisor) refusing ``found``."""
-    from .names import NEWEST_KNOWN_SCHEMA_VERSION as newest
-
+    newest = NEWEST_KNOWN_SCHEMA_VERSION
     head = f"schema {shown(schema)} is at pg-boss schema version {found}, "
     speaks = f"alkstore_sa speaks {' and '.join(map(str, spoken))}"
     if found > newest:

@@ -12,27 +12,16 @@ import re
 
 from .errors import InvalidNameError, shown
 
+# The schema versions are defined at the bottom of the package (errors words its
+# advice with them) and named here, where the rest of the package reads them:
+# SPOKEN_SCHEMA_VERSIONS is read as ``names.SPOKEN_SCHEMA_VERSIONS`` at every
+# schema check, so narrowing it here with ``monkeypatch`` still works.
+from .schema_versions import NEWEST_KNOWN_SCHEMA_VERSION as NEWEST_KNOWN_SCHEMA_VERSION
+from .schema_versions import SCHEMA_VERSION as SCHEMA_VERSION
+from .schema_versions import SPOKEN_SCHEMA_VERSIONS as SPOKEN_SCHEMA_VERSIONS
+
 DEFAULT_SCHEMA = "pgboss"
 """The schema Node pg-boss uses by default, and so do we."""
-
-SCHEMA_VERSION = 26
-"""The oldest pg-boss schema version the runtime speaks (Node pg-boss 11.1.x to 12.5.x),
-which the first of our migrations installs. ``alkstore db upgrade`` and
-:func:`alkstore_sa.migrate.upgrade` go on to :data:`alkstore_sa.migrate.DEFAULT_SCHEMA_VERSION`
-(46) unless told otherwise; the versions spoken are :data:`SPOKEN_SCHEMA_VERSIONS`."""
-
-NEWEST_KNOWN_SCHEMA_VERSION = 46
-"""The newest pg-boss schema version this release knows (pg-boss 12.38.0's); a schema
-beyond it was migrated by a newer pg-boss and is refused with advice to upgrade alkstore_sa."""
-
-SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26, 46})
-"""The pg-boss schema versions the services, workers and supervisors accept.
-
-26 (Node pg-boss 11.1.x, 12.0-12.5.x) and 46 (12.38.0), each with its own statements;
-the runtime at 46 passes the interop suite against Node pg-boss 12.38.0
-(the "Compatibility with pg-boss, and deliberate differences" page). Versions 27 to 45 are
-never spoken: they are refused with advice to move on to 46. Read at every schema check (not
-bound at import), so a test may narrow it with ``monkeypatch``."""
 
 SCHEMA_RECHECK_SECONDS = 10.0
 """How long a verified schema version is trusted before it is read again.

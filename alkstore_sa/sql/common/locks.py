@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Select, Text, bindparam, func, select
+from sqlalchemy import CTE, Select, Text, bindparam, func, literal, select
 
 from .base import advisory_key
 
@@ -26,3 +26,13 @@ def try_xact_lock() -> Select[tuple[bool]]:
     """Like :func:`xact_lock` but answers ``false`` instead of waiting."""
     key = bindparam("lock_schema", type_=Text) + bindparam("lock_key", type_=Text)
     return select(func.pg_try_advisory_xact_lock(advisory_key(key)))
+
+
+def try_lock_cte(key: str) -> CTE:
+    """A ``MATERIALIZED`` CTE ``lock(got)`` that tries the transaction-scoped lock
+    for ``:lock_schema`` + ``key`` once, for a statement that does its work only
+    when ``got`` (the loser scans nothing)."""
+    got = func.pg_try_advisory_xact_lock(
+        advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))
+    )
+    return select(got.label("got")).cte("lock").prefix_with("MATERIALIZED")

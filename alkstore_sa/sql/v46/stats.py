@@ -54,6 +54,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP, aggregate_order_by
 
 from ...errors import shown
 from ...models.enums import JobState
+from ..common import locks
 from ..common.base import now_param, seconds, state_text
 from . import job_now
 from .tables import INSTANCE, JOB, QUEUE, QUEUE_STATS
@@ -315,9 +316,7 @@ def true_up() -> Any:
     the window ends. Counts only rise. Under the ``queue-stats`` try-lock:
     returns one row ``(raised, pin_seconds)``, none when the lock was held.
     """
-    from .supervision import _lock_cte
-
-    lock = _lock_cte("queue-stats")
+    lock = locks.try_lock_cte(locks.QUEUE_STATS)
     got = select(lock.c.got).scalar_subquery()
     q = QUEUE.alias("q")
     names = func.any(bindparam("names", type_=postgresql.ARRAY(Text)))

@@ -46,7 +46,6 @@ from sqlalchemy import (
     false,
     func,
     insert,
-    literal,
     literal_column,
     null,
     or_,
@@ -58,7 +57,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
 from sqlalchemy.sql.elements import Grouping
 
 from ...models.enums import JobState
-from ..common.base import advisory_key, any_name, now_param, seconds, state_text
+from ..common import locks
+from ..common.base import any_name, now_param, seconds, state_text
 from . import job_now
 from . import stats as stats_sql
 from .tables import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
@@ -158,13 +158,6 @@ def release_maintain() -> Update:
     return QUEUE.update().where(QUEUE.c.name == mine.c.name).values(maintain_on=null())
 
 
-def _lock_cte(key: str) -> CTE:
-    got = func.pg_try_advisory_xact_lock(
-        advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))
-    )
-    return select(got.label("got")).cte("lock").prefix_with("MATERIALIZED")
-
-
 @functools.cache
 def cache_stats(*, throughput: bool = False) -> Update:
     """Count the queues ``:names`` and write the counters, as pg-boss's monitor.
@@ -188,7 +181,7 @@ def cache_stats(*, throughput: bool = False) -> Update:
     ``true_up`` (always false without ``throughput``) says the recorded windows
     of the last hour hold fewer jobs than a recount finds.
     """
-    lock = _lock_cte("queue-stats")
+    lock = locks.try_lock_cte(locks.QUEUE_STATS)
     got = select(lock.c.got).scalar_subquery()
 
     released = (
