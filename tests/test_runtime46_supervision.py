@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from alkstore_sa.ops.supervision46 import occurrence_key, slot_of
+from alkstore_sa.ops.duties46 import occurrence_key, slot_of
 from alkstore_sa.sql.v46 import supervision as supervision46_sql
 from alkstore_sa.supervision import Supervisor
 

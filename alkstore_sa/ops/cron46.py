@@ -35,17 +35,17 @@ from ..errors import InvalidOptionsError
 from ..names import SEND_IT_QUEUE
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sup_sql
+from . import frame
 from ._core import Call, Context, Op
-from .supervision import (
+from .duties26 import (
     SLOT_SECONDS,
     CronOutcome,
-    PassPlan,
-    _interval,
     decode_stored,
     ensure_send_it,
     file_occurrences,
     row_problem,
 )
+from .frame import PassPlan
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def evaluate46(ctx: Context, plan: PassPlan) -> Op[CronEvaluation | None]:
     its own: one whose expression, data or options cannot be read or evaluated is
     listed in ``invalid``, and the rest still fire.
     """
-    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    interval = frame.interval(plan, plan.settings.cron_monitor_interval)
     state = (yield Call(cron_sql.cron_turn_state(), {"now": plan.now})).one()
     if state.elapsed < interval:
         return None
@@ -189,7 +189,7 @@ def file46(ctx: Context, plan: PassPlan, evaluation: CronEvaluation) -> Op[CronO
     timekeepers that both evaluated file one job per occurrence between them (the
     slot's unique index); only the one that wins the claim files at all.
     """
-    interval = _interval(plan, plan.settings.cron_monitor_interval)
+    interval = frame.interval(plan, plan.settings.cron_monitor_interval)
     claim = (yield Call(cron_sql.claim_cron(), {"interval": interval, "now": plan.now})).one()
     if not claim.claimed:
         return CronOutcome(False)

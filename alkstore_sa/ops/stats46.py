@@ -1,5 +1,5 @@
 """Queue-stats history at schema 46, as units of the supervise pass
-(:func:`alkstore_sa.ops.supervision46.supervise_pass46`).
+(the monitor and retention duties of :mod:`alkstore_sa.ops.duties46`).
 
 The rule (the "Supervision and cron" page, "Queue-stats history"): a pass writes
 history when ``persist_queue_stats`` is set, **or** when another instance
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sql.v46 import stats as sql
+from . import frame
 from ._core import Call, Context, Op
-from .supervision import PassPlan, _lock
+from .frame import PassPlan
 
 INSERT_LOCK = "queue-stats-insert"
 
@@ -80,7 +81,7 @@ def write_history(
 ) -> Op[list[str]]:
     """A ``queue_stats`` row for each queue of ``names`` (those the aggregate
     wrote), under Node's ``queue-stats-insert`` lock; the queues written."""
-    yield from _lock(ctx, INSERT_LOCK, plan)
+    yield from frame.lock(ctx, INSERT_LOCK, plan)
     params = {"names": list(names), "marked": not history.own, "now": plan.now}
     result = yield Call(sql.insert_history(), params)
     return sorted(r.name for r in result)

@@ -36,14 +36,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any
 
 from ..sql.v46 import supervision as sup_sql
 from ..sql.v46 import turns as sql
+from . import frame
 from ._core import Call, Context, Op
 from .bam_rules import bam_refusal, built_index
-from .supervision import CHUNK, PassPlan, _interval, _lock, _Tally, queue_tables
+from .frame import CHUNK, PassPlan, Tally, queue_tables
+from .frame import Autocommit as Autocommit  # re-exported: where it was first defined
 
 logger = logging.getLogger(__name__)
 
@@ -58,20 +59,11 @@ _BLOAT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Autocommit:
-    """A unit of the pass to run outside any transaction block (DDL such as
-    ``CREATE INDEX CONCURRENTLY``): the supervisors answer it on a connection of
-    their own in autocommit, without the lock timeouts of the other units."""
-
-    op: Op[Any]
-
-
 Turn = Generator[Any, Any, None]
 
 
 def _claim(ctx: Context, column: str, seconds: float, plan: PassPlan) -> Op[bool]:
-    params = {"interval": _interval(plan, seconds), "now": plan.now}
+    params = {"interval": frame.interval(plan, seconds), "now": plan.now}
     return (yield Call(sql.claim_turn(column), params)).first() is not None
 
 
@@ -119,7 +111,7 @@ def _resolve(ctx: Context, names: list[str], plan: PassPlan) -> Op[tuple[int, in
     return int(row.resolved), int(row.released)
 
 
-def flow_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+def flow_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
     """Win ``flow_on`` and release the children whose parents have completed."""
     won = yield from tally.attempt(
         _claim(ctx, "flow_on", plan.settings.flow_interval, plan), "flows"
@@ -144,7 +136,7 @@ def flow_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
 
 
 def _claim_bam(ctx: Context, plan: PassPlan, pending_only: bool) -> Op[Any]:
-    yield from _lock(ctx, BAM_CLAIM_LOCK, plan)
+    yield from frame.lock(ctx, BAM_CLAIM_LOCK, plan)
     params = {"bam_schema": ctx.schema, "now": plan.now}
     return (yield Call(sql.claim_bam(pending_only=pending_only), params)).first()
 
@@ -165,7 +157,7 @@ def _finish(ctx: Context, plan: PassPlan, bam_id: Any, error: str | None) -> Op[
     yield Call(sql.finish_bam(), params)
 
 
-def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
+def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: Tally) -> Turn:
     refused = bam_refusal(ctx.schema, row.table_name, row.command)
     if refused is not None:
         # Not one of the index builds pg-boss's migrations queue: never run
@@ -216,7 +208,7 @@ def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: _Tally) -> Turn:
         )
 
 
-def bam_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+def bam_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
     """Win ``bam_on`` and run the pending ``bam`` rows back to back."""
     if not plan.wait_for_locks:
         return  # inside the caller's transaction: no index builds
@@ -247,7 +239,7 @@ def _read(ctx: Context, statement: Any, tables: list[str]) -> Op[list[Any]]:
     return list((yield Call(statement, {"schema": ctx.schema, "tables": tables})).all())
 
 
-def _dropped(ctx: Context, tables: list[str], tally: _Tally) -> Turn:
+def _dropped(ctx: Context, tables: list[str], tally: Tally) -> Turn:
     leftovers = yield from tally.attempt(_read(ctx, sql.reindex_leftovers(), tables), "reindex")
     for row in leftovers or []:
         error = yield from _outside(_drop(ctx, row.name))
@@ -257,7 +249,7 @@ def _dropped(ctx: Context, tables: list[str], tally: _Tally) -> Turn:
             tally.errors.append(f"reindex: dropping {row.name}: {error}")
 
 
-def reindex_turn(ctx: Context, plan: PassPlan, tally: _Tally) -> Turn:
+def reindex_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
     """Win ``reindex_on`` and rebuild the bloated job indexes (the pass's last step)."""
     if not plan.settings.reindex or not plan.wait_for_locks:
         return

@@ -27,7 +27,7 @@ timer (setting)            default                      does
 
 At schema 46 a supervise pass ends with the reindex turn (``reindex_interval``,
 24 h). Index builds and rebuilds run on a connection of their own in autocommit
-(:class:`~alkstore_sa.ops.turns46.Autocommit`).
+(:class:`~alkstore_sa.ops.frame.Autocommit`).
 
 >>> supervisor = Supervisor(engine, schema="pgboss")          # doctest: +SKIP
 >>> supervisor.start()                                        # doctest: +SKIP
@@ -60,6 +60,7 @@ from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, validate_schema
 from ..ops import Context, Op, driver, observe46
 from ..ops._core import may_be_schema_change
+from ..ops.frame import Autocommit
 from ..ops.supervision import (
     PassPlan,
     QueueWarning,
@@ -69,7 +70,6 @@ from ..ops.supervision import (
     supervise_pass,
     with_lock_timeouts,
 )
-from ..ops.turns46 import Autocommit
 from ..steps import Call, Run, Steps, Wait, adrive, drive
 
 __all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]

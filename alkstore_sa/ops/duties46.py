@@ -1,8 +1,7 @@
-"""The supervision pass at schema 46: every duty of pg-boss 12.38's supervisor.
-
-:func:`alkstore_sa.ops.supervision.supervise_pass` hands a context at version 46
-to :func:`supervise_pass46`. Its units are run as at 26 (each in a short
-transaction of its own, or inline in the caller's transaction).
+"""The duties of the supervise pass at schema 46: every duty of pg-boss 12.38's
+supervisor, and their list :data:`DUTIES46` (the frame that runs them is
+:func:`alkstore_sa.ops.frame.run_duties`). Their units are run as at 26 (each in
+a short transaction of its own, or inline in the caller's transaction).
 
 The rule: whenever we win a turn that Node pg-boss 12.38 also claims, we do in
 that turn everything Node does in it with its default settings; a turn whose
@@ -66,31 +65,23 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
-from ..records import QueueWarning, SupervisionReport
+from ..records import QueueWarning
 from ..sql.common import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
-from . import stats46, turns46
+from . import frame, stats46, turns46
 from ._core import Call, Context, Op
 from .cron46 import evaluate46, file46
 from .cron46 import is_rrule as is_rrule  # re-exported
 from .cron46 import occurrence_key as occurrence_key
 from .cron46 import slot_of as slot_of
+from .duties26 import cron_step, send_it_rounds, work_send_it
+from .frame import Duty, PassPlan, Tally
 from .stats46 import NO_HISTORY, History
-from .supervision import (
-    PassPlan,
-    _chunks,
-    _cron_step,
-    _drain,
-    _interval,
-    _lock,
-    _send_it_rounds,
-    _Tally,
-    work_send_it,
-)
 from .working import expire_heartbeats46, expire_jobs46
 
-logger = logging.getLogger(__name__)
+# The logger these duties have always logged on.
+logger = logging.getLogger("alkstore_sa.ops.supervision46")
 
 _BACKLOG = (
     'Warning: large queue backlog: queue "{name}" has {queued} jobs in the created or '
@@ -117,7 +108,7 @@ def claim_monitor(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[tupl
     """The monitor turn of ``names``: the queues won, and whether to count them."""
     params = {
         "names": list(names),
-        "interval": _interval(plan, plan.settings.monitor_interval),
+        "interval": frame.interval(plan, plan.settings.monitor_interval),
         "now": plan.now,
     }
     rows = (yield Call(sql.claim_monitor(), params)).all()
@@ -158,7 +149,7 @@ def expire(
 ) -> Op[dict[str, int]]:
     """One batch of expiry by lease (or by heartbeat), under Node's lock for it."""
     step = "failJobsByHeartbeat" if heartbeat else "failJobsByTimeout"
-    yield from _lock(ctx, locks.table_key(table, step), plan)
+    yield from frame.lock(ctx, locks.table_key(table, step), plan)
     sweep = expire_heartbeats46 if heartbeat else expire_jobs46
     return (yield from sweep(ctx, names, plan.settings.expire_batch_size, plan.now))
 
@@ -169,7 +160,7 @@ def claim_maintain(
     """The maintenance turn of ``names``: the queues won and the stamp they share."""
     params = {
         "names": list(names),
-        "interval": _interval(plan, plan.settings.maintenance_interval),
+        "interval": frame.interval(plan, plan.settings.maintenance_interval),
         "now": plan.now,
     }
     rows = (yield Call(sql.claim_maintain(), params)).all()
@@ -193,7 +184,7 @@ def delete_batch(
     ctx: Context, table: str, name: str, after: Any, before: dt.datetime, plan: PassPlan
 ) -> Op[Any]:
     """One retention batch of queue ``name`` under ``<table>deletion``."""
-    yield from _lock(ctx, locks.table_key(table, "deletion"), plan)
+    yield from frame.lock(ctx, locks.table_key(table, "deletion"), plan)
     params = {
         "qname": name,
         "after": after,
@@ -220,7 +211,7 @@ def cleanup_batch(
     ctx: Context, table: str, name: str, side: str, after: Any, plan: PassPlan
 ) -> Op[Any]:
     """One dependency-cleanup batch under ``<table>cleanupDependencies``."""
-    yield from _lock(ctx, locks.table_key(table, "cleanupDependencies"), plan)
+    yield from frame.lock(ctx, locks.table_key(table, "cleanupDependencies"), plan)
     params = {"qname": name, "after": after, "batch": plan.settings.delete_batch_size}
     return (yield Call(sql.cleanup_dependencies(side, cursor=after is not None), params)).one()
 
@@ -273,7 +264,7 @@ def set_last_jobs(ctx: Context, fired: Mapping[tuple[str, str], tuple[str, Any]]
 
 
 def _walk(
-    tally: _Tally, step: str, batch: Any, cursor: Any = None
+    tally: Tally, step: str, batch: Any, cursor: Any = None
 ) -> Generator[Op[Any], Any, tuple[bool, list[Any]]]:
     # Carry each batch's cursor (row.walk_cursor, or cursor(row)) into the next
     # until one comes back without one (done) or fails (not done); every
@@ -291,7 +282,7 @@ def _walk(
 
 
 def _maintain_queue(
-    ctx: Context, plan: PassPlan, table: str, name: str, tally: _Tally
+    ctx: Context, plan: PassPlan, table: str, name: str, tally: Tally
 ) -> Generator[Op[Any], Any, bool]:
     now = yield from tally.attempt(database_time(ctx, plan), "maintain")
     if now is None:
@@ -321,7 +312,7 @@ def _maintain_queue(
 def _history46(
     ctx: Context,
     plan: PassPlan,
-    tally: _Tally,
+    tally: Tally,
     history: History,
     written: list[str],
     late: list[str],
@@ -339,16 +330,14 @@ def _history46(
     return (yield from tally.attempt(stats46.true_up(ctx, late, plan), "true-up")) or 0.0
 
 
-def _chunk46(
-    ctx: Context,
-    plan: PassPlan,
-    table: str,
-    chunk: list[str],
-    tally: _Tally,
-    pin: list[float],
-    history: History = NO_HISTORY,
+def monitor_chunk46(
+    ctx: Context, plan: PassPlan, tally: Tally, table: str, chunk: list[str]
 ) -> Generator[Op[Any], Any, None]:
+    """The monitor turn of one chunk: the counters (with the history the pass
+    writes, see :func:`history_start`), then expiry by lease and by heartbeat."""
     s = plan.settings
+    history: History = tally.notes.get("history", NO_HISTORY)
+    pin = tally.pinned
     claimed = yield from tally.attempt(claim_monitor(ctx, chunk, plan), "monitor")
     watched, refresh = claimed or ([], False)
     if watched:
@@ -364,12 +353,19 @@ def _chunk46(
                 pin.append((yield from _history46(ctx, plan, tally, history, written, late)))
         for heartbeat in (False, True):
             step = "heartbeat" if heartbeat else "expire"
-            tally.expired += yield from _drain(
+            tally.expired += yield from frame.drain(
                 functools.partial(expire, ctx, table, watched, plan, heartbeat=heartbeat),
                 step,
                 tally,
                 s.expire_batch_size,
             )
+
+
+def maintain_chunk46(
+    ctx: Context, plan: PassPlan, tally: Tally, table: str, chunk: list[str]
+) -> Generator[Op[Any], Any, None]:
+    """The maintenance turn of one chunk, queue by queue; the queues not finished
+    are handed back."""
     won = yield from tally.attempt(claim_maintain(ctx, chunk, plan), "maintain")
     tidied, claimed_on = won or ([], None)
     finished = 0
@@ -402,22 +398,40 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
     return counts
 
 
-def _history_start(ctx: Context, plan: PassPlan, tally: _Tally) -> Generator[Op[Any], Any, History]:
-    # Whether this pass writes history (stats46's rule); if so, the partitions
-    # its rows go to, before any is written.
+def history_start(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
+    """Whether this pass writes stats history (stats46's rule), noted for the
+    monitor and the retention; if so, the partitions its rows go to, before any
+    is written."""
+    tally.notes["history"] = NO_HISTORY
     history = yield from tally.attempt(stats46.history_mode(ctx, plan), "history")
     if history is None or not history.write:
-        return NO_HISTORY
+        return
     yield from tally.attempt(stats46.ensure_partitions(ctx, plan), "history")
-    return history
+    tally.notes["history"] = history
 
 
-def _tail46(
-    ctx: Context, plan: PassPlan, tally: _Tally, history: History
+def backoff_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
+    """The monitor backoff, from the seconds this pass's counting pinned the
+    vacuum horizon."""
+    if sum(tally.pinned) > 0:
+        message = yield from tally.attempt(monitor_backoff(ctx, sum(tally.pinned), plan), "backoff")
+        if message:
+            logger.warning(message, extra={"action": "monitor_backoff"})
+
+
+def warning_retention_turn(
+    ctx: Context, plan: PassPlan, tally: Tally
 ) -> Generator[Op[Any], Any, None]:
-    # After the queues, in Node's order: warning retention, queue-stats
-    # retention (only when we persist by our own setting), instance upkeep.
+    """Warning retention (:func:`warning_retention`), in one unit."""
     yield from tally.attempt(warning_retention(ctx, plan), "upkeep")
+
+
+def stats_retention_turn(
+    ctx: Context, plan: PassPlan, tally: Tally
+) -> Generator[Op[Any], Any, None]:
+    """Queue-stats retention, only when we persist history by our own setting:
+    whole days dropped, or batched deletes on a plain table."""
+    history: History = tally.notes.get("history", NO_HISTORY)
     if history.own:
         dropped = yield from tally.attempt(stats46.drop_old_partitions(ctx, plan), "history")
         if dropped is not None and not dropped[0]:
@@ -429,34 +443,86 @@ def _tail46(
                     None if row.walk_cursor_on is None else (row.walk_cursor_on, row.walk_cursor_id)
                 ),
             )
+
+
+def upkeep_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
+    """The instance registry's upkeep (:func:`upkeep`), in one unit."""
     yield from tally.attempt(upkeep(ctx, plan), "upkeep")
 
 
-def supervise_pass46(ctx: Context, plan: PassPlan) -> Generator[Op[Any], Any, SupervisionReport]:
-    """One pass at 46: whether it writes stats history; per table and chunk of 100
-    queues, monitor then maintain; then the monitor backoff, the retentions, the
-    upkeep and reindex; cron; send-it; flows; BAM (see the module table)."""
-    tally = _Tally()
-    pin: list[float] = []
-    if plan.monitor:
-        history = yield from _history_start(ctx, plan, tally)
-        for table, chunk in (yield from _chunks(ctx, plan, tally)):
-            yield from _chunk46(ctx, plan, table, chunk, tally, pin, history)
-        if sum(pin) > 0:
-            message = yield from tally.attempt(monitor_backoff(ctx, sum(pin), plan), "backoff")
-            if message:
-                logger.warning(message, extra={"action": "monitor_backoff"})
-        yield from _tail46(ctx, plan, tally, history)
-        yield from turns46.reindex_turn(ctx, plan, tally)
-    if plan.cron:
-        # Two units: the evaluation holds no lock; the claim and the writes follow.
-        evaluation = yield from tally.attempt(evaluate46(ctx, plan), "cron")
-        if evaluation is not None:
-            yield from _cron_step(file46(ctx, plan, evaluation), tally)
-    if plan.send_it:
-        yield from _send_it_rounds(lambda batch: work_send_it46(ctx, batch), tally)
-    if plan.flows:
-        yield from turns46.flow_turn(ctx, plan, tally)
-    if plan.bam:
-        yield from turns46.bam_turn(ctx, plan, tally)
-    return tally.report(plan)
+def cron_turn46(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
+    """Two units: the evaluation holds no lock; the claim and the writes follow."""
+    evaluation = yield from tally.attempt(evaluate46(ctx, plan), "cron")
+    if evaluation is not None:
+        yield from cron_step(file46(ctx, plan, evaluation), tally)
+
+
+def send_it_turn46(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
+    """The send-it duty at 46: rounds of :func:`work_send_it46`."""
+    yield from send_it_rounds(lambda batch: work_send_it46(ctx, batch), tally)
+
+
+DUTIES46: tuple[Duty, ...] = (
+    Duty("stats history", "monitor", history_start),
+    Duty(
+        "monitor",
+        "monitor",
+        monitor_chunk46,
+        per_chunk=True,
+        interval="monitor_interval",
+        locks=(
+            locks.QUEUE_STATS,
+            stats46.INSERT_LOCK,
+            locks.table_key("<table>", "failJobsByTimeout"),
+            locks.table_key("<table>", "failJobsByHeartbeat"),
+        ),
+        reports=("monitored", "warnings", "expired", "recorded", "busy"),
+    ),
+    Duty(
+        "maintain",
+        "monitor",
+        maintain_chunk46,
+        per_chunk=True,
+        interval="maintenance_interval",
+        locks=(
+            locks.table_key("<table>", "deletion"),
+            locks.table_key("<table>", "cleanupDependencies"),
+        ),
+        reports=("maintained", "deleted"),
+    ),
+    Duty("monitor backoff", "monitor", backoff_turn),
+    Duty("warning retention", "monitor", warning_retention_turn),
+    Duty("stats retention", "monitor", stats_retention_turn),
+    Duty("upkeep", "monitor", upkeep_turn),
+    Duty(
+        "reindex",
+        "monitor",
+        turns46.reindex_turn,
+        interval="reindex_interval",
+        reports=("reindexed", "errors"),
+    ),
+    Duty(
+        "cron",
+        "cron",
+        cron_turn46,
+        interval="cron_monitor_interval",
+        reports=("cron_checked", "fired", "errors"),
+    ),
+    Duty("send-it", "send_it", send_it_turn46, reports=("sent",)),
+    Duty(
+        "flows",
+        "flows",
+        turns46.flow_turn,
+        interval="flow_interval",
+        reports=("flows_resolved", "released"),
+    ),
+    Duty(
+        "bam",
+        "bam",
+        turns46.bam_turn,
+        interval="bam_interval",
+        locks=(turns46.BAM_CLAIM_LOCK,),
+        reports=("bam", "errors"),
+    ),
+)
+"""The duties of a pass at schema 46, in the order it takes them (see the module)."""
