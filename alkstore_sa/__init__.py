@@ -7,6 +7,7 @@
 ...     QueueService(session).send("emails", {"order": order.id})
 """
 
+from ._version import __version__ as __version__
 from .errors import (
     AlkstoreError,
     FlowConflictError,
@@ -57,8 +58,6 @@ from .service import QueueService
 from .service_async import AsyncQueueService
 from .worker import AsyncWorker, HandlerSpec, Listener, QueueCounts, Worker
 from .worker.listener import Subscription
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SCHEMA",

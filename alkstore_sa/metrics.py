@@ -44,7 +44,8 @@ from .errors import InvalidOptionsError, shown
 from .migrate import installed_version
 from .names import DEFAULT_SCHEMA, validate_schema
 from .records import Job
-from .sql.v26 import metrics as sql
+from .sql.v26 import metrics as sql26
+from .sql.v46 import metrics as sql46
 
 __all__ = [
     "QueueMetricsCollector",
@@ -203,9 +204,9 @@ class QueueMetricsCollector(Collector):
                 if version is None:
                     raise LookupError(f"schema {shown(schema)} is not installed")
                 if version == 26:
-                    stmt = sql.queue_metrics_26()
+                    stmt = sql26.queue_metrics_26()
                 elif version >= 46:
-                    stmt = sql.queue_metrics_46()
+                    stmt = sql46.queue_metrics_46()
                 else:
                     raise LookupError(
                         f"schema {shown(schema)} is at version {version}, not 26 or 46"

@@ -21,6 +21,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+from .._version import __version__
 from ..errors import InvalidOptionsError, shown
 
 DEFAULT_HEARTBEAT_SECONDS = 30
@@ -172,8 +173,6 @@ class Registration:
         listen: bool,
     ) -> dict[str, Any]:
         """The parameters of the register and heartbeat statements."""
-        from .. import __version__
-
         s = supervisor_settings
         counts = _pool_counts(pool)
         config: dict[str, Any] = {
