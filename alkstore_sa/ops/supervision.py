@@ -32,9 +32,8 @@ from ._core import Call, Context, Op, restated
 from .duties26 import DUTIES26
 from .duties26 import database_epoch as database_epoch  # re-exported: the supervisors use it
 from .duties46 import DUTIES46
-from .frame import SETTINGS_SINCE as SETTINGS_SINCE  # re-exported, as before the frame
 from .frame import Busy, Duty, Pass, run_duties
-from .frame import PassPlan as PassPlan
+from .frame import PassPlan as PassPlan  # re-exported: the supervisors plan passes
 from .frame import Settings as Settings
 
 T = TypeVar("T")
