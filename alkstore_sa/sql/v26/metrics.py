@@ -1,4 +1,4 @@
-"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`): one per version.
+"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`) at schema 26.
 
 A scrape must stay cheap on a job table of millions of rows, so nothing here counts
 jobs. The counts come from the queue rows, where supervision's monitor caches them
@@ -12,20 +12,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Float, Select, and_, cast, false, func, select
+from sqlalchemy import Float, Select, cast, func, select
 
 from ...models.enums import JobState
 from ..common.base import JOB, QUEUE, state_text
-from ..v46 import tables as t46
 
 
-def _age(expr: Any) -> Any:
+def age(expr: Any) -> Any:
     """Seconds from ``expr`` to the statement's ``now()`` (NULL stays NULL)."""
     return cast(func.extract("epoch", func.now() - expr), Float)
 
 
 @functools.cache
-def queue_metrics_26() -> Select[Any]:
+def queue_metrics() -> Select[Any]:
     """Per queue: the cached counters and the oldest ready job's age, at schema 26.
 
     Columns: ``name, queued, deferred, active, total, counted_age, oldest_ready_age``.
@@ -49,49 +48,6 @@ def queue_metrics_26() -> Select[Any]:
         q.c.deferred_count.label("deferred"),
         q.c.active_count.label("active"),
         q.c.total_count.label("total"),
-        _age(q.c.monitor_on).label("counted_age"),
-        _age(oldest).label("oldest_ready_age"),
-    ).order_by(q.c.name)
-
-
-@functools.cache
-def queue_metrics_46() -> Select[Any]:
-    """As :func:`queue_metrics_26`, at schema 46, with its extra counters.
-
-    Columns: ``name, queued, deferred, active, total, failed, ready, blocked,
-    counted_age, oldest_ready_age``. A ready job is ``created`` or ``retry``, not
-    ``blocked`` (a flow's job waiting for its parents) and due. One ``min()`` per
-    state, each an equality prefix of ``job_i14`` ``(name, state, blocked,
-    start_after)``, so each is one index probe; ``state < 'active'`` would be a
-    range on ``state`` and could not take the first entry.
-    """
-    q, j = t46.QUEUE.alias("q"), t46.JOB.alias("j")
-
-    def oldest(state: JobState) -> Any:
-        return (
-            select(func.min(j.c.start_after))
-            .where(
-                and_(
-                    j.c.name == q.c.name,
-                    j.c.state == state_text(state),
-                    j.c.blocked == false(),
-                    j.c.start_after <= func.now(),
-                )
-            )
-            .scalar_subquery()
-        )
-
-    # least() ignores NULLs: a queue with ready jobs in one state only still has an age.
-    first = func.least(oldest(JobState.CREATED), oldest(JobState.RETRY))
-    return select(
-        q.c.name,
-        q.c.queued_count.label("queued"),
-        q.c.deferred_count.label("deferred"),
-        q.c.active_count.label("active"),
-        q.c.total_count.label("total"),
-        q.c.failed_count.label("failed"),
-        q.c.ready_count.label("ready"),
-        q.c.blocked_count.label("blocked"),
-        _age(q.c.monitor_on).label("counted_age"),
-        _age(first).label("oldest_ready_age"),
+        age(q.c.monitor_on).label("counted_age"),
+        age(oldest).label("oldest_ready_age"),
     ).order_by(q.c.name)
