@@ -50,7 +50,6 @@ FEATURES: Mapping[str, int] = MappingProxyType(
         "dead letters record their source queue": 46,
         "retained and total counts": 46,
         "Node's notify channel": 46,
-        "job heartbeats": 46,
         "ready, blocked and failed counts": 46,
         "deletion_seconds 0 (keep forever)": 46,
     }
