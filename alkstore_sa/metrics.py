@@ -40,12 +40,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
+from . import names, versions
 from .errors import InvalidOptionsError, shown
 from .migrate import installed_version
 from .names import DEFAULT_SCHEMA, validate_schema
 from .records import Job
-from .sql.v26 import metrics as sql26
-from .sql.v46 import metrics as sql46
+from .sql.statements import statements_for
 
 __all__ = [
     "QueueMetricsCollector",
@@ -203,14 +203,13 @@ class QueueMetricsCollector(Collector):
                 version = installed_version(conn, schema)
                 if version is None:
                     raise LookupError(f"schema {shown(schema)} is not installed")
-                if version == 26:
-                    stmt = sql26.queue_metrics_26()
-                elif version >= 46:
-                    stmt = sql46.queue_metrics_46()
-                else:
+                spoken = names.SPOKEN_SCHEMA_VERSIONS
+                if version not in spoken:
                     raise LookupError(
-                        f"schema {shown(schema)} is at version {version}, not 26 or 46"
+                        f"schema {shown(schema)} is at version {version}, "
+                        f"not {' or '.join(map(str, sorted(spoken)))}"
                     )
+                stmt = statements_for(version).queue_metrics()
                 rows = conn.execution_options(
                     schema_translate_map={DEFAULT_SCHEMA: schema}
                 ).execute(stmt)
@@ -279,7 +278,8 @@ def _families(readings: list[_Reading], errors: dict[str, int]) -> list[Metric]:
             version.add_metric([r.schema], float(r.version))
         for row in r.rows:
             labels = [r.schema, row.name]
-            if r.version is not None and r.version >= 46:
+            extra = "ready, blocked and failed counts"
+            if r.version is not None and versions.has(r.version, extra):
                 states = {
                     "ready": row.ready,
                     "deferred": row.deferred,

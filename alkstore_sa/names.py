@@ -117,3 +117,13 @@ def partition_table_name(queue: str) -> str:
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which ``send`` announces new jobs for ``schema``."""
     return f"alkstore_{schema}"
+
+
+def node_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which Node pg-boss 12 announces new jobs of ``schema``.
+
+    ``pgboss_`` and the first 24 hex digits of SHA-224 of the schema name (the
+    database name is not part of it); the payload is the queue name. Node sends
+    and listens on it for queues created with ``notify``.
+    """
+    return "pgboss_" + hashlib.sha224(schema.encode("utf-8")).hexdigest()[:24]

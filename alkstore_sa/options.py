@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict
 
-from . import limits
+from . import limits, versions
 from .errors import InvalidOptionsError, shown
 from .models.enums import QueuePolicy
 from .names import queue_ref
@@ -605,15 +605,16 @@ def check_version(values: Mapping[str, Any], version: int | None, what: str) -> 
                 f"this schema is at {version}",
             )
         if (
-            version < 46
-            and spec.minimum_26 is not None
+            spec.minimum_26 is not None
+            and not versions.has(version, "deletion_seconds 0 (keep forever)")
             and isinstance(value, int)
             and value < spec.minimum_26
         ):
             raise InvalidOptionsError(
                 key,
                 f"must be at least {spec.minimum_26} at schema {version}, not {value} "
-                f"({value} is allowed from pg-boss schema 46 on)",
+                f"({value} is allowed from pg-boss schema "
+                f"{versions.since('deletion_seconds 0 (keep forever)')} on)",
             )
 
 

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa.steps",
             "alkstore_sa.tracing",
             "alkstore_sa.errors",
+            "alkstore_sa.versions",
         ),
     ),
     ("models", ("alkstore_sa.models",)),
@@ -46,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("statements shared by the versions", ("alkstore_sa.sql", "alkstore_sa.sql.common")),
     ("statements at schema 26", ("alkstore_sa.sql.v26",)),
     ("statements at schema 46", ("alkstore_sa.sql.v46",)),
+    ("each version's statement set", ("alkstore_sa.sql.statements",)),
     ("migrations", ("alkstore_sa.migrations",)),
     ("operations", ("alkstore_sa.ops",)),
     (

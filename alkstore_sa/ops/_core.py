@@ -10,7 +10,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Executable, Result, func, select
 
+from .. import versions
 from ..names import SCHEMA_VERSION, notify_channel
+from ..sql.statements import Statements, statements_for
 
 T = TypeVar("T")
 
@@ -66,8 +68,10 @@ class Context:
     """What every operation needs to know about its service.
 
     ``version`` is the pg-boss schema version the operations speak (26 or 46):
-    :func:`check_schema` sets it from the installed schema, and operations choose
-    their statements by it (the builders of 46 live in :mod:`alkstore_sa.sql.v46`).
+    :func:`check_schema` sets it from the installed schema. Operations never
+    compare it: they build statements through :attr:`sql`, that version's
+    statement set, and ask :meth:`has` or :meth:`require` for what only some
+    versions have (the table of :mod:`alkstore_sa.versions`).
     """
 
     schema: str
@@ -78,6 +82,21 @@ class Context:
     @property
     def channel(self) -> str:
         return notify_channel(self.schema)
+
+    @property
+    def sql(self) -> Statements:
+        """The statement set of the schema's version."""
+        return statements_for(self.version)
+
+    def has(self, feature: str) -> bool:
+        """Whether the schema's version has ``feature`` (a key of
+        :data:`alkstore_sa.versions.FEATURES`)."""
+        return versions.has(self.version, feature)
+
+    def require(self, feature: str, what: str | None = None) -> None:
+        """Refuse ``feature`` (printed as ``what``) on a schema whose version lacks
+        it: :class:`~alkstore_sa.SchemaFeatureError`, before any statement."""
+        versions.require(self.schema, self.version, feature, what)
 
 
 def check_schema(ctx: Context) -> Op[int]:

@@ -17,22 +17,16 @@ from ..errors import (
     FlowConflictError,
     InvalidOptionsError,
     QueueNotFoundError,
-    SchemaFeatureError,
     shown,
 )
 from ..models.enums import JobState, QueuePolicy
-from ..names import queue_ref
+from ..names import node_channel, queue_ref
 from ..options import check_int
 from ..options import job_id as _job_id
 from ..records import JobDependency
 from ..sql.v46 import flow as flow_sql
-from ..sql.v46 import node_channel
 from ._core import Call, Conflict, Context, Op
 from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, traced
-
-FLOWS_SINCE = 46
-"""The schema version from which ``flow`` exists here (pg-boss's dependencies
-arrived at 31; we speak 26 and 46)."""
 
 _KEYS = frozenset({"ref", "name", "data", "options", "depends_on"})
 
@@ -170,14 +164,9 @@ class _Graph:
         )
 
 
-def _require_version(ctx: Context) -> None:
-    if ctx.version < FLOWS_SINCE:
-        raise SchemaFeatureError(ctx.schema, "flow", FLOWS_SINCE, ctx.version)
-
-
 def flow(ctx: Context, jobs: object) -> Op[dict[str, uuid.UUID]]:
     """Insert jobs with dependencies in the caller's transaction; see ``QueueService.flow``."""
-    _require_version(ctx)
+    ctx.require("flow")
     graph = _Graph(jobs)
     arrays, ids = _job_arrays(graph.specs, ctx.version)
     taken: dict[tuple[str, uuid.UUID], int] = {}
@@ -293,9 +282,7 @@ def related_jobs(
         maximum=DEPENDENCIES_LIMIT_MAX,
     )
     past = _after(after)
-    if ctx.version < FLOWS_SINCE:
-        feature = "get_dependencies" if parents else "get_dependents"
-        raise SchemaFeatureError(ctx.schema, feature, FLOWS_SINCE, ctx.version)
+    ctx.require("flow", "get_dependencies" if parents else "get_dependents")
     params: dict[str, Any] = {"qname": name, "id": ident, "limit": count}
     if past is not None:
         params["after_name"], params["after_id"] = past
@@ -306,4 +293,4 @@ def related_jobs(
     ]
 
 
-__all__ = ["DEPENDENCIES_LIMIT", "DEPENDENCIES_LIMIT_MAX", "FLOWS_SINCE", "flow", "related_jobs"]
+__all__ = ["DEPENDENCIES_LIMIT", "DEPENDENCIES_LIMIT_MAX", "flow", "related_jobs"]

@@ -9,14 +9,9 @@ for code that runs a fetched job by itself.
 
 from __future__ import annotations
 
-from ..errors import SchemaFeatureError
 from ..records import Settled
-from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Context, Op
 from .working import _found_or_missing, _settle_params, settlements
-
-HEARTBEATS_SINCE = 46
-"""The first pg-boss schema version with job heartbeats (pg-boss 12.12's v30)."""
 
 
 def touch(ctx: Context, name: str, jobs: object) -> Op[Settled]:
@@ -27,13 +22,12 @@ def touch(ctx: Context, name: str, jobs: object) -> Op[Settled]:
     Every input is checked, and the schema version too, before any statement.
     """
     items = settlements(name, jobs)
-    if ctx.version < HEARTBEATS_SINCE:
-        raise SchemaFeatureError(ctx.schema, "touch", HEARTBEATS_SINCE, ctx.version)
+    ctx.require("touch")
     if not items:
         return Settled(0, [])
     params = _settle_params(name, items)
     del params["outputs"]
-    result = yield Call(settle46_sql.touch_jobs(), params)
+    result = yield Call(ctx.sql.touch_jobs(), params)
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
     return Settled(len(items), affected)

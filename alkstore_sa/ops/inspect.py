@@ -6,15 +6,11 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 
-from ..errors import InvalidOptionsError, SchemaFeatureError, shown
+from ..errors import InvalidOptionsError, shown
 from ..models.enums import JobState
 from ..names import queue_ref
 from ..options import check_int, check_text, in_utc
 from ..records import Job, JobCounts, JobPage, read_job
-from ..sql.common.base import JOB as JOB26
-from ..sql.v26 import inspect as inspect_sql
-from ..sql.v46 import fetch as fetch46_sql
-from ..sql.v46.tables import JOB as JOB46
 from ._core import Call, Context, Op
 from .queues import get_queues, require_queue
 
@@ -38,7 +34,7 @@ def list_jobs(ctx: Context, name: str, state: object, limit: int) -> Op[list[Job
     wanted = _state(state)
     check_int("limit", limit, minimum=1, maximum=LIST_LIMIT_MAX)
     yield from require_queue(ctx, name)
-    stmt = fetch46_sql.list_jobs(wanted) if ctx.version >= 46 else inspect_sql.list_jobs(wanted)
+    stmt = ctx.sql.list_jobs(wanted)
     result = yield Call(stmt, {"qname": name, "limit": limit})
     return [read_job(row) for row in result.mappings().all()]
 
@@ -94,11 +90,9 @@ def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int
     after = filters.get("after")
     cursor = None if after is None else decode_cursor(after)
     check_int("limit", limit, minimum=1, maximum=FIND_LIMIT_MAX)
-    if group is not None and ctx.version < 46:
-        raise SchemaFeatureError(ctx.schema, "a group filter", 46, ctx.version)
-    table = JOB46 if ctx.version >= 46 else JOB26
-    stmt = inspect_sql.find_jobs(
-        table,
+    if group is not None:
+        ctx.require("a group filter")
+    stmt = ctx.sql.find_jobs(
         queue=queue is not None,
         state=wanted,
         key=key is not None,
@@ -135,8 +129,7 @@ def count_jobs(ctx: Context, names: Sequence[str] | None) -> Op[list[JobCounts]]
     """Jobs per queue and state, every queue of the schema (or those named)."""
     wanted = None if names is None else [queue_ref(n, "names") for n in names]
     queues = yield from get_queues(ctx, wanted)
-    table = JOB46 if ctx.version >= 46 else JOB26
-    stmt = inspect_sql.count_jobs(table, named=wanted is not None)
+    stmt = ctx.sql.count_jobs(named=wanted is not None)
     result = yield Call(stmt, {"names": wanted} if wanted is not None else {})
     counts: dict[str, dict[str, int]] = {q.name: dict.fromkeys(STATES, 0) for q in queues}
     oldest: dict[str, float | None] = dict.fromkeys(counts)

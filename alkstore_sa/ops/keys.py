@@ -12,20 +12,15 @@ from typing import Any
 
 from .. import options as opt
 from .. import tracing
-from ..errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError, shown
+from ..errors import InvalidOptionsError, QueueNotFoundError, shown
 from ..models.enums import QueuePolicy
-from ..names import queue_ref
+from ..names import node_channel, queue_ref
 from ..records import UpdateResult, UpsertResult
 from ..sql.v46 import keys as keys_sql
-from ..sql.v46 import node_channel
 from ..sql.v46 import send as send46_sql
 from ._core import Call, Conflict, Context, Op
 from .queues import queue_policy, require_queue
 from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, traced
-
-KEYS_SINCE = 46
-"""The schema version from which ``update``, ``upsert`` and ``get_blocked_keys``
-exist here (pg-boss's ``upsert_by_key`` arrived at 45; we speak 26 and 46)."""
 
 BLOCKED_KEYS_LIMIT = 1000
 """``get_blocked_keys``'s default ``limit`` (pg-boss's list default)."""
@@ -50,11 +45,6 @@ class _Keep:
 KEEP_DATA: Any = _Keep()
 """The default ``data`` of ``update`` and ``upsert``: an edited job keeps its data (only
 options change); a job an upsert inserts gets none."""
-
-
-def _require_version(ctx: Context, feature: str) -> None:
-    if ctx.version < KEYS_SINCE:
-        raise SchemaFeatureError(ctx.schema, feature, KEYS_SINCE, ctx.version)
 
 
 class _Target:
@@ -134,7 +124,7 @@ def update(
 ) -> Op[UpdateResult]:
     """Edit not-yet-active jobs in place; see ``QueueService.update``."""
     queue_ref(name)
-    _require_version(ctx, "update")
+    ctx.require("update")
     target = _Target("update", id, singleton_key, match)
     checked = _checked_options(options, "update", ctx.version)
     call = _update_call(ctx, name, target, data, checked)
@@ -159,7 +149,7 @@ def upsert(
 ) -> Op[UpsertResult]:
     """Edit the named job if it has not started, else insert one; see ``QueueService.upsert``."""
     queue_ref(name)
-    _require_version(ctx, "upsert")
+    ctx.require("upsert")
     target = _Target("upsert", id, singleton_key, match)
     checked = _checked_options(options, "upsert", ctx.version)
     update_call = _update_call(ctx, name, target, data, checked)
@@ -238,7 +228,7 @@ def _upsert(
 def get_blocked_keys(ctx: Context, name: str, limit: object, after: object) -> Op[list[str]]:
     """Keys of a key_strict_fifo queue holding a failed job (``QueueService.get_blocked_keys``)."""
     queue_ref(name)
-    _require_version(ctx, "get_blocked_keys")
+    ctx.require("get_blocked_keys")
     if limit is None:
         limit = BLOCKED_KEYS_LIMIT
     count = opt.check_int("limit", limit, minimum=1, maximum=BLOCKED_KEYS_LIMIT_MAX)

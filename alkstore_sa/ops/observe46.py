@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidOptionsError, SchemaFeatureError, shown
+from ..errors import InvalidOptionsError, shown
 from ..names import queue_ref
 from ..options import check_int, check_text, in_utc
 from ..records import (
@@ -55,12 +55,6 @@ _GAUGES = (
     "failed_count",
     "total_count",
 )
-
-
-def require46(ctx: Context, feature: str) -> None:
-    """Refuse ``feature`` on a schema below 46."""
-    if ctx.version < 46:
-        raise SchemaFeatureError(ctx.schema, feature, 46, ctx.version)
 
 
 # ------------------------------------------------------------------ percentiles
@@ -267,7 +261,7 @@ def get_queue_stats_history(
             check_int("bucket_seconds", bucket_seconds, minimum=1)
         else:
             check_int("max_data_points", max_data_points, minimum=1)
-    require46(ctx, "queue-stats history")
+    ctx.require("queue-stats history")
     yield from require_queue(ctx, name)
     params = {"qname": name, "from_on": lo, "to_on": hi, "limit": limit}
     result = yield Call(sql.stats_history(for_buckets=bucketed), params)
@@ -301,7 +295,7 @@ def get_warnings(
     when = _time("since", since)
     check_int("limit", limit, minimum=1, maximum=LIMIT_MAX)
     check_int("offset", offset, minimum=0)
-    require46(ctx, "the warning table")
+    ctx.require("the warning table")
     params = {"type": type, "since": when, "limit": limit, "offset": offset}
     rows = (yield Call(sql.get_warnings(), params)).mappings().all()
     return [PersistedWarning.from_row(r) for r in rows]
@@ -309,7 +303,7 @@ def get_warnings(
 
 def persist_warning(ctx: Context, kind: str, message: str, data: object) -> Op[None]:
     """Write a warning row (Node's ``persistWarnings``); nothing below 46."""
-    if ctx.version >= 46:
+    if ctx.has("the warning table"):
         params = {"type": kind, "message": message, "data": json.dumps(data, default=str)}
         yield Call(sup_sql.insert_warning(), params)
 
@@ -328,7 +322,7 @@ def get_instances(ctx: Context, limit: object, after: object) -> Op[list[Instanc
             raise InvalidOptionsError(
                 "after", f"must be an instance id, not {shown(after)}"
             ) from None
-    require46(ctx, "the instance registry")
+    ctx.require("the instance registry")
     params: dict[str, Any] = {"limit": limit}
     if ref is not None:
         params["after"] = ref
@@ -351,7 +345,7 @@ def register_instance(
     """Register (or re-register) an instance; its ``started_on``, ``None`` below 46.
     Its crash restarts are counted, then the same name's (host's, unnamed) older
     dead rows past the newest 20 are pruned."""
-    if ctx.version < 46:
+    if not ctx.has("the instance registry"):
         return None
     started: dt.datetime = (yield Call(sql.register_instance(), dict(values))).scalar_one()
     yield _count_crashes(values, process_start)
@@ -370,7 +364,7 @@ def heartbeat_instance(
     a schema upgraded to 46 since the worker started); its ``started_on``. The crash
     restarts are counted again: an earlier life that still read live at the last
     count may have gone quiet since (pg-boss recounts when it would)."""
-    if ctx.version < 46:
+    if not ctx.has("the instance registry"):
         return None
     if started_on is None:
         return (yield from register_instance(ctx, values, process_start))
@@ -381,7 +375,7 @@ def heartbeat_instance(
 
 def stop_instance(ctx: Context, instance_id: uuid.UUID) -> Op[None]:
     """Mark an instance stopped (nothing below 46)."""
-    if ctx.version >= 46:
+    if ctx.has("the instance registry"):
         yield Call(sql.stop_instance(), {"instance_id": instance_id})
 
 
@@ -394,6 +388,5 @@ __all__ = [
     "percentile",
     "persist_warning",
     "register_instance",
-    "require46",
     "stop_instance",
 ]

@@ -9,8 +9,6 @@ from typing import Any
 
 from ..models.enums import JobState
 from ..records import JobOutcome, NotSettled, Settlement
-from ..sql.v26 import settle as settle_sql
-from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Context, Op
 
 
@@ -31,8 +29,7 @@ def outcomes(
     left = sorted({i.id for i in items if i.id not in states})
     found: dict[uuid.UUID, list[Any]] = {}
     if left:
-        stmt = settle46_sql.locate_jobs() if ctx.version >= 46 else settle_sql.locate_jobs()
-        result = yield Call(stmt, {"ids": left})
+        result = yield Call(ctx.sql.locate_jobs(), {"ids": left})
         for row in result.all():
             found.setdefault(row.id, []).append(row)
     return [_outcome(name, item, states, found.get(item.id, [])) for item in items]

@@ -20,10 +20,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import MAX_SINGLETON_KEY_BYTES
-from ..sql.v26 import fail as fail_sql
-from ..sql.v26 import fetch as fetch_sql
-from ..sql.v46 import fail as fail46_sql
-from ..sql.v46 import fetch as fetch46_sql
 from ._core import Call, Context, Op
 
 log = logging.getLogger(__name__)
@@ -76,8 +72,7 @@ def fail_poison(
         return 0
     outputs = {job_id: poison_output(job_id, what, why) for job_id, what, why in poisoned}
     result = yield Call(
-        # At 46 through the fail that carries every column (sql/v46/fail.py).
-        fail46_sql.fail_poison() if ctx.version >= 46 else fail_sql.fail_poison(),
+        ctx.sql.fail_poison(),
         {
             "qname": name,
             "ids": list(outputs),
@@ -116,10 +111,8 @@ def fail_unclaimable_keys(
     policy: str,
 ) -> Op[int]:
     """Fail the next jobs (at most ``params["limit"]``) whose key is one of ``keys``."""
-    stmt = (
-        fetch46_sql.keyed_jobs(policy=policy, ignore_start_after=ignore_start_after)
-        if ctx.version >= 46
-        else fetch_sql.keyed_jobs(priority=priority, ignore_start_after=ignore_start_after)
+    stmt = ctx.sql.keyed_jobs(
+        policy=policy, priority=priority, ignore_start_after=ignore_start_after
     )
     result = yield Call(stmt, {**params, "keys": list(keys)})
     poisoned = []

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
+from .. import versions
 from ..errors import (
     InvalidOptionsError,
     QueueExistsError,
@@ -20,7 +21,6 @@ from ..names import queue_ref, validate_queue
 from ..records import QueueInfo, QueueStats
 from ..sql.common import locks
 from ..sql.v26 import queues as queue_sql
-from ..sql.v46 import queues as queue46_sql
 from ._core import Call, Conflict, Context, Op
 
 _DEAD_LETTER_FKEY = frozenset({"dlq_fkey"})
@@ -28,10 +28,7 @@ _DEAD_LETTER_FKEY = frozenset({"dlq_fkey"})
 
 
 def _get_queues(ctx: Context, *, by_name: bool) -> Executable:
-    # At 46 also the settings pg-boss 12 added (QueueInfo's heartbeat_seconds, notify).
-    if ctx.version >= 46:
-        return queue46_sql.get_queues(by_name=by_name)
-    return queue_sql.get_queues(by_name=by_name)
+    return ctx.sql.get_queues(by_name=by_name)
 
 
 def get_queue(ctx: Context, name: str) -> Op[QueueInfo | None]:
@@ -92,12 +89,12 @@ def create_queue(
     validate_queue(name)
     opt.check_bool("exist_ok", exist_ok)
     checked = opt.queue_options(name, options, version=ctx.version)
-    if ctx.version < 46 and checked.get("policy") == QueuePolicy.KEY_STRICT_FIFO:
+    if checked.get("policy") == QueuePolicy.KEY_STRICT_FIFO and not ctx.has("key_strict_fifo"):
         # Schema 26 has neither the index nor the check this policy relies on.
         raise InvalidOptionsError(
             "policy",
-            f"key_strict_fifo needs a schema at version 46 (pg-boss 12); "
-            f"{shown(ctx.schema)} is at {ctx.version}",
+            f"key_strict_fifo needs a schema at version {versions.since('key_strict_fifo')} "
+            f"(pg-boss 12); {shown(ctx.schema)} is at {ctx.version}",
         )
     dead = checked.get("dead_letter")
     if dead is not None:
@@ -140,9 +137,7 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
         return current
     columns = tuple(sorted(checked))
     params = {"qname": name, **{f"v_{c}": checked[c] for c in columns}}
-    # At 46 through the table of 46, which has the columns pg-boss 12 added.
-    update = queue46_sql.update_queue if ctx.version >= 46 else queue_sql.update_queue
-    yield Call(update(columns), params)
+    yield Call(ctx.sql.update_queue(columns), params)
     return (yield from require_queue(ctx, name))
 
 

@@ -10,12 +10,11 @@ from sqlalchemy import func, select
 
 from .. import limits
 from .. import options as opt
-from ..errors import InvalidOptionsError, SchemaFeatureError, shown
+from ..errors import InvalidOptionsError, shown
 from ..models.enums import QueuePolicy
 from ..names import queue_ref
 from ..records import ScheduleInfo
 from ..sql.v26 import queues as queue_sql
-from ..sql.v46 import cron as cron46_sql
 from ._core import Call, Context, Op
 from .queues import require_queue
 
@@ -24,10 +23,6 @@ def validate_cron(cron: object, tz: object) -> tuple[str, str]:
     from ..cron import validate
 
     return validate(cron, tz)
-
-
-RRULE_SINCE = 46
-"""The first schema version whose schedules may hold a recurrence rule."""
 
 
 def _clock() -> Any:
@@ -51,8 +46,7 @@ def schedule(
     # As pg-boss 12.38: the expression's shape decides its kind, once, here.
     kind = "rrule" if isinstance(cron, str) and rrule.is_rrule(cron) else "cron"
     if kind == "rrule":
-        if ctx.version < RRULE_SINCE:
-            raise SchemaFeatureError(ctx.schema, "an rrule schedule", RRULE_SINCE, ctx.version)
+        ctx.require("an rrule schedule")
         cron, tz = rrule.validate(cron, tz)
     else:
         cron, tz = validate_cron(cron, tz)
@@ -94,11 +88,8 @@ def schedule(
         "data": encoded,
         "options": opt.encode_json("options", stored),
     }
-    if ctx.version >= 46:
-        # At 46 the row names its kind, and the expression is stored as given.
-        yield Call(cron46_sql.upsert_schedule(), {**params, "kind": kind})
-        return
-    yield Call(queue_sql.upsert_schedule(), params)
+    # From 46 on the row names its kind (a statement of 26 leaves ``kind`` unbound).
+    yield Call(ctx.sql.upsert_schedule(), {**params, "kind": kind})
 
 
 def unschedule(ctx: Context, name: str, key: str) -> Op[bool]:
@@ -114,9 +105,6 @@ def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[Sc
         params["qname"] = queue_ref(name)
     if key is not None:
         params["key"] = opt.check_text("key", key)
-    if ctx.version >= RRULE_SINCE:
-        stmt = cron46_sql.get_schedules(by_name=name is not None, by_key=key is not None)
-    else:
-        stmt = queue_sql.get_schedules(by_name=name is not None, by_key=key is not None)
+    stmt = ctx.sql.get_schedules(by_name=name is not None, by_key=key is not None)
     result = yield Call(stmt, params)
     return [ScheduleInfo.from_row(r) for r in result.mappings().all()]

@@ -19,8 +19,7 @@ from ..names import queue_ref
 from ..records import EventSubscription
 from ..sql.v26 import queues as queue_sql
 from ..sql.v26 import send as send_sql
-from ..sql.v46 import job_now, node_channel
-from ..sql.v46 import send as send46_sql
+from ..sql.v46 import node_channel
 from ._core import Call, Context, Op
 from .queues import queue_policy, require_queue
 
@@ -204,13 +203,7 @@ def _send_many(
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.
     given = frozenset(k[3:] for k in arrays)
-    rows: Sequence[Any]
-    if ctx.version >= 46:
-        rows = yield from _insert_46(ctx, name, specs, given, arrays, carrier)
-    else:
-        stmt = send_sql.insert_jobs(notify=ctx.notify, given=given)
-        result = yield Call(stmt, {"qname": name, "channel": ctx.channel, **arrays})
-        rows = result.all()
+    rows = yield from _insert(ctx, name, specs, given, arrays, carrier)
     if not rows[0].found:
         raise QueueNotFoundError(name, ctx.schema)
     inserted = {row.id for row in rows if row.id is not None}
@@ -228,7 +221,7 @@ def _refuse_unkeyed(name: str) -> InvalidOptionsError:
     )
 
 
-def _insert_46(
+def _insert(
     ctx: Context,
     name: str,
     specs: Sequence[Mapping[str, Any]],
@@ -236,8 +229,11 @@ def _insert_46(
     arrays: Mapping[str, list[Any]],
     carrier: str | None,
 ) -> Op[Sequence[Any]]:
-    """The insert at schema 46; its rows as :func:`alkstore_sa.sql.v46.send.insert_jobs`'s."""
-    all_keyed = all(spec.get("singleton_key") is not None for spec in specs)
+    """The insert; its rows as :func:`alkstore_sa.sql.v26.send.insert_jobs`'s, and
+    where the schema has key_strict_fifo queues, the queue's ``policy`` too
+    (:func:`alkstore_sa.sql.v46.send.insert_jobs`)."""
+    strict = ctx.has("key_strict_fifo")
+    all_keyed = not strict or all(spec.get("singleton_key") is not None for spec in specs)
     if not all_keyed:
         # A key_strict_fifo queue's CHECK refuses a job without a key and would
         # abort the caller's transaction: refused here, before any SQL, by the
@@ -246,15 +242,14 @@ def _insert_46(
         policy = yield from queue_policy(ctx, name)
         if policy == QueuePolicy.KEY_STRICT_FIFO:
             raise _refuse_unkeyed(name)
-    stmt = send46_sql.insert_jobs(notify=ctx.notify, given=given, traced=carrier is not None)
-    params = {
-        "qname": name,
-        "channel": ctx.channel,
-        "node_channel": node_channel(ctx.schema),
-        "all_keyed": all_keyed,
-        "trace_context": carrier,
-        **arrays,
-    }
+    stmt = ctx.sql.insert_jobs(notify=ctx.notify, given=given, traced=carrier is not None)
+    params: dict[str, Any] = {"qname": name, "channel": ctx.channel, **arrays}
+    if ctx.has("Node's notify channel"):
+        params["node_channel"] = node_channel(ctx.schema)
+    if strict:
+        params["all_keyed"] = all_keyed
+    if carrier is not None:
+        params["trace_context"] = carrier
     result = yield Call(stmt, params)
     rows = result.all()
     if not all_keyed and rows[0].policy == QueuePolicy.KEY_STRICT_FIFO:
@@ -286,9 +281,8 @@ def send_debounced(
         return first
     # The current slot is taken: claim the next one, starting when it opens
     # (pg-boss: one more attempt with the slot offset by one period).
-    # The clock the insert computes slots with (job_now() at 46).
-    clock = job_now() if ctx.version >= 46 else func.now()
-    result = yield Call(select(func.extract("epoch", clock)))
+    # The clock the insert computes slots with (job_now() from 46 on).
+    result = yield Call(select(func.extract("epoch", ctx.sql.clock())))
     epoch = float(result.scalar_one())
     wait = seconds - math.floor(epoch % seconds)
     if seconds > 1:

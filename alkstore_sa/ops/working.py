@@ -12,20 +12,16 @@ from typing import Any
 from sqlalchemy import Executable
 
 from .. import options as opt
-from ..errors import InvalidNameError, InvalidOptionsError, SchemaFeatureError, shown
+from .. import versions
+from ..errors import InvalidNameError, InvalidOptionsError, shown
 from ..groups import GroupLimits, group_limits
-from ..models.enums import JobState
+from ..models.enums import JobState, QueuePolicy
 from ..names import queue_ref
 from ..records import FailResult as FailResult  # re-exported: the workers read it
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job
 from ..records import Settlement as Settlement
-from ..sql.common import reading as reading_sql
-from ..sql.v26 import fail as fail_sql
-from ..sql.v26 import fetch as fetch_sql
-from ..sql.v26 import settle as settle_sql
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
-from ..sql.v46 import settle as settle46_sql
 from ._core import Call, Conflict, Context, Op
 from .outcomes import outcomes
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
@@ -47,9 +43,7 @@ class NeedsTransaction(Exception):
 def _takes_key_locks(ctx: Context, policy: str) -> bool:
     """Whether a claim of a ``policy`` queue locks its keys first (advisory locks
     held to the end of its transaction, so it needs one)."""
-    if ctx.version >= 46:
-        return policy in fetch46_sql.SINGLETON_POLICIES
-    return policy in fetch_sql.RACY_POLICIES
+    return ctx.sql.takes_key_locks(policy)
 
 
 def claims_in_autocommit(ctx: Context, name: str, *, group_locks: bool = False) -> bool:
@@ -99,11 +93,11 @@ def _check_groups(
     if group_concurrency is None:
         return None
     limits = group_limits(group_concurrency)
-    if ctx.version < 46:
+    if not ctx.has("group_concurrency"):
         raise InvalidOptionsError(
             "group_concurrency",
-            "needs pg-boss schema 46 (a fetch option of pg-boss 12); "
-            f"this schema is at {ctx.version}",
+            f"needs pg-boss schema {versions.since('group_concurrency')} "
+            f"(a fetch option of pg-boss 12); this schema is at {ctx.version}",
         )
     return _Groups(limits, group_counts)
 
@@ -187,25 +181,14 @@ def _claim(
     relaxed: bool = False,
     groups: _Groups | None = None,
 ) -> Op[list[Job]]:
-    stmt: Executable
-    if ctx.version >= 46:
-        # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
-        # is not an option there.
-        aware = policy in fetch46_sql.SINGLETON_POLICIES
-        stmt = fetch46_sql.fetch_jobs(
-            policy=policy,
-            ignore_start_after=ignore_start_after,
-            relaxed=relaxed,
-            groups=None if groups is None else groups.mode,
-        )
-    else:
-        aware = policy in fetch_sql.RACY_POLICIES
-        stmt = fetch_sql.fetch_jobs(
-            priority=priority,
-            ignore_start_after=ignore_start_after,
-            singleton_aware=aware,
-            relaxed=relaxed,
-        )
+    aware = ctx.sql.takes_key_locks(policy)
+    stmt = ctx.sql.claim(
+        policy=policy,
+        priority=priority,
+        ignore_start_after=ignore_start_after,
+        relaxed=relaxed,
+        groups=None if groups is None else groups.mode,
+    )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
     jobs: list[Job] = []
     # Poison rows (see ops/poison.py) are failed and left out; while there were
@@ -246,10 +229,8 @@ def _claim_once(
     poisoned = 0
     if aware:
         # Lock the keys first, in their own statement (see sql/v26/fetch.py).
-        lock: Executable = (
-            fetch46_sql.lock_keys(policy=policy, ignore_start_after=ignore_start_after)
-            if ctx.version >= 46
-            else fetch_sql.lock_keys(priority=priority, ignore_start_after=ignore_start_after)
+        lock = ctx.sql.lock_keys(
+            policy=policy, priority=priority, ignore_start_after=ignore_start_after
         )
         locked = yield Call(lock, {**params, "lock_schema": ctx.schema})
         keys = list(locked.scalars().all())
@@ -270,7 +251,7 @@ def _claim_once(
         params["groups"] = yield from _lock_groups(ctx, params, ignore_start_after, policy)
     # key_strict_fifo takes no key locks (pg-boss's claim skips held keys) and can
     # still collide with a Node fetcher on job_i8: in a savepoint too.
-    risky = aware or policy == fetch46_sql.KEY_STRICT_FIFO
+    risky = aware or policy == QueuePolicy.KEY_STRICT_FIFO
     try:
         result = yield Call(stmt, params, savepoint=risky)
     except Conflict:
@@ -300,7 +281,7 @@ def _lock_groups(
     claimable jobs whose locks this transaction took (see sql/v46/fetch.py). A
     group another fetcher holds is left to it, and the next candidates' groups
     are tried in its place, for a few rounds."""
-    stmt = fetch46_sql.lock_groups(policy=policy, ignore_start_after=ignore_start_after)
+    stmt = ctx.sql.lock_groups(policy=policy, ignore_start_after=ignore_start_after)
     held: list[str] = []
     tried: list[str] = []
     for _ in range(_GROUP_LOCK_ROUNDS):
@@ -418,7 +399,7 @@ def complete_many(
     opt.check_bool("per_job", per_job)
     if not settled:
         return Settled(0, [], outcomes=[] if per_job else None)
-    stmt = settle46_sql.complete_jobs() if ctx.version >= 46 else settle_sql.complete_jobs()
+    stmt = ctx.sql.complete_jobs()
     result = yield Call(stmt, _settle_params(name, settled))
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
@@ -439,8 +420,7 @@ def fail_many(
     opt.check_bool("per_job", per_job)
     if not settled:
         return FailResult(0, [], {}, 0, outcomes=[] if per_job else None)
-    # At 46 the fail carries every column and backs off as pg-boss 12.38 does.
-    stmt = fail46_sql.fail_jobs() if ctx.version >= 46 else fail_sql.fail_jobs()
+    stmt = ctx.sql.fail_jobs()
     result = yield Call(stmt, _settle_params(name, settled))
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
@@ -517,7 +497,7 @@ def _by_ids(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settle
 
 
 def cancel(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    stmt = settle46_sql.cancel_jobs() if ctx.version >= 46 else settle_sql.cancel_jobs()
+    stmt = ctx.sql.cancel_jobs()
     return (yield from _by_ids(ctx, stmt, name, ids))
 
 
@@ -543,9 +523,8 @@ def _requeue(ctx: Context, stmt: Executable, name: str, ids: object) -> Op[Settl
             rows.extend(result.all())
     affected = [row.id for row in rows]
     yield from _found_or_missing(ctx, name, affected)
-    if ctx.version >= 46:
-        # A resumed job leaves retained_count and stays in total_count (live).
-        yield from _reduce_retained(ctx, name, _retained(rows), 0)
+    # A resumed job leaves retained_count and stays in total_count (live).
+    yield from _reduce_retained(ctx, name, _retained(rows), 0)
     return Settled(len(id_list), affected)
 
 
@@ -554,33 +533,30 @@ def _retained(rows: Sequence[Any]) -> int:
 
 
 def _reduce_retained(ctx: Context, name: str, retained: int, total: int) -> Op[None]:
-    """At 46: take jobs a resume or delete moved out of the completed and cancelled
-    set off the queue's ``retained_count`` and ``total_count`` at once, as pg-boss
-    does. Only when there are some, so settling live jobs never locks the queue
-    row; the caller's transaction then holds it until it ends, and the monitor
-    skips the queue for that pass (its claim skips locked rows)."""
-    if retained or total:
-        yield Call(
-            settle46_sql.reduce_retained(), {"qname": name, "retained": retained, "total": total}
-        )
+    """Where the schema keeps them (46 on): take jobs a resume or delete moved out
+    of the completed and cancelled set off the queue's ``retained_count`` and
+    ``total_count`` at once, as pg-boss does. Only when there are some, so settling
+    live jobs never locks the queue row; the caller's transaction then holds it
+    until it ends, and the monitor skips the queue for that pass (its claim skips
+    locked rows)."""
+    if (retained or total) and ctx.has("retained and total counts"):
+        yield Call(ctx.sql.reduce_retained(), {"qname": name, "retained": retained, "total": total})
 
 
 def resume(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    stmt = settle46_sql.resume_jobs() if ctx.version >= 46 else settle_sql.resume_jobs()
+    stmt = ctx.sql.resume_jobs()
     return (yield from _requeue(ctx, stmt, name, ids))
 
 
 def retry(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    stmt = settle46_sql.retry_jobs() if ctx.version >= 46 else settle_sql.retry_jobs()
+    stmt = ctx.sql.retry_jobs()
     return (yield from _requeue(ctx, stmt, name, ids))
 
 
 def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
-    if ctx.version < 46:
-        return (yield from _by_ids(ctx, settle_sql.delete_jobs(), name, ids))
     queue_ref(name)
     id_list = opt.job_ids(ids)
-    result = yield Call(settle46_sql.delete_jobs(), {"qname": name, "ids": id_list})
+    result = yield Call(ctx.sql.delete_jobs(), {"qname": name, "ids": id_list})
     rows = result.all()
     yield from _found_or_missing(ctx, name, rows)
     # pg-boss's deleteJob takes the retained jobs it deleted off both counts.
@@ -591,10 +567,9 @@ def delete_jobs(ctx: Context, name: str, ids: object) -> Op[Settled]:
 
 def delete_by_state(ctx: Context, name: str, which: str) -> Op[int]:
     yield from require_queue(ctx, name)
-    if ctx.version < 46:
-        result = yield Call(settle_sql.delete_by_state(which), {"qname": name})
+    result = yield Call(ctx.sql.delete_by_state(which), {"qname": name})
+    if not ctx.has("retained and total counts"):
         return int(getattr(result, "rowcount", 0))
-    result = yield Call(settle46_sql.delete_by_state(which), {"qname": name})
     row = result.one()
     # As pg-boss's bulk deletes: every deleted job leaves total_count.
     yield from _reduce_retained(ctx, name, int(row.retained), int(row.deleted))
@@ -605,10 +580,7 @@ def get_jobs(ctx: Context, name: str, ids: object) -> Op[list[Job]]:
     queue_ref(name)
     # Through readable_columns: a row Python cannot represent comes back as an
     # UnreadableJob instead of failing the whole call.
-    stmt = (
-        fetch46_sql.get_jobs() if ctx.version >= 46 else reading_sql.readable(settle_sql.get_jobs())
-    )
-    result = yield Call(stmt, {"qname": name, "ids": opt.job_ids(ids)})
+    result = yield Call(ctx.sql.get_jobs(), {"qname": name, "ids": opt.job_ids(ids)})
     jobs = [read_job(r) for r in result.mappings().all()]
     yield from _found_or_missing(ctx, name, jobs)
     return jobs
@@ -624,7 +596,7 @@ def extend_leases(
         return []
     params = _settle_params(name, settled)
     del params["outputs"]
-    stmt = settle46_sql.extend_lease() if ctx.version >= 46 else settle_sql.extend_lease()
+    stmt = ctx.sql.extend_lease()
     result = yield Call(stmt, {**params, "extend_by": extend_by})
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
@@ -657,16 +629,17 @@ def redrive(
 
     queue_ref(dead_letter, "dead_letter")
     given = {k: v for k, v in (filters or {}).items() if v is not None}
-    if given and ctx.version < 46:
-        raise SchemaFeatureError(ctx.schema, f"redrive by {sorted(given)[0]}", 46, ctx.version)
+    if given:
+        ctx.require("redrive filters", f"redrive by {sorted(given)[0]}")
     checked = check_filters(given)
     if to is None:
-        if ctx.version < 46:
+        if not ctx.has("dead letters record their source queue"):
             # A name argument left out: the name error, as for any unusable queue name.
             raise InvalidNameError(
                 "to",
                 f"is required at schema {ctx.version}: dead letters record their source "
-                "queue from schema 46 (pg-boss 12) on",
+                f"queue from schema {versions.since('dead letters record their source queue')} "
+                "(pg-boss 12) on",
             )
     else:
         queue_ref(to, "to")
@@ -679,9 +652,9 @@ def redrive(
     if to is not None:
         yield from require_queue(ctx, to)
     yield from require_queue(ctx, dead_letter)
-    if ctx.version >= 46:
+    if ctx.has("dead letters record their source queue"):
         return (yield from redrive46(ctx, dead_letter, to, params.get("ids"), limit, checked))
-    assert to is not None  # refused above below 46
+    assert to is not None  # refused above where dead letters do not know it
     result = yield Call(redrive_sql.pick(by_id=ids is not None), params)
     picked = result.all()
     if not picked:

@@ -1,5 +1,4 @@
-"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`) at schema 26
-(schema 46's is in :mod:`alkstore_sa.sql.v46.metrics`).
+"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`) at schema 26.
 
 A scrape must stay cheap on a job table of millions of rows, so nothing here counts
 jobs. The counts come from the queue rows, where supervision's monitor caches them
@@ -25,7 +24,7 @@ def age(expr: Any) -> Any:
 
 
 @functools.cache
-def queue_metrics_26() -> Select[Any]:
+def queue_metrics() -> Select[Any]:
     """Per queue: the cached counters and the oldest ready job's age, at schema 26.
 
     Columns: ``name, queued, deferred, active, total, counted_age, oldest_ready_age``.

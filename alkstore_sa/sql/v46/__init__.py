@@ -7,10 +7,9 @@ these or the schema-26 builders of :mod:`alkstore_sa.sql.v26` by ``ctx.version``
 
 from __future__ import annotations
 
-import hashlib
-
 from sqlalchemy import DateTime
 
+from ...names import node_channel as node_channel
 from ..common.base import _SchemaFunction
 
 
@@ -25,13 +24,3 @@ class job_now(_SchemaFunction):
     fn_name = "job_now"
     inherit_cache = True
     type = DateTime(timezone=True)
-
-
-def node_channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel on which pg-boss 12 announces new jobs of ``schema``.
-
-    ``pgboss_`` and the first 24 hex digits of SHA-224 of the schema name (the
-    database name is not part of it); the payload is the queue name. Node sends
-    and listens on it for queues created with ``notify``.
-    """
-    return "pgboss_" + hashlib.sha224(schema.encode("utf-8")).hexdigest()[:24]

@@ -1,5 +1,7 @@
-"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`) at schema 46,
-as :mod:`alkstore_sa.sql.v26.metrics` at 26 (whose module text says why it counts no jobs).
+"""The statement behind the queue metrics (:mod:`alkstore_sa.metrics`) at schema 46.
+
+As at 26 (the "Export Prometheus metrics" page): the counts come from the queue
+rows, and the only reads of the jobs are index probes for the oldest ready job.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from . import tables as t46
 
 
 @functools.cache
-def queue_metrics_46() -> Select[Any]:
-    """As :func:`queue_metrics_26`, at schema 46, with its extra counters.
+def queue_metrics() -> Select[Any]:
+    """As :func:`alkstore_sa.sql.v26.metrics.queue_metrics`, at schema 46, with its extra counters.
 
     Columns: ``name, queued, deferred, active, total, failed, ready, blocked,
     counted_age, oldest_ready_age``. A ready job is ``created`` or ``retry``, not
