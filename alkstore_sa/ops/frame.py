@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import options as opt
+from .. import versions
 from ..errors import AlkstoreError, InvalidOptionsError, shown
 from ..names import queue_ref
 from ..records import QueueWarning, SupervisionReport
@@ -169,8 +170,11 @@ class Settings:
                 )
 
 
-SETTINGS_SINCE = {"persist_queue_stats": 46, "queue_stats_retention_days": 46}
-"""The first pg-boss schema version of each supervision setting newer than 26."""
+SETTINGS_SINCE = {
+    k: versions.since(k) for k in ("persist_queue_stats", "queue_stats_retention_days")
+}
+"""The first pg-boss schema version of each supervision setting newer than 26 (as the
+feature table, :data:`alkstore_sa.versions.FEATURES`, has it)."""
 
 
 def _queue_names(value: object) -> tuple[str, ...] | None:
