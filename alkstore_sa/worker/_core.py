@@ -122,7 +122,7 @@ class WorkerCore(Registry, Generic[B]):
         self._registrar: Any = None
         self._deregistered = False
         sync_engine = getattr(self.engine, "sync_engine", self.engine)
-        self._ctx, engine_state = make_context(self.schema, False, sync_engine)
+        self._ctx, engine_state = make_context(self.schema, notify=False, engine=sync_engine)
         assert engine_state is not None  # an engine was given
         self._engine_state = engine_state
         self._options = execution_options(self.schema)
