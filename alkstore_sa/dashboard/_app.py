@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from ..errors import AlkstoreError, QueueNotFoundError, SchemaFeatureError
 from ._actions import action, save_queue, send_job
+from ._auth import AuthHook
 from ._pages import (
     healthz,
     instances_page,
@@ -39,7 +40,7 @@ from ._pages import (
     warnings_page,
 )
 from ._security import SecurityMiddleware
-from ._state import AuthHook, BadRequest, Dashboard
+from ._state import BadRequest, Dashboard
 
 __all__ = ["AuthHook", "Dashboard", "create_app"]
 
