@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import (
@@ -61,8 +60,46 @@ from .migrations import (
     VERSION_TABLE,
     refuse_foreign_revisions,
 )
-from .models import VersionRow
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
+from .schema_record import (
+    NEWEST_SCHEMA_VERSION,
+    OLDEST_SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    SchemaVersionInfo,
+    installed_version,
+    migration_lock,
+    recorded_revision,
+    revision_for,
+    schema_version_info,
+    version_of,
+)
+
+__all__ = [
+    "BASE",
+    "DEFAULT_SCHEMA_VERSION",
+    "FEW_JOBS",
+    "HEAD",
+    "NEWEST_SCHEMA_VERSION",
+    "OLDEST_SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
+    "VERSION_LOCATION",
+    "Bind",
+    "SchemaVersionInfo",
+    "UpgradeResult",
+    "alembic_config",
+    "check",
+    "check_health",
+    "current",
+    "current_version",
+    "downgrade",
+    "installed_version",
+    "normalise_url",
+    "offline_sql",
+    "revision_for",
+    "schema_version_info",
+    "upgrade",
+    "version_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,105 +109,10 @@ BASE = "alkstore@base"
 """Before our first revision: nothing of ours installed."""
 
 
-@dataclass(frozen=True)
-class SchemaVersionInfo:
-    """One pg-boss schema version: our revision for it and the Node releases that speak it."""
-
-    version: int
-    """The number pg-boss keeps in ``<schema>.version``."""
-    revision: str
-    """Our Alembic revision id that leaves the schema at this version."""
-    introduced_in: str
-    """The pg-boss release whose migration creates this version."""
-    node_releases: str
-    """The Node pg-boss releases published on npm that run at this version."""
-
-    def describe(self) -> str:
-        """``schema 26 (Node pg-boss 11.1.1 to 11.1.2 and 12.0.0 to 12.5.4)``."""
-        return f"schema {self.version} ({self.node_releases})"
-
-
-def _revision(version: int) -> str:
-    return "alkstore_0001" if version == 26 else f"alkstore_{version:04d}"
-
-
-# Facts from pg-boss itself: the `release` and `version` fields of every migration in
-# pg-boss 12.38.0's dist/migrationStore.js (the release that introduced each version),
-# and the list of versions published on npm (`npm view pg-boss versions`), each placed
-# at the version its package declares (package.json "pgboss": {"schema": N}). Some
-# releases that introduced a version were tagged but never published on npm
-# (11.1.0, 12.6.0, 12.7.0, 12.10.0, 12.11.0, 12.19.0, 12.36.0, 12.37.0); releases in
-# between that change no schema stay at the version before them.
-_RELEASES: tuple[tuple[int, str, str], ...] = (
-    (26, "11.1.0", "Node pg-boss 11.1.1 to 11.1.2 and 12.0.0 to 12.5.4"),
-    (27, "12.6.0", "Node pg-boss 12.8.0 to 12.9.0"),
-    (28, "12.10.0", "no npm release; newer Node pg-boss migrates through it"),
-    (29, "12.11.0", "Node pg-boss 12.11.1 to 12.11.2"),
-    (30, "12.12.0", "Node pg-boss 12.12.0 to 12.18.3"),
-    (31, "12.19.0", "Node pg-boss 12.19.1 to 12.20.0"),
-    (32, "12.21.0", "Node pg-boss 12.21.0 to 12.21.1"),
-    (33, "12.22.0", "Node pg-boss 12.22.0"),
-    (34, "12.23.0", "Node pg-boss 12.23.0 to 12.23.1"),
-    (35, "12.24.0", "Node pg-boss 12.24.0"),
-    (36, "12.24.1", "Node pg-boss 12.24.1 to 12.25.1"),
-    (37, "12.26.0", "Node pg-boss 12.26.0 to 12.27.0"),
-    (38, "12.28.0", "Node pg-boss 12.28.0 to 12.28.1"),
-    (39, "12.29.0", "Node pg-boss 12.29.0"),
-    (40, "12.30.0", "Node pg-boss 12.30.0"),
-    (41, "12.31.0", "Node pg-boss 12.31.0 to 12.32.0"),
-    (42, "12.33.0", "Node pg-boss 12.33.0 to 12.34.0"),
-    (43, "12.35.0", "Node pg-boss 12.35.0"),
-    (44, "12.36.0", "no npm release; Node pg-boss 12.38.0 migrates through it"),
-    (45, "12.37.0", "no npm release; Node pg-boss 12.38.0 migrates through it"),
-    (46, "12.38.0", "Node pg-boss 12.38.0"),
-)
-
-SCHEMA_VERSIONS: Mapping[int, SchemaVersionInfo] = {
-    version: SchemaVersionInfo(version, _revision(version), introduced, releases)
-    for version, introduced, releases in _RELEASES
-}
-"""Every pg-boss schema version we can install, oldest first."""
-
-OLDEST_SCHEMA_VERSION = min(SCHEMA_VERSIONS)
-NEWEST_SCHEMA_VERSION = max(SCHEMA_VERSIONS)
-
 DEFAULT_SCHEMA_VERSION = 46
 """What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 46, the newest
 version the services and workers speak; ``schema_version=26`` keeps a schema next to Node
 pg-boss 11.1.x to 12.5.x (the "Compatibility with pg-boss, and deliberate differences" page)."""
-
-_BY_REVISION = {info.revision: info for info in SCHEMA_VERSIONS.values()}
-
-
-def schema_version_info(version: int) -> SchemaVersionInfo:
-    """What we know about pg-boss schema ``version``.
-
-    :raises InvalidOptionsError: if it is not a version we can install (before any SQL).
-    """
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise InvalidOptionsError("schema_version", f"expected an integer, got {shown(version)}")
-    info = SCHEMA_VERSIONS.get(version)
-    if info is None:
-        raise InvalidOptionsError(
-            "schema_version",
-            f"{version} is not a pg-boss schema version alkstore_sa can install "
-            f"(it knows {OLDEST_SCHEMA_VERSION} to {NEWEST_SCHEMA_VERSION})",
-        )
-    return info
-
-
-def revision_for(version: int) -> str:
-    """Our revision id for pg-boss schema ``version`` (``26`` → ``"alkstore_0001"``)."""
-    return schema_version_info(version).revision
-
-
-def version_of(revision: str | None) -> int | None:
-    """The pg-boss schema version our ``revision`` leaves behind (``None`` if unknown)."""
-    if revision is None:
-        return None
-    info = _BY_REVISION.get(revision)
-    return None if info is None else info.version
-
 
 Bind = Engine | Connection | str
 
@@ -206,14 +148,13 @@ def _checked_config(schema: str, url: str | None = None, target: str | None = No
     cfg = alembic_config(schema, url)
     script = ScriptDirectory.from_config(cfg)
     refuse_foreign_revisions(script.version_locations or ())
-    if target is not None and target in _BY_REVISION:
+    if target is not None and version_of(target) is not None:
         try:
             script.get_revision(target)
         except CommandError:
             raise InvalidOptionsError(
                 "schema_version",
-                f"{_BY_REVISION[target].version}: this installation of alkstore_sa has "
-                f"no revision {target}",
+                f"{version_of(target)}: this installation of alkstore_sa has no revision {target}",
             ) from None
     return cfg
 
@@ -248,7 +189,7 @@ def _refuse_wrong_direction(conn: Connection, schema: str, target: str, way: str
     wanted = version_of(target)
     if wanted is None:
         return
-    found = version_of(_recorded(conn, schema))
+    found = version_of(recorded_revision(conn, schema))
     if found is None:
         return
     if (way == "upgrade" and wanted < found) or (way == "downgrade" and wanted > found):
@@ -267,13 +208,6 @@ def _end_own_transaction(bind: Bind, conn: Connection) -> None:
     # Connection the caller passed is theirs: its transaction is left alone.
     if not isinstance(bind, Connection) and conn.in_transaction():
         conn.commit()
-
-
-def _recorded(conn: Connection, schema: str) -> str | None:
-    ctx = MigrationContext.configure(
-        conn, opts={"version_table": VERSION_TABLE, "version_table_schema": schema}
-    )
-    return ctx.get_current_revision()
 
 
 @dataclass(frozen=True)
@@ -326,8 +260,8 @@ def upgrade(
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
     own = not isinstance(bind, Connection)
-    with _connection(bind) as conn, schema_health.migration_lock(conn, schema, own=own):
-        before, found = _recorded(conn, schema), installed_version(conn, schema)
+    with _connection(bind) as conn, migration_lock(conn, schema, own=own):
+        before, found = recorded_revision(conn, schema), installed_version(conn, schema)
         _refuse_wrong_direction(conn, schema, target, "upgrade")
         done = _refuse_or_record(bind, conn, cfg, schema, target)
         # Few jobs: every revision in one transaction, its indexes built inside it (as
@@ -342,7 +276,7 @@ def upgrade(
         # runner may be building on the same tables.
         _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
-        after = _recorded(conn, schema)
+        after = recorded_revision(conn, schema)
     return UpgradeResult(before, found, after, tuple(done))
 
 
@@ -444,7 +378,7 @@ def downgrade(
     own = not isinstance(bind, Connection)
     # pg-boss's migration lock, as upgrade() holds it: a Node start() (which would
     # migrate the schema straight back) or an upgrade waits until this is done.
-    with _connection(bind) as conn, schema_health.migration_lock(conn, schema, own=own):
+    with _connection(bind) as conn, migration_lock(conn, schema, own=own):
         _refuse_wrong_direction(conn, schema, revision, "downgrade")
         _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
@@ -479,7 +413,7 @@ def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
     """
     validate_schema(schema)
     with _connection(bind) as conn:
-        return _recorded(conn, schema)
+        return recorded_revision(conn, schema)
 
 
 def current_version(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int | None:
@@ -506,24 +440,6 @@ def offline_sql(
     cfg.output_buffer = buf
     command.upgrade(cfg, target, sql=True)
     return buf.getvalue()
-
-
-def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | None:
-    """The pg-boss schema version found in ``schema`` (``None`` if not installed).
-
-    Like Node pg-boss, only the existence of ``<schema>.version`` and its row are
-    inspected.
-    """
-    validate_schema(schema)
-    exists = conn.execute(
-        text("SELECT to_regclass(:t) IS NOT NULL"), {"t": f'"{schema}".version'}
-    ).scalar_one()
-    if not exists:
-        return None
-    stmt = select(VersionRow.version).limit(1)
-    found = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema}).execute(stmt)
-    value = found.scalar()
-    return -1 if value is None else int(value)
 
 
 def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:

@@ -28,8 +28,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
@@ -39,6 +38,39 @@ from sqlalchemy import Connection, text
 
 from .errors import shown
 from .migrations import VERSION_TABLE
+from .schema_record import (
+    LOCK_POLL_SECONDS,
+    autocommit,
+    installed_version,
+    lock_key_sql,
+    migration_lock,
+    recorded_version,
+)
+
+__all__ = [
+    "BAM_CLAIM_GRACE_SECONDS",
+    "CATALOG_RESOURCE",
+    "CORRECTNESS_INDEXES",
+    "JOB_COMMON",
+    "LOCK_POLL_SECONDS",
+    "SCHEMA_PLACEHOLDER",
+    "Catalog",
+    "Diagnosis",
+    "Finding",
+    "Severity",
+    "diagnose",
+    "expected_catalog",
+    "heal",
+    "job_indexes",
+    "known_versions",
+    "lock_key_sql",
+    "migration_lock",
+    "partition_indexes",
+    "read_catalog",
+    "shape",
+    "unfinished_builds",
+    "unshape",
+]
 
 log = logging.getLogger(__name__)
 
@@ -379,32 +411,52 @@ def _purpose(version: int, suffix: str | None, definition: str) -> str:
 
 def _compare(live: Catalog, want: Catalog, version: int) -> list[Finding]:
     """Differences of ``live`` from ``want``, rated; without INVALID and ``bam`` ones."""
-    out: list[Finding] = []
     others = _known_elsewhere(version)
-    R, H, W = Severity.REFUSE, Severity.HEAL, Severity.WARN
+    return [
+        *_table_findings(live, want, version, others),
+        *_index_findings(live, want, version, others),
+        *_partition_findings(live, want, version, others),
+        *_constraint_findings(live, want, version, others),
+        *_function_findings(live, want, version, others),
+        *_type_findings(live, want),
+    ]
 
-    def extra(kind: str, name: str, known: set[str], table: str | None = None) -> None:
-        if (
-            name in known
-            and kind == "extra index"
-            and (table == JOB_COMMON or table in live.partitions)
-        ):
-            detail = (
-                f"an index of another pg-boss schema version, not of {version} (left by an "
-                "unfinished migration): `alkstore db upgrade` drops it"
-            )
-            out.append(Finding(H, kind, name, table, detail))
-        elif name in known:
-            out.append(
-                Finding(
-                    R, kind, name, table, f"an object of another schema version, not of {version}"
-                )
-            )
-        else:
-            out.append(
-                Finding(W, kind, name, table, f"not part of pg-boss schema {version}; left alone")
-            )
 
+def _extra(
+    live: Catalog, version: int, kind: str, name: str, known: set[str], table: str | None = None
+) -> Finding:
+    """An object ``live`` has and ``version`` does not: an index of another version on
+    a job table is healed (dropped), any other object of another version refused, and
+    one of no version we know left alone."""
+    if (
+        name in known
+        and kind == "extra index"
+        and (table == JOB_COMMON or table in live.partitions)
+    ):
+        detail = (
+            f"an index of another pg-boss schema version, not of {version} (left by an "
+            "unfinished migration): `alkstore db upgrade` drops it"
+        )
+        return Finding(Severity.HEAL, kind, name, table, detail)
+    if name in known:
+        return Finding(
+            Severity.REFUSE,
+            kind,
+            name,
+            table,
+            f"an object of another schema version, not of {version}",
+        )
+    return Finding(
+        Severity.WARN, kind, name, table, f"not part of pg-boss schema {version}; left alone"
+    )
+
+
+def _table_findings(
+    live: Catalog, want: Catalog, version: int, others: Mapping[str, set[str]]
+) -> list[Finding]:
+    """Tables and columns: missing or different ones refused, extra ones as :func:`_extra`."""
+    out: list[Finding] = []
+    R = Severity.REFUSE
     for table, columns in want.tables.items():
         have = live.tables.get(table)
         if have is None:
@@ -424,10 +476,22 @@ def _compare(live: Catalog, want: Catalog, version: int) -> list[Finding]:
                     )
                 )
         for column in have.keys() - columns.keys():
-            extra("extra column", f"{table}.{column}", others["columns"], table)
+            out.append(
+                _extra(live, version, "extra column", f"{table}.{column}", others["columns"], table)
+            )
     for table in live.tables.keys() - want.tables.keys():
-        extra("extra table", table, others["tables"], table)
+        out.append(_extra(live, version, "extra table", table, others["tables"], table))
+    return out
 
+
+def _index_findings(
+    live: Catalog, want: Catalog, version: int, others: Mapping[str, set[str]]
+) -> list[Finding]:
+    """Indexes of the listed tables: a job index missing or different is healed, any
+    other refused; extra ones as :func:`_extra` (``REINDEX`` leftovers are reported as
+    INVALID instead)."""
+    out: list[Finding] = []
+    R, H = Severity.REFUSE, Severity.HEAL
     for name, (table, definition) in want.indexes.items():
         suffix = _job_suffix(name) if table == JOB_COMMON else None
         found = live.indexes.get(name)
@@ -461,8 +525,17 @@ def _compare(live: Catalog, want: Catalog, version: int) -> list[Finding]:
         table = live.indexes[name][0]
         if _is_rebuild_leftover(name):
             continue  # reported as INVALID leftovers
-        extra("extra index", name, others["indexes"], table)
+        out.append(_extra(live, version, "extra index", name, others["indexes"], table))
+    return out
 
+
+def _partition_findings(
+    live: Catalog, want: Catalog, version: int, others: Mapping[str, set[str]]
+) -> list[Finding]:
+    """The indexes of each job partition against ``job_common``'s for its queue's
+    policy: missing or different ones healed, extra ones as :func:`_extra`."""
+    out: list[Finding] = []
+    H = Severity.HEAL
     for table, have_by_suffix in sorted(live.partitions.items()):
         expected = partition_indexes(want, live.policies.get(table))
         for suffix, wanted in sorted(expected.items()):
@@ -493,21 +566,32 @@ def _compare(live: Catalog, want: Catalog, version: int) -> list[Finding]:
                 )
         for suffix in have_by_suffix.keys() - expected.keys():
             if suffix != "pkey" and not _is_rebuild_leftover(suffix):
-                extra(
-                    "extra index",
-                    f"{table}_{suffix}",
-                    {f"{table}_{s}" for s in others["job_suffixes"]},
-                    table,
+                out.append(
+                    _extra(
+                        live,
+                        version,
+                        "extra index",
+                        f"{table}_{suffix}",
+                        {f"{table}_{s}" for s in others["job_suffixes"]},
+                        table,
+                    )
                 )
+    return out
 
+
+def _constraint_findings(
+    live: Catalog, want: Catalog, version: int, others: Mapping[str, set[str]]
+) -> list[Finding]:
+    """Constraints: missing or different ones refused, extra ones as :func:`_extra`."""
+    out: list[Finding] = []
     for name, definition in want.constraints.items():
         table = name.split(".", 1)[0]
         if name not in live.constraints:
-            out.append(Finding(R, "missing constraint", name, table, definition))
+            out.append(Finding(Severity.REFUSE, "missing constraint", name, table, definition))
         elif live.constraints[name] != definition:
             out.append(
                 Finding(
-                    R,
+                    Severity.REFUSE,
                     "constraint differs",
                     name,
                     table,
@@ -515,19 +599,43 @@ def _compare(live: Catalog, want: Catalog, version: int) -> list[Finding]:
                 )
             )
     for name in live.constraints.keys() - want.constraints.keys():
-        extra("extra constraint", name, others["constraints"], name.split(".", 1)[0])
+        out.append(
+            _extra(
+                live,
+                version,
+                "extra constraint",
+                name,
+                others["constraints"],
+                name.split(".", 1)[0],
+            )
+        )
+    return out
 
-    for fn in sorted(set(want.functions) - set(live.functions)):
-        out.append(Finding(R, "missing function", fn))
+
+def _function_findings(
+    live: Catalog, want: Catalog, version: int, others: Mapping[str, set[str]]
+) -> list[Finding]:
+    """Functions: missing ones refused, extra ones as :func:`_extra`."""
+    out = [
+        Finding(Severity.REFUSE, "missing function", fn)
+        for fn in sorted(set(want.functions) - set(live.functions))
+    ]
     for fn in sorted(set(live.functions) - set(want.functions)):
-        extra("extra function", fn, others["functions"])
+        out.append(_extra(live, version, "extra function", fn, others["functions"]))
+    return out
+
+
+def _type_findings(live: Catalog, want: Catalog) -> list[Finding]:
+    """Enum types: missing ones, or ones with other labels, refused (extra ones are not
+    looked at)."""
+    out: list[Finding] = []
     for type_, labels in want.types.items():
         if type_ not in live.types:
-            out.append(Finding(R, "missing type", type_, None, labels))
+            out.append(Finding(Severity.REFUSE, "missing type", type_, None, labels))
         elif live.types[type_] != labels:
             out.append(
                 Finding(
-                    R,
+                    Severity.REFUSE,
                     "type differs",
                     type_,
                     None,
@@ -609,18 +717,6 @@ def unfinished_builds(conn: Connection, schema: str) -> list[tuple[str, int, str
     return [(str(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in found]
 
 
-def _recorded_version(conn: Connection, schema: str) -> int | None:
-    from . import migrate  # migrate imports this module
-
-    exists = conn.execute(
-        text("SELECT to_regclass(quote_ident(:s) || '.' || quote_ident(:t)) IS NOT NULL"),
-        {"s": schema, "t": VERSION_TABLE},
-    ).scalar_one()
-    if not exists:
-        return None
-    return migrate.version_of(migrate._recorded(conn, schema))
-
-
 def diagnose(conn: Connection, schema: str) -> Diagnosis:
     """Compare ``schema`` with the catalog its version row names; list what differs.
 
@@ -628,10 +724,8 @@ def diagnose(conn: Connection, schema: str) -> Diagnosis:
     version row we have no catalog for (not installed, or not 26 to 46) gives a
     diagnosis without findings: :func:`alkstore_sa.migrate.check` refuses those first.
     """
-    from . import migrate
-
-    version = migrate.installed_version(conn, schema)
-    recorded = _recorded_version(conn, schema)
+    version = installed_version(conn, schema)
+    recorded = recorded_version(conn, schema)
     want = expected_catalog(version) if version is not None else None
     if version is None or want is None:
         return Diagnosis(schema, version, recorded)
@@ -696,73 +790,6 @@ def _closest(live: Catalog, version: int) -> int | None:
 # --------------------------------------------------------------------------- healing
 
 
-def lock_key_sql(schema: str) -> str:
-    """The SQL expression of pg-boss's migration advisory key for ``schema``: the one our
-    revisions take (:func:`alkstore_sa.migrations.helpers.lock_key_sql`)."""
-    from .migrations.helpers import lock_key_sql as revisions_key
-
-    return revisions_key(schema)
-
-
-LOCK_POLL_SECONDS = 0.1
-"""How often a waiting upgrade tries pg-boss's migration lock again."""
-
-
-@contextmanager
-def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterator[None]:
-    """Hold pg-boss's migration advisory lock on ``conn``'s session meanwhile.
-
-    The same key Node pg-boss's ``start()`` and ``pg-boss migrate`` take (and our
-    revisions, :func:`alkstore_sa.migrations.helpers.migration_lock`), so two upgrades,
-    or an upgrade and a Node ``start()``, run one after the other.
-
-    With ``own`` (a connection this library opened) the lock is a session lock, waited
-    for by retrying ``pg_try_advisory_lock`` outside any transaction: a waiter holds no
-    snapshot, so the holder's ``CREATE INDEX CONCURRENTLY`` never waits for it (which
-    would deadlock). A transaction still open at the end is committed, or rolled back on
-    an exception, before the lock is released. Without ``own`` (the caller's connection)
-    the lock is a transaction lock, released when the caller's transaction ends.
-    """
-    key = lock_key_sql(schema)
-    if not own:
-        conn.execute(text(f"SELECT pg_advisory_xact_lock({key})"))
-        yield
-        return
-    if conn.in_transaction():
-        conn.commit()
-    with _autocommit(conn):
-        waited = False
-        while not conn.execute(text(f"SELECT pg_try_advisory_lock({key})")).scalar_one():
-            if not waited:
-                waited = True
-                log.info(
-                    "schema %s: waiting for pg-boss's migration lock (another upgrade or a "
-                    "Node pg-boss start() is migrating it)",
-                    schema,
-                    extra={"action": "migration_lock_wait", "schema": schema},
-                )
-            time.sleep(LOCK_POLL_SECONDS)
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction():
-            conn.rollback()
-        raise
-    else:
-        if conn.in_transaction():
-            conn.commit()
-    finally:
-        try:
-            if conn.in_transaction():
-                conn.rollback()
-            conn.execute(text(f"SELECT pg_advisory_unlock({key})"))
-            conn.commit()
-        except Exception:
-            # The session is unusable: closing it is what releases the lock.
-            conn.invalidate()
-            raise
-
-
 def _building(conn: Connection, schema: str, index: str) -> int | None:
     """The pid of a session building ``index`` right now, if any."""
     found = conn.execute(
@@ -800,7 +827,7 @@ class _Healer:
     """Runs the healing statements: one commit each, ``CONCURRENTLY`` unless ``conn`` is
     inside a transaction its caller owns (then plainly, inside it)."""
 
-    def __init__(self, conn: Connection, schema: str, version: int, concurrently: bool) -> None:
+    def __init__(self, conn: Connection, schema: str, version: int, *, concurrently: bool) -> None:
         self.conn, self.schema, self.version = conn, schema, version
         self.concurrently = concurrently
         self.quoted = str(conn.execute(text("SELECT quote_ident(:s)"), {"s": schema}).scalar_one())
@@ -860,20 +887,8 @@ def heal(conn: Connection, schema: str) -> list[str]:
     """
     if conn.in_transaction():
         return _heal(conn, schema, concurrently=False)
-    with _autocommit(conn):
+    with autocommit(conn):
         return _heal(conn, schema, concurrently=True)
-
-
-@contextmanager
-def _autocommit(conn: Connection) -> Iterator[None]:
-    # CONCURRENTLY refuses to run inside a transaction block.
-    conn.execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        yield
-    finally:
-        if conn.in_transaction():
-            conn.commit()
-        conn.execution_options(isolation_level=conn.default_isolation_level)
 
 
 BAM_CLAIM_GRACE_SECONDS = 10
@@ -937,7 +952,7 @@ def _heal(conn: Connection, schema: str, *, concurrently: bool) -> list[str]:
         if concurrently and conn.in_transaction():
             conn.commit()  # end the read-only transaction diagnose() began
         return []
-    healer = _Healer(conn, schema, first.version, concurrently)
+    healer = _Healer(conn, schema, first.version, concurrently=concurrently)
     live = read_catalog(conn, schema)
     healer.wait(list(live.invalid))
     live = read_catalog(conn, schema)

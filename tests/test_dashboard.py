@@ -416,7 +416,7 @@ def test_timeouts_outage_and_queue_counts(engine: Engine, schema46: str) -> None
     assert f"No queues in schema {schema46} yet." in client.get("/").text
     with pytest.raises(DBAPIError, match="statement timeout"):
         app.state.dashboard._session_work(
-            schema46, lambda q: q.session.execute(text("SELECT pg_sleep(5)")), False
+            schema46, lambda q: q.session.execute(text("SELECT pg_sleep(5)")), write=False
         )
     with Session(engine) as session, session.begin():
         q = QueueService(session, schema=schema46)

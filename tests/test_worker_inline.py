@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from support.worker import Harness, send, state_of, wait_for
 
 from alkstore_sa.records import Job
-from alkstore_sa.worker import _base
+from alkstore_sa.worker import _queue_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -32,7 +32,7 @@ def fast_means_under_20ms(monkeypatch: pytest.MonkeyPatch) -> None:
     preempted mid-call), the batch was handed off, and these tests' premise was
     gone. 20 ms is far from both the warm handlers (microseconds) and the slow one
     (50 ms); :data:`INLINE_OVERDUE` (50 ms) still decides when a job ran long."""
-    monkeypatch.setattr(_base, "INLINE_SECONDS", 0.02)
+    monkeypatch.setattr(_queue_state, "INLINE_SECONDS", 0.02)
 
 
 @pytest.fixture

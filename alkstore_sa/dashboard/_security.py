@@ -90,7 +90,7 @@ def normalise_hosts(hosts: Iterable[str] | None) -> frozenset[str] | None:
 
 
 class Gate(Protocol):
-    """What the checks read of the dashboard (``_app.Dashboard`` is one)."""
+    """What the checks read of the dashboard (``_state.Dashboard`` is one)."""
 
     @property
     def allowed_hosts(self) -> frozenset[str] | None: ...

@@ -150,3 +150,25 @@ def group(pendings: Sequence[Pending]) -> dict[tuple[str, Kind], list[Pending]]:
     for p in pendings:
         groups[(p.attempt.job.name, p.kind)].append(p)
     return groups
+
+
+class Inbox:
+    """Finished attempts waiting to be settled, in batches."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self._items: list[Pending] = []
+        self._lock = threading.Lock()
+
+    def put(self, item: Pending) -> None:
+        with self._lock:
+            self._items.append(item)
+        self.event.set()
+
+    def take(self) -> list[Pending]:
+        with self._lock:
+            items, self._items = self._items, []
+            return items
+
+    def __bool__(self) -> bool:
+        return bool(self._items)

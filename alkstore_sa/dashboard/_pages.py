@@ -1,0 +1,336 @@
+"""The dashboard's pages: what a GET shows, read in a read-only transaction
+(the "Browse and act in the dashboard" page).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+from cronsim import CronSim
+from sqlalchemy.exc import DBAPIError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from .. import cron, rrule
+from ..errors import QueueNotFoundError, shown
+from ..models.enums import JobState
+from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
+from ..service import QueueService
+from ._render import trace_id
+from ._state import HERE, STATES, BadRequest, Dashboard, parse_uuid, parse_when
+
+UNFINISHED = frozenset(s.value for s in (JobState.CREATED, JobState.RETRY, JobState.ACTIVE))
+PAGE_SIZE = 50
+FLOW_LINKS = 100  # parents and children shown on a job page, each
+HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
+CSS = (HERE / "static" / "style.css").read_text(encoding="utf-8")
+
+
+def next_fire(schedule: ScheduleInfo, now: dt.datetime) -> dt.datetime | None:
+    """When ``schedule`` fires next after ``now``, or ``None`` (ended, or unreadable)."""
+    tz = schedule.timezone or "UTC"
+    try:
+        if schedule.kind == "rrule" or rrule.is_rrule(schedule.cron):
+            found = rrule.parse(schedule.cron, tz).next_after(now)
+            return None if found is None else found.astimezone(dt.UTC)
+        zone = cron.timezone(tz)
+        return next(CronSim(schedule.cron, now.astimezone(zone))).astimezone(dt.UTC)
+    except Exception:  # a row another client wrote, whatever is wrong with it
+        return None
+
+
+def timed_out(exc: DBAPIError) -> bool:
+    """Whether ``exc`` is PostgreSQL cancelling a statement (``statement_timeout``)."""
+    return getattr(exc.orig, "sqlstate", None) == "57014"
+
+
+def cached_counts(info: QueueInfo) -> JobCounts:
+    """A queue's counts from the queue table's cached counters (kept by
+    supervision): only created (queued) and active are known; the rest 0."""
+    per = dict.fromkeys(STATES, 0)
+    per["created"] = info.queued_count
+    per["active"] = info.active_count
+    return JobCounts(info.name, per, None)
+
+
+async def overview(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    sections: list[dict[str, Any]] = []
+    for schema in d.schemas:
+        version = await d.version(schema)
+        if version is None:
+            sections.append({"schema": schema, "version": None, "rows": [], "cached": False})
+            continue
+
+        def read(q: QueueService) -> Any:
+            queues = {info.name: info for info in q.get_queues()}
+            return queues, q.count_jobs()
+
+        # Exact counts scan the job table (one grouped query). Where that takes
+        # longer than the statement timeout, the queue table's cached counters
+        # stand in, marked as such (the "Browse and act in the dashboard" page).
+        cached = False
+        try:
+            queues, counts = await d.read(schema, read)
+        except DBAPIError as exc:
+            if not timed_out(exc):
+                raise
+            queues = {info.name: info for info in await d.read(schema, lambda q: q.get_queues())}
+            counts = [cached_counts(info) for info in queues.values()]
+            cached = True
+        rows = []
+        for c in counts:
+            info = queues.get(c.name)
+            queued = c.counts["created"] + c.counts["retry"]
+            threshold = info.warning_queued if info is not None else 0
+            problem = (
+                c.counts["failed"] > 0
+                or (threshold > 0 and queued >= threshold)
+                or (c.oldest_ready_seconds or 0) > 300
+            )
+            rows.append({"counts": c, "info": info, "problem": problem, "history": None})
+        rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
+        if version >= 46 and rows:
+            # Sparklines for the first HISTORY_ROWS rows, read in one transaction.
+            names = [row["counts"].name for row in rows[:HISTORY_ROWS]]
+
+            def history(q: QueueService, names: list[str] = names) -> list[list[int]]:
+                since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=24)
+                out = []
+                for name in names:
+                    snaps = q.get_queue_stats_history(
+                        name, from_=since, limit=10_000, max_data_points=30
+                    )
+                    out.append([s.completed_delta or 0 for s in reversed(snaps)])
+                return out
+
+            for row, points in zip(rows, await d.read(schema, history), strict=False):
+                row["history"] = points
+        sections.append({"schema": schema, "version": version, "rows": rows, "cached": cached})
+    return d.render(request, "overview.html", sections=sections, history_rows=HISTORY_ROWS)
+
+
+async def queue_detail(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    name = str(request.path_params["name"])
+
+    def read(q: QueueService) -> Any:
+        info = q.get_queue(name)
+        if info is None:
+            raise QueueNotFoundError(name, schema)
+        counts = q.count_jobs([name])
+        return (
+            info,
+            counts[0] if counts else None,
+            q.get_schedules(name),
+            q.get_subscriptions(name),
+        )
+
+    info, counts, schedules, subscriptions = await d.read(schema, read)
+    fires = await _next_fires(schedules)
+    return d.render(
+        request,
+        "queue.html",
+        schema=schema,
+        queue=info,
+        counts=counts,
+        schedules=fires,
+        subscriptions=subscriptions,
+        policies=("standard", "short", "singleton", "stately", "exclusive", "key_strict_fifo"),
+    )
+
+
+async def job_list(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    p = request.query_params
+    filters = {k: p.get(k, "").strip() for k in ("queue", "state", "key", "group", "q")}
+    filters.update({k: p.get(k, "").strip() for k in ("since", "until", "after")})
+    if filters["state"] and filters["state"] not in STATES:
+        raise BadRequest(f"state: {shown(filters['state'])} is not one of {', '.join(STATES)}")
+    since = parse_when("since", filters["since"])
+    until = parse_when("until", filters["until"])
+
+    def read(q: QueueService) -> Any:
+        return q.find_jobs(
+            filters["queue"] or None,
+            state=filters["state"] or None,
+            key=filters["key"] or None,
+            group=filters["group"] or None,
+            text=filters["q"] or None,
+            since=since,
+            until=until,
+            after=filters["after"] or None,
+            limit=PAGE_SIZE,
+        )
+
+    page = await d.read(schema, read)
+    kept = {k: v for k, v in filters.items() if v and k != "after"}
+    next_url = first_url = None
+    if page.next_cursor is not None:
+        next_url = f"{request.url.path}?{urlencode({**kept, 'after': page.next_cursor})}"
+    if filters["after"]:
+        first_url = f"{request.url.path}?{urlencode(kept)}" if kept else request.url.path
+    return d.render(
+        request,
+        "jobs.html",
+        schema=schema,
+        filters=filters,
+        page=page,
+        next_url=next_url,
+        first_url=first_url,
+    )
+
+
+def job_actions(state: str) -> list[tuple[str, str]]:
+    """The actions a job in ``state`` can take (the service refuses the rest):
+    retry a failed job, cancel an unfinished one, resume a cancelled one; delete any."""
+    actions = []
+    if state == JobState.FAILED:
+        actions.append(("retry", "Retry"))
+    if state in UNFINISHED:
+        actions.append(("cancel", "Cancel"))
+    if state == JobState.CANCELLED:
+        actions.append(("resume", "Resume"))
+    return [*actions, ("delete", "Delete")]
+
+
+async def job_detail(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    job_id = parse_uuid("id", str(request.path_params["id"]))
+    queue = request.query_params.get("queue", "").strip()
+
+    def read(q: QueueService) -> Job | None:
+        if queue:
+            return q.get_job(queue, job_id)
+        # Without the queue: one primary-key lookup per queue.
+        for info in q.get_queues():
+            found = q.get_job(info.name, job_id)
+            if found is not None:
+                return found
+        return None
+
+    job = await d.read(schema, read)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id} in schema {shown(schema)}")
+    parents: list[JobDependency] = []
+    children: list[JobDependency] = []
+    version = await d.version(schema)
+    if version is not None and version >= 46:
+        # A flow job's parents and children (pg-boss's job_dependency rows), the
+        # first FLOW_LINKS of each; most jobs have none.
+        name = job.name
+        parents, children = await d.read(
+            schema,
+            lambda q: (
+                q.get_dependencies(name, job_id, limit=FLOW_LINKS),
+                q.get_dependents(name, job_id, limit=FLOW_LINKS),
+            ),
+        )
+    return d.render(
+        request,
+        "job.html",
+        schema=schema,
+        job=job,
+        parents=parents,
+        children=children,
+        job_actions=job_actions(str(job.state)),
+        flow_links=FLOW_LINKS,
+        trace_id=trace_id(job.trace_context),
+        unreadable=getattr(job, "unreadable", None),
+    )
+
+
+async def schedules_page(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    schedules = await d.read(schema, lambda q: q.get_schedules())
+    rows = await _next_fires(schedules)
+    return d.render(request, "schedules.html", schema=schema, schedules=rows)
+
+
+async def _next_fires(
+    schedules: Sequence[ScheduleInfo],
+) -> list[tuple[ScheduleInfo, dt.datetime | None]]:
+    """Each schedule with its next firing, worked out in the thread pool: an rrule
+    may take up to its evaluation budget (the "Limits" page), and the event
+    loop answers other requests (``/healthz`` too) meanwhile."""
+    now = dt.datetime.now(dt.UTC)
+    return await run_in_threadpool(lambda: [(s, next_fire(s, now)) for s in schedules])
+
+
+async def _needs_46(request: Request, d: Dashboard, schema: str, page: str) -> Response | None:
+    version = await d.version(schema)
+    if version is None or version < 46:
+        return d.render(
+            request, "needs46.html", schema=schema, page=page, version=version, status_code=200
+        )
+    return None
+
+
+async def _page_46(
+    request: Request, page: str, template: str, key: str, work: Callable[[QueueService], Any]
+) -> Response:
+    """A page of what only schema 46 records: the rows ``work`` reads, rendered as
+    ``key`` in ``template``; below 46, a page saying what it needs."""
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    refused = await _needs_46(request, d, schema, page)
+    if refused is not None:
+        return refused
+    rows = await d.read(schema, work)
+    return d.render(request, template, schema=schema, **{key: rows})
+
+
+async def instances_page(request: Request) -> Response:
+    return await _page_46(
+        request, "Instances", "instances.html", "instances", lambda q: q.get_instances(limit=1000)
+    )
+
+
+async def warnings_page(request: Request) -> Response:
+    return await _page_46(
+        request, "Warnings", "warnings.html", "warnings", lambda q: q.get_warnings(limit=200)
+    )
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+async def style(request: Request) -> Response:
+    return Response(CSS, media_type="text/css")
+
+
+async def metrics(request: Request) -> Response:
+    d: Dashboard = request.app.state.dashboard
+    try:
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+        metrics_module = importlib.import_module("alkstore_sa.metrics")
+    except ImportError as exc:
+        return PlainTextResponse(
+            f"/metrics is not available: {exc}. It needs prometheus_client "
+            "(pip install prometheus_client) and alkstore_sa.metrics.",
+            status_code=501,
+        )
+    registry = getattr(request.app.state, "metrics_registry", None)
+    if registry is None:
+        registry = CollectorRegistry()
+        registry.register(
+            metrics_module.queue_metrics_collector(
+                d.engine, d.schemas, statement_timeout_ms=d.timeout_ms or 5000
+            )
+        )
+        request.app.state.metrics_registry = registry
+    body = await run_in_threadpool(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

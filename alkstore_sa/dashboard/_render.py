@@ -1,0 +1,115 @@
+"""How the dashboard shows values: the Jinja environment its pages render in,
+with the filters the templates use (the "Browse and act in the dashboard" page).
+
+Every printed value goes through :func:`bidi_finalize`, whatever the template.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
+def bidi_safe(value: object) -> str:
+    """Text for display: bidirectional overrides shown as escapes, so that a
+    job's data cannot reorder what is around it on the page."""
+    out = str(value)
+    for ch in _BIDI:
+        out = out.replace(ch, f"\\u{ord(ch):04x}")
+    return out
+
+
+def bidi_finalize(value: Any) -> Any:
+    """Jinja's ``finalize``: a printed string with its bidirectional overrides
+    escaped (markup stays markup); any other value as it is."""
+    if isinstance(value, str) and any(ch in _BIDI for ch in value):
+        escaped = bidi_safe(value)
+        return markupsafe.Markup(escaped) if isinstance(value, markupsafe.Markup) else escaped
+    return value
+
+
+def pretty(value: Any) -> str:
+    if value is None:
+        return "null"
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def compact(value: Any, width: int = 120) -> str:
+    try:
+        out = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        out = repr(value)
+    return out if len(out) <= width else out[: width - 1] + "…"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172_800:
+        return f"{s // 3600}h"
+    return f"{s // 86_400}d"
+
+
+def when(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def sparkline(values: Sequence[int]) -> str:
+    """An SVG polyline's points for ``values`` (oldest first) in a 120x24 box."""
+    if not values:
+        return ""
+    top = max(values) or 1
+    step = 120 / max(len(values) - 1, 1)
+    return " ".join(f"{i * step:.1f},{24 - 22 * v / top:.1f}" for i, v in enumerate(values))
+
+
+def trace_id(context: Any) -> str | None:
+    if isinstance(context, dict):
+        parent = context.get("traceparent")
+        if isinstance(parent, str):
+            parts = parent.split("-")
+            if len(parts) >= 3 and len(parts[1]) == 32:
+                return parts[1]
+        for key in ("trace_id", "traceId"):
+            if isinstance(context.get(key), str):
+                return str(context[key])
+    return None
+
+
+def environment(directory: Path) -> jinja2.Environment:
+    """The Jinja environment of the templates in ``directory``: autoescaped,
+    strict about undefined names, with the display filters."""
+    templates = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        # Every printed value, whatever the template: no bidirectional override
+        # reaches the page (a name or key from a row shown in place).
+        finalize=bidi_finalize,
+    )
+    templates.filters.update(
+        pretty=pretty,
+        compact=compact,
+        age=age,
+        when=when,
+        sparkline=sparkline,
+    )
+    return templates

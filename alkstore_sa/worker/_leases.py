@@ -1,0 +1,96 @@
+"""The keeper: leases renewed (and heartbeats stamped) before they run out, jobs past
+their timeout abandoned, fetch-loop runs that ran long handed off (the "Architecture" page).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TypeVar
+
+from .. import ops
+from .._engine_cache import version_due
+from ..steps import Run, Steps, Wait
+from ._attempt import Attempt
+from ._core import monotonic
+from ._fetching import Fetching
+
+log = logging.getLogger("alkstore_sa.worker")
+
+B = TypeVar("B")
+
+TICK = 0.2
+"""Seconds between checks of leases and deadlines."""
+
+
+class Leases(Fetching[B]):
+    """The keeper loop."""
+
+    def _keeping(self) -> Steps[None]:
+        """Renew leases of long jobs, keep heartbeats fresh, abandon jobs past their timeout.
+
+        One statement touches a job for both: ``extend_leases`` also stamps
+        ``heartbeat_on`` at schema 46 (pg-boss's ``touch``), so a job is touched
+        at half its lease or half its ``heartbeat_seconds``, whichever comes first.
+        """
+        while not (yield Wait(self._keeper_stop, TICK)):
+            if self._listener is not None and self._node_subscription is None:
+                yield from self._watching_version()
+            now = monotonic()
+            for state in self._queues.values():
+                self._detaching(state, now)
+            due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
+            for attempt in self._running():
+                if attempt.deadline is not None and now >= attempt.deadline:
+                    self._abandon(attempt, "timeout")
+                elif attempt.lease_due(now):
+                    due[(attempt.job.name, attempt.extend_by(now))].append(attempt)
+            for (queue, extend_by), attempts in due.items():
+                yield from self._extending(queue, extend_by, attempts)
+
+    def _watching_version(self) -> Steps[None]:
+        """Read the schema version when the engine's reading is stale, so that an idle
+        worker (a long ``poll_interval``, nothing due) whose schema moves to 46 starts
+        listening on Node's channel within SCHEMA_RECHECK_SECONDS, not at its next poll."""
+        due = version_due(self._ctx, self._engine_state)
+        if due is not None:
+            try:
+                yield Run(due)
+            except Exception as exc:
+                # The fetch loops meet the same error on their next claim and report it.
+                log.debug(
+                    "version check failed: %s",
+                    exc,
+                    extra={"action": "version_check_error", "worker": self.name},
+                )
+                return
+        if self._ctx.version >= 46:
+            yield from self._listening_to_node()
+
+    def _extending(self, queue: str, extend_by: int, attempts: list[Attempt]) -> Steps[None]:
+        started = monotonic()
+        items = [a.settlement() for a in attempts]
+        try:
+            kept = set(
+                (
+                    yield from self._op(
+                        ops.extend_leases(self._ctx, queue, items, extend_by), autocommit=True
+                    )
+                )
+            )
+        except Exception as exc:
+            self._loop_error("lease", queue, exc, TICK)
+            return
+        for attempt in attempts:
+            if attempt.job.id in kept:
+                attempt.lease_start, attempt.lease_seconds = started, float(extend_by)
+                log.debug(
+                    "lease of job %s extended by %d s",
+                    attempt.job.id,
+                    extend_by,
+                    extra=self._extra("lease_extended", attempt),
+                )
+            else:
+                # Expired and failed, cancelled or deleted: no longer ours. The
+                # attempt is abandoned as a timed-out one is, without a settlement.
+                self._abandon(attempt, "lost")

@@ -1,0 +1,135 @@
+"""Settlement: finished attempts written back in batches, one statement per queue
+and outcome, retried until shutdown gives up (the "Architecture" page).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from .. import ops
+from ..errors import SchemaVersionError
+from ..models.enums import JobState
+from ..records import FailResult, Settled
+from ..steps import Steps, Wait
+from ._attempt import SETTLING, Attempt, Kind, Pending, group, prepare_output
+from ._backoff import Backoff
+from ._core import WorkerCore
+from .config import spec_group_limits
+
+log = logging.getLogger("alkstore_sa.worker")
+
+B = TypeVar("B")
+
+
+class Settling(WorkerCore[B]):
+    """The completer loop and what a finished handler becomes."""
+
+    def _finished(
+        self, attempt: Attempt, kind: Kind, value: Any, *, taken: bool = False
+    ) -> Pending | None:
+        """The handler returned (``complete``) or raised (``fail``).
+
+        ``taken``: the caller already moved the attempt to ``settling``.
+        """
+        if not taken and not attempt.take(SETTLING):
+            log.debug(
+                "handler of abandoned job %s returned; result ignored",
+                attempt.job.id,
+                extra=self._extra("job_result_ignored", attempt),
+            )
+            return None
+        self._forget(attempt)
+        if kind == "fail" and isinstance(value, BaseException):
+            self._report(value, attempt.job)
+        kind, output = prepare_output(kind, value)
+        return Pending(kind, attempt, output, "completed" if kind == "complete" else "failed")
+
+    def _completing(self) -> Steps[None]:
+        """Settle finished attempts in batches; retry a failed batch with backoff.
+
+        The first settlement waits ``flush_interval`` for others, so jobs finishing
+        together are settled with one statement per queue. A repeated settlement is
+        harmless (fencing), so a batch is retried until shutdown gives up.
+        """
+        backoff = Backoff()
+        while True:
+            while True:
+                self._inbox.event.clear()
+                if self._inbox or self._closing.is_set():
+                    break
+                yield Wait(self._inbox.event, None)
+            if not self._inbox:
+                return
+            if not self._closing.is_set():
+                yield Wait(self._closing, self.flush_interval)
+            batch = self._inbox.take()
+            while batch:
+                try:
+                    yield from self._flushing(batch)
+                    backoff.reset()
+                except Exception as exc:
+                    if isinstance(exc, SchemaVersionError):
+                        delay = self._refused(exc)  # kept, and written once it is spoken
+                    else:
+                        delay = backoff.next()
+                        self._loop_error("settle", None, exc, delay)
+                    if (yield Wait(self._give_up, delay)):
+                        log.error(
+                            "gave up settling %d job(s) at shutdown; they stay active until "
+                            "they expire and are then retried",
+                            len(batch),
+                            extra={"action": "settle_abandoned", "count": len(batch)},
+                        )
+                        break
+
+    def _flushing(self, batch: list[Pending]) -> Steps[None]:
+        for (queue, kind), items in group(batch).items():
+            settlements = [p.attempt.settlement(p.output) for p in items]
+            if kind == "complete":
+                op: ops.Op[Any] = ops.complete_many(self._ctx, queue, settlements)
+            else:
+                op = ops.fail_many(self._ctx, queue, settlements)
+            result = yield from self._op(op, autocommit=True)
+            # Written: never write these again, even if a later group fails.
+            done = set(map(id, items))
+            batch[:] = [p for p in batch if id(p) not in done]
+            self._settled(items, result)
+            if kind == "fail" and "retry" in result.states.values():
+                self.wake(queue)  # a retry without delay is due at once
+            elif any(p.attempt.job.group_id is not None for p in items) and spec_group_limits(
+                items[0].attempt.spec
+            ):
+                self.wake(queue)  # places of limited groups are free now
+
+    def _settled(self, pendings: Sequence[Pending], result: Settled | FailResult) -> None:
+        """Count and log what one complete/fail statement did."""
+        if isinstance(result, FailResult):
+            states = result.states
+            affected = set(states)
+        else:
+            states = {}
+            affected = set(result.affected)
+        for p in pendings:
+            job, attempt = p.attempt.job, p.attempt
+            if job.id not in affected:
+                verb = "completed" if p.kind == "complete" else "failed"
+                self._lost(attempt, f"could not be {verb}")
+                continue
+            self._count(job.name, "completed" if p.kind == "complete" else "failed")
+            if self._metrics is not None:
+                if p.kind == "complete":
+                    self._metrics.completed(job.name)
+                else:
+                    self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
+            if p.kind == "complete":
+                log.debug("job %s completed", job.id, extra=self._extra("job_completed", attempt))
+            else:
+                log.debug(
+                    "job %s failed (%s) -> %s",
+                    job.id,
+                    p.reason,
+                    states.get(job.id),
+                    extra=self._extra("job_failed", attempt, state=states.get(job.id)),
+                )
