@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from .. import cron, rrule
+from .. import cron, rrule, versions
 from ..errors import QueueNotFoundError, shown
 from ..models.enums import JobState
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
@@ -29,6 +29,7 @@ UNFINISHED = frozenset(s.value for s in (JobState.CREATED, JobState.RETRY, JobSt
 PAGE_SIZE = 50
 FLOW_LINKS = 100  # parents and children shown on a job page, each
 HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
+HISTORY = "queue-stats history"  # what the sparklines read (a feature of versions.FEATURES)
 CSS = (HERE / "static" / "style.css").read_text(encoding="utf-8")
 
 
@@ -65,7 +66,15 @@ async def overview(request: Request) -> Response:
     for schema in d.schemas:
         version = await d.version(schema)
         if version is None:
-            sections.append({"schema": schema, "version": None, "rows": [], "cached": False})
+            sections.append(
+                {
+                    "schema": schema,
+                    "version": None,
+                    "rows": [],
+                    "cached": False,
+                    "history_since": None,
+                }
+            )
             continue
 
         def read(q: QueueService) -> Any:
@@ -96,7 +105,8 @@ async def overview(request: Request) -> Response:
             )
             rows.append({"counts": c, "info": info, "problem": problem, "history": None})
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
-        if version >= 46 and rows:
+        history_since = None if versions.has(version, HISTORY) else versions.since(HISTORY)
+        if history_since is None and rows:
             # Sparklines for the first HISTORY_ROWS rows, read in one transaction.
             names = [row["counts"].name for row in rows[:HISTORY_ROWS]]
 
@@ -112,7 +122,15 @@ async def overview(request: Request) -> Response:
 
             for row, points in zip(rows, await d.read(schema, history), strict=False):
                 row["history"] = points
-        sections.append({"schema": schema, "version": version, "rows": rows, "cached": cached})
+        sections.append(
+            {
+                "schema": schema,
+                "version": version,
+                "rows": rows,
+                "cached": cached,
+                "history_since": history_since,
+            }
+        )
     return d.render(request, "overview.html", sections=sections, history_rows=HISTORY_ROWS)
 
 
@@ -224,7 +242,7 @@ async def job_detail(request: Request) -> Response:
     parents: list[JobDependency] = []
     children: list[JobDependency] = []
     version = await d.version(schema)
-    if version is not None and version >= 46:
+    if version is not None and versions.has(version, "flow"):
         # A flow job's parents and children (pg-boss's job_dependency rows), the
         # first FLOW_LINKS of each; most jobs have none.
         name = job.name
@@ -267,23 +285,38 @@ async def _next_fires(
     return await run_in_threadpool(lambda: [(s, next_fire(s, now)) for s in schedules])
 
 
-async def _needs_46(request: Request, d: Dashboard, schema: str, page: str) -> Response | None:
+async def _needs(
+    request: Request, d: Dashboard, schema: str, page: str, feature: str
+) -> Response | None:
+    """A page saying what ``page`` needs, when the schema lacks ``feature``."""
     version = await d.version(schema)
-    if version is None or version < 46:
+    if version is None or not versions.has(version, feature):
+        needed = versions.since(feature)
         return d.render(
-            request, "needs46.html", schema=schema, page=page, version=version, status_code=200
+            request,
+            "needs_version.html",
+            schema=schema,
+            page=page,
+            version=version,
+            needed=needed,
+            status_code=200,
         )
     return None
 
 
-async def _page_46(
-    request: Request, page: str, template: str, key: str, work: Callable[[QueueService], Any]
+async def _page_of(
+    request: Request,
+    feature: str,
+    page: str,
+    template: str,
+    key: str,
+    work: Callable[[QueueService], Any],
 ) -> Response:
-    """A page of what only schema 46 records: the rows ``work`` reads, rendered as
-    ``key`` in ``template``; below 46, a page saying what it needs."""
+    """A page of what only a schema with ``feature`` records: the rows ``work`` reads,
+    rendered as ``key`` in ``template``; without it, a page saying what it needs."""
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
-    refused = await _needs_46(request, d, schema, page)
+    refused = await _needs(request, d, schema, page, feature)
     if refused is not None:
         return refused
     rows = await d.read(schema, work)
@@ -291,14 +324,24 @@ async def _page_46(
 
 
 async def instances_page(request: Request) -> Response:
-    return await _page_46(
-        request, "Instances", "instances.html", "instances", lambda q: q.get_instances(limit=1000)
+    return await _page_of(
+        request,
+        "the instance registry",
+        "Instances",
+        "instances.html",
+        "instances",
+        lambda q: q.get_instances(limit=1000),
     )
 
 
 async def warnings_page(request: Request) -> Response:
-    return await _page_46(
-        request, "Warnings", "warnings.html", "warnings", lambda q: q.get_warnings(limit=200)
+    return await _page_of(
+        request,
+        "the warning table",
+        "Warnings",
+        "warnings.html",
+        "warnings",
+        lambda q: q.get_warnings(limit=200),
     )
 
 

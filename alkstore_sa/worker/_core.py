@@ -17,11 +17,10 @@ from sqlalchemy.engine import URL
 from .. import ops
 from .._engine_cache import Refusals, execution_options, make_context, version_due
 from ..errors import InvalidOptionsError, SchemaVersionError, shown
-from ..names import DEFAULT_SCHEMA, notify_channel, validate_schema
+from ..names import DEFAULT_SCHEMA, node_channel, notify_channel, validate_schema
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import Job
-from ..sql.v46 import node_channel
 from ..steps import Call, Run, Steps
 from ._attempt import (
     ABANDONED,
@@ -220,7 +219,7 @@ class WorkerCore(Registry, Generic[B]):
         due = version_due(self._ctx, self._engine_state)
         if due is not None:
             yield Run(due)  # a change is logged once per engine (schema_version_changed)
-        if self._ctx.version >= 46 and self._node_subscription is None:
+        if self._ctx.has("Node's notify channel") and self._node_subscription is None:
             yield from self._listening_to_node()
         try:
             result: T = yield Run(op, session, autocommit=autocommit)

@@ -64,7 +64,7 @@ class Leases(Fetching[B]):
                     extra={"action": "version_check_error", "worker": self.name},
                 )
                 return
-        if self._ctx.version >= 46:
+        if self._ctx.has("Node's notify channel"):
             yield from self._listening_to_node()
 
     def _extending(self, queue: str, extend_by: int, attempts: list[Attempt]) -> Steps[None]:
