@@ -139,20 +139,6 @@ def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
     return version
 
 
-def read_version(schema: str) -> Op[int | None]:
-    """The installed version of ``schema``; ``None`` for no schema or no version row."""
-    from sqlalchemy import func, select
-
-    from .sql.common.base import VERSION
-
-    found = yield Call(select(func.to_regclass(f'"{schema}".version').is_not(None)))
-    if not found.scalar_one():
-        return None
-    result = yield Call(select(VERSION.c.version).limit(1))
-    version = result.scalar()
-    return None if version is None else int(version)
-
-
 def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
     """``None`` when the engine's cached version is fresh (then set in ``ctx``), else
     the operation that reads it; for runtimes that start a transaction per operation

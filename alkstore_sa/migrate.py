@@ -73,6 +73,7 @@ from .schema_record import (
     schema_version_info,
     version_of,
 )
+from .schema_versions import NO_VERSION_ROW
 
 __all__ = [
     "BASE",
@@ -310,7 +311,7 @@ def _refuse_or_record(
     # interrupted after its transaction, which the revision finishes itself.
     found = schema_health.diagnose(conn, schema)
     wanted = version_of(target)
-    if found.version is None or found.version < 0:
+    if found.version is None or found.version == NO_VERSION_ROW:
         return []
     unrecorded = found.recorded is None and found.version in SCHEMA_VERSIONS
     if wanted is not None and found.version > wanted:
@@ -464,7 +465,7 @@ def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diag
         if version is None:
             raise SchemaNotInstalledError(schema)
         if version not in names.SPOKEN_SCHEMA_VERSIONS:
-            found = None if version < 0 else version
+            found = None if version == NO_VERSION_ROW else version
             raise SchemaVersionError(
                 schema, found, SCHEMA_VERSION, spoken=names.SPOKEN_SCHEMA_VERSIONS
             )

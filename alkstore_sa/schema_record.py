@@ -23,12 +23,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, text
 
 from .errors import InvalidOptionsError, shown
 from .migrations import VERSION_TABLE
-from .models import VersionRow
 from .names import DEFAULT_SCHEMA, validate_schema
+from .ops import driver, read_version
 
 # The lock's messages keep the logger they have always been logged under.
 log = logging.getLogger("alkstore_sa.schema_health")
@@ -150,21 +150,17 @@ def recorded_version(conn: Connection, schema: str) -> int | None:
 
 
 def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | None:
-    """The pg-boss schema version found in ``schema`` (``None`` if not installed).
+    """The pg-boss schema version found in ``schema``: ``None`` if not installed,
+    :data:`~alkstore_sa.schema_versions.NO_VERSION_ROW` for a version table without a
+    row (through :func:`alkstore_sa.ops.read_version`, the one reader of the row).
 
     Like Node pg-boss, only the existence of ``<schema>.version`` and its row are
     inspected.
     """
     validate_schema(schema)
-    exists = conn.execute(
-        text("SELECT to_regclass(:t) IS NOT NULL"), {"t": f'"{schema}".version'}
-    ).scalar_one()
-    if not exists:
-        return None
-    stmt = select(VersionRow.version).limit(1)
-    found = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema}).execute(stmt)
-    value = found.scalar()
-    return -1 if value is None else int(value)
+    return driver.run(
+        conn, read_version(schema), {"schema_translate_map": {DEFAULT_SCHEMA: schema}}
+    )
 
 
 def lock_key_sql(schema: str) -> str:

@@ -17,6 +17,11 @@ NEWEST_KNOWN_SCHEMA_VERSION = 46
 """The newest pg-boss schema version this release knows (pg-boss 12.38.0's); a schema
 beyond it was migrated by a newer pg-boss and is refused with advice to upgrade alkstore_sa."""
 
+NO_VERSION_ROW = -1
+"""What every reader of a schema's version row answers when ``<schema>.version``
+exists but holds no row (a schema half built, or emptied by hand); ``None`` is the
+answer when there is no version table at all (nothing installed)."""
+
 SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({26, 46})
 """The pg-boss schema versions the services, workers and supervisors accept.
 

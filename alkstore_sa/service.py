@@ -30,14 +30,13 @@ from ._engine_cache import (
     make_context,
     migration_under_way,
     passing_through,
-    read_version,
     version_unlocked,
 )
 from .errors import SchemaVersionChangedError, SchemaVersionError
 from .groups import GroupConcurrencyConfig
 from .names import DEFAULT_SCHEMA
 from .ops import driver
-from .ops._core import may_be_schema_change
+from .ops._core import may_be_schema_change, read_version
 from .ops.keys import KEEP_DATA
 from .options import FlowJob, JobSpec, QueueOptions, SendOptions, TimedSendOptions, UpdateOptions
 from .records import (

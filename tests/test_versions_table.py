@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+from sqlalchemy import Engine, text
 
 from alkstore_sa import SchemaFeatureError, options, versions
 
@@ -80,3 +81,29 @@ def test_require_refuses_an_older_version_naming_what_was_asked() -> None:
 def test_an_unknown_feature_is_a_key_error_not_a_silent_yes() -> None:
     with pytest.raises(KeyError):
         versions.has(46, "no such feature")
+
+
+def test_every_reader_of_the_version_row_gives_one_answer_for_a_missing_row(
+    engine: Engine, schema: str
+) -> None:
+    from alkstore_sa import SchemaVersionError, migrate
+    from alkstore_sa.ops import Context, check_schema, driver, read_version
+    from alkstore_sa.schema_versions import NO_VERSION_ROW
+
+    options = {"schema_translate_map": {"pgboss": schema}}
+    with engine.begin() as conn:
+        assert migrate.installed_version(conn, schema) == 26
+        conn.execute(text(f'DELETE FROM "{schema}".version'))
+        answers = {
+            migrate.installed_version(conn, schema),
+            driver.run(conn, read_version(schema), options),
+        }
+        assert answers == {NO_VERSION_ROW}
+        with pytest.raises(SchemaVersionError) as caught:
+            driver.run(conn, check_schema(Context(schema)), options)
+        assert caught.value.found is None and "no version" in str(caught.value)
+        conn.rollback()
+    with engine.connect() as conn:
+        missing = "no_such_schema_for_versions"
+        assert migrate.installed_version(conn, missing) is None
+        assert driver.run(conn, read_version(missing), options) is None

@@ -8,6 +8,7 @@ from typing import Any
 from .. import migrate, schema_health
 from ..errors import SchemaHealthError, SchemaVersionError
 from ..names import SCHEMA_VERSION
+from ..schema_versions import NO_VERSION_ROW
 from ._common import CommandError, emit, engine_from, leaf, schema_of
 
 
@@ -152,7 +153,7 @@ def _current(args: argparse.Namespace) -> int:
     known = migrate.SCHEMA_VERSIONS.get(version) if version is not None else None
     if version is None:
         message = "not installed"
-    elif version < 0:
+    elif version == NO_VERSION_ROW:
         version, message = None, "a pg-boss version table without a version row"
     elif known is None:
         message = f"schema {version} (not a version alkstore_sa knows)"

@@ -30,6 +30,9 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 from ..errors import SchemaVersionError
+from ..names import DEFAULT_SCHEMA
+from ..schema_versions import NO_VERSION_ROW
+from ..sql.common.base import version_row
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class UnexpectedVersionError(SchemaVersionError):
             if upgrade
             else f"downgrading pg-boss schema version {revision_version} needs that version"
         )
-        shown = "no version row" if found is None else f"version {found}"
+        shown = "no version row" if found in (None, NO_VERSION_ROW) else f"version {found}"
         # Bypass SchemaVersionError's advice, which is about schema 26 only.
         Exception.__init__(
             self,
@@ -118,11 +121,13 @@ def migration_lock(schema: str) -> None:
 # --------------------------------------------------------------------------- version row
 
 
-def installed_version(schema: str) -> int | None:
-    """The pg-boss version row of ``schema`` (``None`` without one). Online only."""
-    version_table = sa.table("version", sa.column("version", sa.Integer()), schema=schema)
-    found = op.get_bind().execute(sa.select(version_table.c.version).limit(1)).scalar()
-    return None if found is None else int(found)
+def installed_version(schema: str) -> int:
+    """The pg-boss version row of ``schema`` (whose version table a revision has
+    locked), :data:`~alkstore_sa.schema_versions.NO_VERSION_ROW` without a row, as
+    every reader of the row answers. Online only."""
+    bind = op.get_bind().execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
+    found = bind.execute(version_row()).scalar()
+    return NO_VERSION_ROW if found is None else int(found)
 
 
 def begin_upgrade(schema: str, version: int) -> bool:

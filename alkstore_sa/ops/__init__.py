@@ -7,7 +7,16 @@ drift apart: they run the very same code.
 """
 
 from . import flows, heartbeats, inspect, keys, observe46, supervision
-from ._core import Call, Conflict, Context, Op, PolicyCache, check_schema, is_conflict
+from ._core import (
+    Call,
+    Conflict,
+    Context,
+    Op,
+    PolicyCache,
+    check_schema,
+    is_conflict,
+    read_version,
+)
 from .queues import (
     create_queue,
     delete_queue,
@@ -73,6 +82,7 @@ __all__ = [
     "keys",
     "observe46",
     "publish",
+    "read_version",
     "redrive",
     "resume",
     "retry",

@@ -8,10 +8,12 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import Executable, Result, func, select
+from sqlalchemy import Executable, Result
 
 from .. import versions
 from ..names import SCHEMA_VERSION, notify_channel
+from ..schema_versions import NO_VERSION_ROW
+from ..sql.common.base import version_row, version_table_exists
 from ..sql.statements import Statements, statements_for
 
 T = TypeVar("T")
@@ -109,20 +111,32 @@ def check_schema(ctx: Context) -> Op[int]:
     """
     from .. import names
     from ..errors import SchemaNotInstalledError, SchemaVersionError
-    from ..sql.common.base import VERSION
 
-    found = yield Call(select(func.to_regclass(f'"{ctx.schema}".version').is_not(None)))
-    if not found.scalar_one():
+    found = yield from read_version(ctx.schema)
+    if found is None:
         raise SchemaNotInstalledError(ctx.schema)
-    result = yield Call(select(VERSION.c.version).limit(1))
-    version = result.scalar()
+    version = None if found == NO_VERSION_ROW else found
     # Read here, not bound at import: tests widen the set with monkeypatch.
     spoken = names.SPOKEN_SCHEMA_VERSIONS
     if version not in spoken:
         expected = min((v for v in spoken if version is None or v >= version), default=max(spoken))
         raise SchemaVersionError(ctx.schema, version, expected, spoken=spoken)
-    ctx.version = int(version)
-    return ctx.version
+    ctx.version = found
+    return found
+
+
+def read_version(schema: str) -> Op[int | None]:
+    """The pg-boss version of ``schema``: the one reader of the version row.
+
+    ``None`` when there is no version table (nothing installed),
+    :data:`~alkstore_sa.schema_versions.NO_VERSION_ROW` when the table holds no row.
+    Two reads, no lock: it leaves the caller's transaction as it was.
+    """
+    exists = yield Call(version_table_exists(schema))
+    if not exists.scalar_one():
+        return None
+    value = (yield Call(version_row())).scalar()
+    return NO_VERSION_ROW if value is None else int(value)
 
 
 # SQLSTATEs with which a statement of one schema version fails on another: a

@@ -9,6 +9,7 @@ from sqlalchemy import (
     ColumnElement,
     Interval,
     LargeBinary,
+    Select,
     Table,
     Text,
     Uuid,
@@ -16,7 +17,9 @@ from sqlalchemy import (
     cast,
     column,
     func,
+    literal,
     literal_column,
+    select,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, TIMESTAMP
@@ -143,3 +146,14 @@ def settle_input() -> Any:
         )
         .render_derived()
     )
+
+
+def version_table_exists(schema: str) -> Select[Any]:
+    """One boolean: whether ``<schema>.version`` exists (``schema`` is bound as text,
+    so it needs no translation)."""
+    return select(func.to_regclass(literal(f'"{schema}".version', Text)).is_not(None))
+
+
+def version_row() -> Select[Any]:
+    """The version row's number (no row: no result), in the placeholder schema."""
+    return select(VERSION.c.version).limit(1)
