@@ -73,7 +73,7 @@ from .schema_record import (
     schema_version_info,
     version_of,
 )
-from .schema_versions import NO_VERSION_ROW
+from .schema_versions import NEWEST_KNOWN_SCHEMA_VERSION, NO_VERSION_ROW
 
 __all__ = [
     "BASE",
@@ -110,7 +110,7 @@ BASE = "alkstore@base"
 """Before our first revision: nothing of ours installed."""
 
 
-DEFAULT_SCHEMA_VERSION = 46
+DEFAULT_SCHEMA_VERSION = NEWEST_KNOWN_SCHEMA_VERSION
 """What :func:`upgrade` and ``alkstore db upgrade`` install when not told: 46, the newest
 version the services and workers speak; ``schema_version=26`` keeps a schema next to Node
 pg-boss 11.1.x to 12.5.x (the "Compatibility with pg-boss, and deliberate differences" page)."""

@@ -20,12 +20,6 @@ from types import MappingProxyType
 
 from .errors import SchemaFeatureError
 
-OLDEST_SCHEMA_VERSION = 26
-"""The oldest pg-boss schema version the runtime speaks (pg-boss 11.1.x, 12.0 to 12.5)."""
-
-NEWEST_SCHEMA_VERSION = 46
-"""The newest pg-boss schema version the runtime speaks (pg-boss 12.38.0)."""
-
 FEATURES: Mapping[str, int] = MappingProxyType(
     {
         # Operations of the services.
@@ -82,8 +76,6 @@ def require(schema: str, version: int, feature: str, what: str | None = None) ->
 
 __all__ = [
     "FEATURES",
-    "NEWEST_SCHEMA_VERSION",
-    "OLDEST_SCHEMA_VERSION",
     "has",
     "require",
     "since",

@@ -9,7 +9,7 @@ import re
 import pytest
 from sqlalchemy import Engine, text
 
-from alkstore_sa import SchemaFeatureError, options, versions
+from alkstore_sa import SchemaFeatureError, names, options, versions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "concepts" / "compatibility.md"
@@ -47,9 +47,7 @@ def test_the_page_lists_every_feature_with_its_version() -> None:
 
 
 def test_the_page_lists_every_option_newer_than_26() -> None:
-    newer = {
-        o.name: str(o.since) for o in options.OPTIONS if o.since > versions.OLDEST_SCHEMA_VERSION
-    }
+    newer = {o.name: str(o.since) for o in options.OPTIONS if o.since > names.SCHEMA_VERSION}
     assert newer, "the option table has options of pg-boss 12"
     assert _rows("Option") == newer
 
