@@ -874,7 +874,7 @@ class QueueService:
             "aggregate": aggregate,
             "percentiles": percentiles,
         }
-        return self._run(ops.observe46.get_queue_stats_history(self._ctx, name, options))
+        return self._run(ops.observe.get_queue_stats_history(self._ctx, name, options))
 
     def get_warnings(
         self,
@@ -895,7 +895,7 @@ class QueueService:
         :raises SchemaFeatureError: on a schema below 46.
         :raises InvalidOptionsError: for a bad option, before any SQL.
         """
-        return self._run(ops.observe46.get_warnings(self._ctx, type, since, limit, offset))
+        return self._run(ops.observe.get_warnings(self._ctx, type, since, limit, offset))
 
     def get_instances(
         self, *, limit: int = 1000, after: uuid.UUID | str | None = None
@@ -911,4 +911,4 @@ class QueueService:
         :raises InvalidOptionsError: for a bad option, or an ``after`` no longer
             registered.
         """
-        return self._run(ops.observe46.get_instances(self._ctx, limit, after))
+        return self._run(ops.observe.get_instances(self._ctx, limit, after))

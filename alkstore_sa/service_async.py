@@ -887,7 +887,7 @@ class AsyncQueueService:
             "aggregate": aggregate,
             "percentiles": percentiles,
         }
-        return await self._run(ops.observe46.get_queue_stats_history(self._ctx, name, options))
+        return await self._run(ops.observe.get_queue_stats_history(self._ctx, name, options))
 
     async def get_warnings(
         self,
@@ -908,7 +908,7 @@ class AsyncQueueService:
         :raises SchemaFeatureError: on a schema below 46.
         :raises InvalidOptionsError: for a bad option, before any SQL.
         """
-        return await self._run(ops.observe46.get_warnings(self._ctx, type, since, limit, offset))
+        return await self._run(ops.observe.get_warnings(self._ctx, type, since, limit, offset))
 
     async def get_instances(
         self, *, limit: int = 1000, after: uuid.UUID | str | None = None
@@ -924,4 +924,4 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad option, or an ``after`` no longer
             registered.
         """
-        return await self._run(ops.observe46.get_instances(self._ctx, limit, after))
+        return await self._run(ops.observe.get_instances(self._ctx, limit, after))

@@ -14,7 +14,7 @@ from alkstore_sa import rrule
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.names import SEND_IT_QUEUE
-from alkstore_sa.ops.cron46 import occurrence_key
+from alkstore_sa.ops.occurrences import occurrence_key
 from alkstore_sa.supervision import Supervisor
 
 ONLY_CRON: dict[str, Any] = {"supervise": False, "bam": False}

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService, QueueStatsSnapshot
 from alkstore_sa.errors import InvalidOptionsError, QueueNotFoundError, SchemaFeatureError
-from alkstore_sa.ops.observe46 import percentile
+from alkstore_sa.ops.observe import percentile
 from alkstore_sa.sql.v46.stats import create_partition
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)  # a multiple of 60 s since the epoch

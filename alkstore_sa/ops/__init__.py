@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import flows, heartbeats, inspect, keys, observe46, supervision
+from . import flows, heartbeats, inspect, keys, observe, supervision
 from ._core import (
     Call,
     Conflict,
@@ -80,7 +80,7 @@ __all__ = [
     "inspect",
     "is_conflict",
     "keys",
-    "observe46",
+    "observe",
     "publish",
     "read_version",
     "redrive",

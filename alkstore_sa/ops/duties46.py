@@ -25,7 +25,7 @@ stats history (part of the monitor turn)
     **and** without it whenever another instance persists history (a live
     registered instance with ``persist_queue_stats``, or a recent row of one):
     a turn we win never drops a row Node would have written
-    (:mod:`alkstore_sa.ops.stats46`).
+    (:mod:`alkstore_sa.ops.stats_history`).
 maintenance, per table and 100 queues (``queue.maintain_on``)
     Node: per queue the retention walk, then ``setRetainedCount`` (only the
     deleted taken off when a walk is cut short), the dependency cleanup by child
@@ -42,18 +42,18 @@ after the queues (no claim)
     nothing and only warns; every Node instance still runs its own.
 reindex (``version.reindex_on``, the pass's last step)
     Node and we: rebuild bloated job indexes, drop ``*_ccnew`` leftovers, warn
-    ``index_bloat`` (:mod:`~alkstore_sa.ops.turns46`; not inside the caller's
+    ``index_bloat`` (:mod:`~alkstore_sa.ops.turns`; not inside the caller's
     transaction).
 cron (``version.cron_on``)
     Node: the occurrences of every schedule in the last 60 s, a ``missed:
     'once'`` catch-up, filed into send-it under the escaped key and the 60 s
     slot; kinds relabelled; ``invalid_schedule`` warnings. We: the same, for
-    cron expressions and recurrence rules (:mod:`~alkstore_sa.ops.cron46`).
+    cron expressions and recurrence rules (:mod:`~alkstore_sa.ops.occurrences`).
 send-it (a queue; no claim)
     Node: send each job's request, then ``schedule.last_job_id``. We: the same.
 flows (``version.flow_on``) and BAM (``version.bam_on``), on timers of their own
     Node and we: release flow children; run the ``bam`` index builds
-    (:mod:`~alkstore_sa.ops.turns46`; BAM not inside the caller's transaction).
+    (:mod:`~alkstore_sa.ops.turns`; BAM not inside the caller's transaction).
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ from ..records import QueueWarning
 from ..sql.common import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
-from . import frame, stats46, turns46
+from . import frame, stats_history, turns
 from ._core import Call, Context, Op
-from .cron46 import evaluate46, file46
-from .cron46 import is_rrule as is_rrule  # re-exported
-from .cron46 import occurrence_key as occurrence_key
-from .cron46 import slot_of as slot_of
 from .duties26 import cron_step, send_it_rounds, work_send_it
 from .frame import Duty, PassPlan, Tally
-from .stats46 import NO_HISTORY, History
+from .occurrences import evaluate46, file46
+from .occurrences import is_rrule as is_rrule  # re-exported
+from .occurrences import occurrence_key as occurrence_key
+from .occurrences import slot_of as slot_of
+from .stats_history import NO_HISTORY, History
 from .working import expire_heartbeats46, expire_jobs46
 
 # The logger these duties have always logged on.
@@ -123,7 +123,7 @@ def cache_stats(
     instance held the ``queue-stats`` lock (its claims are handed back)."""
     params: dict[str, Any] = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
     if history.write:
-        params["reset_seconds"] = stats46.reset_seconds(plan)
+        params["reset_seconds"] = stats_history.reset_seconds(plan)
     rows = (yield Call(sql.cache_stats(throughput=history.write), params)).all()
     warnings = []
     for row in rows:
@@ -322,12 +322,12 @@ def _history46(
     if not (history.write and written):
         return 0.0
     recorded = yield from tally.attempt(
-        stats46.write_history(ctx, written, plan, history), "history"
+        stats_history.write_history(ctx, written, plan, history), "history"
     )
     tally.recorded += recorded or []
     if not late:
         return 0.0
-    return (yield from tally.attempt(stats46.true_up(ctx, late, plan), "true-up")) or 0.0
+    return (yield from tally.attempt(stats_history.true_up(ctx, late, plan), "true-up")) or 0.0
 
 
 def monitor_chunk46(
@@ -399,14 +399,14 @@ def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
 
 
 def history_start(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
-    """Whether this pass writes stats history (stats46's rule), noted for the
+    """Whether this pass writes stats history (stats_history's rule), noted for the
     monitor and the retention; if so, the partitions its rows go to, before any
     is written."""
     tally.notes["history"] = NO_HISTORY
-    history = yield from tally.attempt(stats46.history_mode(ctx, plan), "history")
+    history = yield from tally.attempt(stats_history.history_mode(ctx, plan), "history")
     if history is None or not history.write:
         return
-    yield from tally.attempt(stats46.ensure_partitions(ctx, plan), "history")
+    yield from tally.attempt(stats_history.ensure_partitions(ctx, plan), "history")
     tally.notes["history"] = history
 
 
@@ -433,12 +433,12 @@ def stats_retention_turn(
     whole days dropped, or batched deletes on a plain table."""
     history: History = tally.notes.get("history", NO_HISTORY)
     if history.own:
-        dropped = yield from tally.attempt(stats46.drop_old_partitions(ctx, plan), "history")
+        dropped = yield from tally.attempt(stats_history.drop_old_partitions(ctx, plan), "history")
         if dropped is not None and not dropped[0]:
             yield from _walk(
                 tally,
                 "history",
-                lambda after: stats46.delete_old_batch(ctx, after, plan),
+                lambda after: stats_history.delete_old_batch(ctx, after, plan),
                 cursor=lambda row: (
                     None if row.walk_cursor_on is None else (row.walk_cursor_on, row.walk_cursor_id)
                 ),
@@ -472,7 +472,7 @@ DUTIES46: tuple[Duty, ...] = (
         interval="monitor_interval",
         locks=(
             locks.QUEUE_STATS,
-            stats46.INSERT_LOCK,
+            stats_history.INSERT_LOCK,
             locks.table_key("<table>", "failJobsByTimeout"),
             locks.table_key("<table>", "failJobsByHeartbeat"),
         ),
@@ -497,7 +497,7 @@ DUTIES46: tuple[Duty, ...] = (
     Duty(
         "reindex",
         "monitor",
-        turns46.reindex_turn,
+        turns.reindex_turn,
         interval="reindex_interval",
         reports=("reindexed", "errors"),
     ),
@@ -512,16 +512,16 @@ DUTIES46: tuple[Duty, ...] = (
     Duty(
         "flows",
         "flows",
-        turns46.flow_turn,
+        turns.flow_turn,
         interval="flow_interval",
         reports=("flows_resolved", "released"),
     ),
     Duty(
         "bam",
         "bam",
-        turns46.bam_turn,
+        turns.bam_turn,
         interval="bam_interval",
-        locks=(turns46.BAM_CLAIM_LOCK,),
+        locks=(turns.BAM_CLAIM_LOCK,),
         reports=("bam", "errors"),
     ),
 )

@@ -58,7 +58,7 @@ from .._engine_cache import (
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, validate_schema
-from ..ops import Context, Op, driver, observe46
+from ..ops import Context, Op, driver, observe
 from ..ops._core import may_be_schema_change
 from ..ops.frame import Autocommit
 from ..ops.supervision import (
@@ -189,7 +189,7 @@ class _Core:
         )
         data = {"seconds": abs(skew), "direction": "slower" if skew > 0 else "faster"}
         try:
-            yield Run(observe46.persist_warning(self._ctx, "clock_skew", message, data))
+            yield Run(observe.persist_warning(self._ctx, "clock_skew", message, data))
         except Exception:
             logger.exception("clock skew warning not written", extra={"action": "clock_skew"})
 

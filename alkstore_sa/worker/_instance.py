@@ -10,7 +10,7 @@ from collections import defaultdict
 from typing import Any, TypeVar
 
 from ..errors import SchemaVersionError
-from ..ops import observe46
+from ..ops import observe
 from ..steps import Join, Steps, Wait
 from ._core import WorkerCore
 
@@ -42,7 +42,7 @@ class InstanceRegistration(WorkerCore[B]):
         is logged and reported; the next beat tries again."""
         reg = self._registration
         try:
-            op = observe46.heartbeat_instance(
+            op = observe.heartbeat_instance(
                 self._ctx, self._instance_values(), reg.started_on, reg.process_start
             )
             reg.started_on = yield from self._op(op, autocommit=True)
@@ -69,7 +69,7 @@ class InstanceRegistration(WorkerCore[B]):
             return  # never registered (schema 26, or the database was unreachable)
         try:
             yield from self._op(
-                observe46.stop_instance(self._ctx, self._registration.id), autocommit=True
+                observe.stop_instance(self._ctx, self._registration.id), autocommit=True
             )
         except Exception as exc:
             log.debug(

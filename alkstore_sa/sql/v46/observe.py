@@ -3,7 +3,7 @@ instance registry (the "Observe queues, warnings and workers" page).
 
 - **History** (:func:`stats_history`): a queue's ``queue_stats`` rows, newest
   first, between two capture times; bucketing is done on these rows by
-  :mod:`alkstore_sa.ops.observe46`.
+  :mod:`alkstore_sa.ops.observe`.
 - **Warnings** (:func:`get_warnings`): rows of ``warning``, newest first.
 - **Instances**: a worker's row in ``instance``, registered at start
   (:func:`register_instance`), refreshed on each heartbeat
