@@ -5,7 +5,10 @@ operation in a transaction, call a handler, join threads or tasks) and receive e
 step's answer, or have its error thrown back in. It never blocks and never awaits;
 it decides. A runtime answers the steps: the sync one by blocking calls on its own
 thread, the async one by awaiting. :func:`drive` and :func:`adrive` are the two
-loops that feed answers back; what a step means is up to the runtime's ``answer``.
+loops that feed answers back. :func:`answering` and :func:`aanswering` make the one
+answer of each flavour to the steps every runtime answers alike (:class:`Wait`,
+:class:`Call`, :class:`Join`); a runtime supplies only its answer to the others
+(:class:`Run`, and steps of its own).
 
 Operations themselves (the statements) are still executed by
 :mod:`alkstore_sa.ops.driver` only: a runtime's answer to :class:`Run` calls
@@ -15,6 +18,9 @@ Operations themselves (the statements) are still executed by
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
+import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -63,6 +69,54 @@ class Join:
 
     handles: Sequence[Any]
     timeout: float
+
+
+def answering(other: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The blocking answer to every step: :class:`Call`, :class:`Wait` and
+    :class:`Join` here (threads joined), any other step by ``other``."""
+
+    def answer(step: Any) -> Any:
+        kind = type(step)
+        if kind is Call:
+            return step.fn(*step.args)
+        if kind is Wait:
+            return step.event.wait(step.timeout)
+        if kind is Join:
+            deadline = time.monotonic() + step.timeout
+            for thread in step.handles:
+                if thread is not None:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+            return not any(t is not None and t.is_alive() for t in step.handles)
+        return other(step)
+
+    return answer
+
+
+def aanswering(other: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """The awaiting answer to every step: :class:`Call` (an awaitable result awaited,
+    a ``blocking`` function run on a thread), :class:`Wait` (an ``asyncio.Event``) and
+    :class:`Join` (tasks) here, any other step by ``other``."""
+
+    async def answer(step: Any) -> Any:
+        kind = type(step)
+        if kind is Call:
+            if step.blocking:
+                return await asyncio.to_thread(step.fn, *step.args)
+            value = step.fn(*step.args)
+            return await value if inspect.isawaitable(value) else value
+        if kind is Wait:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(step.event.wait(), step.timeout)
+            return step.event.is_set()
+        if kind is Join:
+            tasks = [t for t in step.handles if t is not None]
+            if not tasks:
+                return True
+            _, pending = await asyncio.wait(tasks, timeout=step.timeout)
+            return not pending
+        return await other(step)
+
+    return answer
 
 
 class _Feed(Generic[T]):

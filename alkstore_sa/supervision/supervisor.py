@@ -38,11 +38,11 @@ At schema 46 a supervise pass ends with the reindex turn (``reindex_interval``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import Engine
@@ -70,7 +70,7 @@ from ..ops.supervision import (
     supervise_pass,
     with_lock_timeouts,
 )
-from ..steps import Call, Run, Steps, Wait, adrive, drive
+from ..steps import Call, Run, Steps, Wait, aanswering, adrive, answering, drive
 
 __all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]
 
@@ -317,11 +317,12 @@ class Supervisor(_Core):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _answer(self, step: Any) -> Any:
-        if isinstance(step, Wait):
-            return step.event.wait(step.timeout)
-        if isinstance(step, Call):
-            return step.fn(*step.args)
+    @functools.cached_property
+    def _answer(self) -> Callable[[Any], Any]:
+        return answering(self._run)
+
+    def _run(self, step: Any) -> Any:
+        """The answer to a unit of the pass (the rest: :func:`answering`)."""
         try:
             if isinstance(step, Autocommit):
                 with self.engine.connect() as conn:
@@ -396,13 +397,12 @@ class AsyncSupervisor(_Core):
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def _answer(self, step: Any) -> Any:
-        if isinstance(step, Wait):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(step.event.wait(), step.timeout)
-            return step.event.is_set()
-        if isinstance(step, Call):
-            return await step.fn(*step.args)
+    @functools.cached_property
+    def _answer(self) -> Callable[[Any], Awaitable[Any]]:
+        return aanswering(self._run)
+
+    async def _run(self, step: Any) -> Any:
+        """The answer to a unit of the pass (the rest: :func:`aanswering`)."""
         try:
             if isinstance(step, Autocommit):
                 async with self.engine.connect() as conn:

@@ -9,7 +9,6 @@ The drain is written once (:func:`_draining`, a generator of steps, see
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from ..errors import InvalidOptionsError, shown
 from ..names import DEFAULT_SCHEMA
 from ..ops import driver
 from ..records import Job
-from ..steps import Call, Run, Steps, adrive, drive
+from ..steps import Call, Run, Steps, aanswering, adrive, answering, drive
 from ..worker import AsyncWorker, HandlerSpec, Worker
 from ..worker._attempt import Kind, prepare_output
 
@@ -126,14 +125,14 @@ def drain(
     in_session = isinstance(target, Session)
     caller: Session | None = target if isinstance(target, Session) else None
 
-    def answer(step: Any) -> Any:
-        if isinstance(step, Call):
-            return step.fn(*step.args)
+    def run(step: Any) -> Any:
         on = step.session or caller  # the caller's transaction, if given
         if on is not None:
             return driver.run(on, step.op, options)
         with Session(engine) as session, session.begin():
             return driver.run(session, step.op, options)
+
+    answer = answering(run)
 
     def in_transaction(spec: HandlerSpec, job: Job) -> None:
         # In the caller's transaction a savepoint lets a raising handler's writes
@@ -174,16 +173,15 @@ async def adrain(
     ctx, options = _context(plan.schema, engine)
     in_session = isinstance(target, AsyncSession)
 
-    async def answer(step: Any) -> Any:
-        if isinstance(step, Call):
-            value = step.fn(*step.args)
-            return await value if inspect.isawaitable(value) else value
+    async def run(step: Any) -> Any:
         if step.session is not None:
             return await driver.arun(step.session, step.op, options)
         if isinstance(target, AsyncSession):
             return await driver.arun(target, step.op, options)  # the caller's transaction
         async with AsyncSession(target) as session, session.begin():
             return await driver.arun(session, step.op, options)
+
+    answer = aanswering(run)
 
     async def in_transaction(spec: HandlerSpec, job: Job) -> None:
         if isinstance(target, AsyncSession):

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from ..errors import InvalidOptionsError, shown
 from ..ops import driver
-from ..steps import Call, Join, Run, Steps, Wait, adrive
+from ..steps import Run, Steps, aanswering, adrive
 from ..supervision import AsyncSupervisor
 from ._attempt import Attempt
 from ._base import QueueState, WorkerBase
@@ -118,16 +119,12 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
 
     # ------------------------------------------------------------ answering steps
 
-    async def _answer(self, step: Any) -> Any:
-        if type(step) is Call:
-            if step.blocking:
-                return await asyncio.to_thread(step.fn, *step.args)
-            value = step.fn(*step.args)
-            return await value if inspect.isawaitable(value) else value
-        if type(step) is Wait:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(step.event.wait(), step.timeout)
-            return step.event.is_set()
+    @functools.cached_property
+    def _answer(self) -> Callable[[Any], Awaitable[Any]]:
+        return aanswering(self._run)
+
+    async def _run(self, step: Any) -> Any:
+        """This runtime's answer to :class:`Run` (the rest: :func:`aanswering`)."""
         if type(step) is Run:
             if step.session is not None:
                 return await driver.arun(step.session, step.op, self._options)
@@ -136,12 +133,6 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
                     return await driver.arun(conn, step.op, self._options, autocommit=True)
             async with self.sessions.begin() as session:
                 return await driver.arun(session, step.op, self._options)
-        if type(step) is Join:
-            tasks = [t for t in step.handles if t is not None]
-            if not tasks:
-                return True
-            _, pending = await asyncio.wait(tasks, timeout=step.timeout)
-            return not pending
         raise TypeError(f"not a step: {shown(step)}")
 
     def _spawn(self, steps: Steps[Any], name: str) -> asyncio.Task[Any]:

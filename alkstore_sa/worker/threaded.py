@@ -6,7 +6,9 @@ its steps with blocking calls and threads.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
@@ -14,11 +16,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import InvalidOptionsError, shown
 from ..ops import driver
-from ..steps import Call, Join, Run, Steps, Wait, drive
+from ..steps import Run, Steps, answering, drive
 from ..supervision import Supervisor
 from . import _signals
 from ._attempt import Attempt
-from ._base import QueueState, WorkerBase, monotonic
+from ._base import QueueState, WorkerBase
 from ._threads import Pool
 
 
@@ -143,11 +145,12 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
 
     # ------------------------------------------------------------ answering steps
 
-    def _answer(self, step: Any) -> Any:
-        if type(step) is Call:
-            return step.fn(*step.args)
-        if type(step) is Wait:
-            return step.event.wait(step.timeout)
+    @functools.cached_property
+    def _answer(self) -> Callable[[Any], Any]:
+        return answering(self._run)
+
+    def _run(self, step: Any) -> Any:
+        """This runtime's answer to :class:`Run` (the rest: :func:`answering`)."""
         if type(step) is Run:
             if step.session is not None:
                 return driver.run(step.session, step.op, self._options)
@@ -156,12 +159,6 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
                     return driver.run(conn, step.op, self._options, autocommit=True)
             with self.sessions.begin() as session:
                 return driver.run(session, step.op, self._options)
-        if type(step) is Join:
-            deadline = monotonic() + step.timeout
-            for thread in step.handles:
-                if thread is not None:
-                    thread.join(max(0.0, deadline - monotonic()))
-            return not any(t is not None and t.is_alive() for t in step.handles)
         raise TypeError(f"not a step: {shown(step)}")
 
     def _spawn(self, steps: Steps[Any], name: str) -> threading.Thread:
