@@ -305,44 +305,28 @@ async def _needs(
 
 
 async def _page_of(
-    request: Request,
-    feature: str,
-    page: str,
-    template: str,
-    key: str,
-    work: Callable[[QueueService], Any],
+    request: Request, feature: str, page: str, key: str, work: Callable[[QueueService], Any]
 ) -> Response:
     """A page of what only a schema with ``feature`` records: the rows ``work`` reads,
-    rendered as ``key`` in ``template``; without it, a page saying what it needs."""
+    rendered as ``key`` in the template ``<key>.html``; without it, a page saying what
+    it needs."""
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
     refused = await _needs(request, d, schema, page, feature)
     if refused is not None:
         return refused
     rows = await d.read(schema, work)
-    return d.render(request, template, schema=schema, **{key: rows})
+    return d.render(request, f"{key}.html", schema=schema, **{key: rows})
 
 
 async def instances_page(request: Request) -> Response:
-    return await _page_of(
-        request,
-        "the instance registry",
-        "Instances",
-        "instances.html",
-        "instances",
-        lambda q: q.get_instances(limit=1000),
-    )
+    work = lambda q: q.get_instances(limit=1000)  # noqa: E731
+    return await _page_of(request, "the instance registry", "Instances", "instances", work)
 
 
 async def warnings_page(request: Request) -> Response:
-    return await _page_of(
-        request,
-        "the warning table",
-        "Warnings",
-        "warnings.html",
-        "warnings",
-        lambda q: q.get_warnings(limit=200),
-    )
+    work = lambda q: q.get_warnings(limit=200)  # noqa: E731
+    return await _page_of(request, "the warning table", "Warnings", "warnings", work)
 
 
 async def healthz(request: Request) -> Response:

@@ -27,7 +27,7 @@ from ..sql.v26 import fail as fail_sql
 from ..sql.v26 import supervision as sql
 from . import frame
 from ._core import Call, Conflict, Context, Op, contained
-from .frame import Duty, PassPlan, Tally
+from .frame import Duty, PassPlan, PassTurn, Tally
 from .queues import create_queue, get_queue
 from .sending import send, send_many
 from .working import Settlement, complete_many, fail_many, fetch
@@ -371,6 +371,20 @@ def send_it_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any
     yield from send_it_rounds(lambda batch: work_send_it(ctx, batch), tally)
 
 
+def timekeeping(cron: PassTurn, send_it: PassTurn) -> tuple[Duty, Duty]:
+    """The cron and send-it duties, each version with its own turns."""
+    return (
+        Duty(
+            "cron",
+            "cron",
+            cron,
+            interval="cron_monitor_interval",
+            reports=("cron_checked", "fired", "errors"),
+        ),
+        Duty("send-it", "send_it", send_it, reports=("sent",)),
+    )
+
+
 DUTIES26: tuple[Duty, ...] = (
     Duty(
         "monitor",
@@ -390,13 +404,6 @@ DUTIES26: tuple[Duty, ...] = (
         locks=(locks.table_key("<table>", "deletion"),),
         reports=("maintained", "deleted"),
     ),
-    Duty(
-        "cron",
-        "cron",
-        cron_turn,
-        interval="cron_monitor_interval",
-        reports=("cron_checked", "fired", "errors"),
-    ),
-    Duty("send-it", "send_it", send_it_turn, reports=("sent",)),
+    *timekeeping(cron_turn, send_it_turn),
 )
 """The duties of a pass at schema 26, in the order it takes them."""

@@ -71,7 +71,7 @@ from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
 from . import frame, stats_history, turns
 from ._core import Call, Context, Op
-from .duties26 import cron_step, send_it_rounds, work_send_it
+from .duties26 import cron_step, send_it_rounds, timekeeping, work_send_it
 from .frame import Duty, PassPlan, Tally
 from .occurrences import evaluate46, file46
 from .occurrences import is_rrule as is_rrule  # re-exported
@@ -501,14 +501,7 @@ DUTIES46: tuple[Duty, ...] = (
         interval="reindex_interval",
         reports=("reindexed", "errors"),
     ),
-    Duty(
-        "cron",
-        "cron",
-        cron_turn46,
-        interval="cron_monitor_interval",
-        reports=("cron_checked", "fired", "errors"),
-    ),
-    Duty("send-it", "send_it", send_it_turn46, reports=("sent",)),
+    *timekeeping(cron_turn46, send_it_turn46),
     Duty(
         "flows",
         "flows",

@@ -11,6 +11,7 @@ from ..models.enums import JobState
 from ..names import queue_ref
 from ..options import check_int, check_text, in_utc
 from ..records import Job, JobCounts, JobPage, read_job
+from ..sql.v26 import inspect as inspect_sql
 from ._core import Call, Context, Op
 from .queues import get_queues, require_queue
 
@@ -92,7 +93,8 @@ def find_jobs(ctx: Context, name: object, filters: dict[str, object], limit: int
     check_int("limit", limit, minimum=1, maximum=FIND_LIMIT_MAX)
     if group is not None:
         ctx.require("a group filter")
-    stmt = ctx.sql.find_jobs(
+    stmt = inspect_sql.find_jobs(
+        ctx.sql.job,
         queue=queue is not None,
         state=wanted,
         key=key is not None,
@@ -129,7 +131,7 @@ def count_jobs(ctx: Context, names: Sequence[str] | None) -> Op[list[JobCounts]]
     """Jobs per queue and state, every queue of the schema (or those named)."""
     wanted = None if names is None else [queue_ref(n, "names") for n in names]
     queues = yield from get_queues(ctx, wanted)
-    stmt = ctx.sql.count_jobs(named=wanted is not None)
+    stmt = inspect_sql.count_jobs(ctx.sql.job, named=wanted is not None)
     result = yield Call(stmt, {"names": wanted} if wanted is not None else {})
     counts: dict[str, dict[str, int]] = {q.name: dict.fromkeys(STATES, 0) for q in queues}
     oldest: dict[str, float | None] = dict.fromkeys(counts)

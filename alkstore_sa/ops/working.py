@@ -140,16 +140,20 @@ def fetch(
     policy = yield from _policy(ctx, name)
     if autocommit and _takes_key_locks(ctx, policy):
         raise NeedsTransaction(name)
-    jobs = yield from _claim(
-        ctx,
-        name,
-        policy,
-        batch_size,
-        priority,
-        ignore_start_after,
-        relaxed=autocommit,
-        groups=groups,
-    )
+
+    def claim(policy: str) -> Op[list[Job]]:
+        return _claim(
+            ctx,
+            name,
+            policy,
+            batch_size,
+            priority,
+            ignore_start_after,
+            relaxed=autocommit,
+            groups=groups,
+        )
+
+    jobs = yield from claim(policy)
     if not jobs and cached:
         # An empty answer from a cached policy: make sure the queue still exists
         # and still has that policy before believing it.
@@ -157,16 +161,7 @@ def fetch(
         if fresh != policy:
             if autocommit and _takes_key_locks(ctx, fresh):
                 raise NeedsTransaction(name)
-            jobs = yield from _claim(
-                ctx,
-                name,
-                fresh,
-                batch_size,
-                priority,
-                ignore_start_after,
-                relaxed=autocommit,
-                groups=groups,
-            )
+            jobs = yield from claim(fresh)
     return jobs
 
 

@@ -171,36 +171,6 @@ class Statements:
     def list_jobs(self, state: JobState | None) -> Executable:
         return inspect26.list_jobs(state)
 
-    def find_jobs(
-        self,
-        *,
-        queue: bool,
-        state: JobState | None,
-        key: bool,
-        group: bool,
-        text: bool,
-        since: bool,
-        until: bool,
-        after: bool,
-    ) -> Executable:
-        """A page of jobs across queues by the filters given (see
-        :func:`alkstore_sa.sql.v26.inspect.find_jobs`), on this version's job table."""
-        return inspect26.find_jobs(
-            self.job,
-            queue=queue,
-            state=state,
-            key=key,
-            group=group,
-            text=text,
-            since=since,
-            until=until,
-            after=after,
-        )
-
-    def count_jobs(self, *, named: bool) -> Executable:
-        """Jobs per queue and state, on this version's job table."""
-        return inspect26.count_jobs(self.job, named=named)
-
     def queue_metrics(self) -> Executable:
         """The per-queue counters and ages behind the Prometheus metrics."""
         return metrics26.queue_metrics()

@@ -85,36 +85,23 @@ class Fetching(Running[B]):
         if groups is not None:
             options = {"group_concurrency": groups, "group_counts": group_counts}
         global_groups = groups is not None and group_counts is None
-        if working.claims_in_autocommit(self._ctx, spec.queue, group_locks=global_groups):
-            try:
-                return (
-                    yield from self._op(
-                        ops.fetch(
-                            self._ctx,
-                            spec.queue,
-                            want,
-                            priority=spec.priority,
-                            ignore_start_after=False,
-                            autocommit=True,
-                            **options,
-                        ),
-                        autocommit=True,
-                    )
-                )
-            except working.NeedsTransaction:
-                pass
-        return (
-            yield from self._op(
-                ops.fetch(
-                    self._ctx,
-                    spec.queue,
-                    want,
-                    priority=spec.priority,
-                    ignore_start_after=False,
-                    **options,
-                )
+        autocommit = working.claims_in_autocommit(self._ctx, spec.queue, group_locks=global_groups)
+        while True:
+            claim = ops.fetch(
+                self._ctx,
+                spec.queue,
+                want,
+                priority=spec.priority,
+                ignore_start_after=False,
+                autocommit=autocommit,
+                **options,
             )
-        )
+            try:
+                return (yield from self._op(claim, autocommit=autocommit))
+            except working.NeedsTransaction:
+                if not autocommit:
+                    raise
+                autocommit = False  # again, in a transaction of its own
 
     def _inline(self, state: QueueState, attempts: list[Attempt], generation: int) -> Steps[None]:
         """Run ``attempts`` on the fetch loop itself, one after the other (saves the

@@ -42,12 +42,19 @@ def queue_metrics() -> Select[Any]:
         )
         .scalar_subquery()
     )
-    return select(
+    return select(*counters(q), age(oldest).label("oldest_ready_age")).order_by(q.c.name)
+
+
+def counters(q: Any, *extra: str) -> list[Any]:
+    """The queue row's cached counters every version reads (and ``<name>_count`` for
+    each of ``extra``), with the age of the count: the columns before the oldest
+    ready job's age."""
+    return [
         q.c.name,
         q.c.queued_count.label("queued"),
         q.c.deferred_count.label("deferred"),
         q.c.active_count.label("active"),
         q.c.total_count.label("total"),
+        *(q.c[f"{name}_count"].label(name) for name in extra),
         age(q.c.monitor_on).label("counted_age"),
-        age(oldest).label("oldest_ready_age"),
-    ).order_by(q.c.name)
+    ]

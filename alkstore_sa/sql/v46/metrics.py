@@ -13,7 +13,7 @@ from sqlalchemy import Select, and_, false, func, select
 
 from ...models.enums import JobState
 from ..common.base import state_text
-from ..v26.metrics import age
+from ..v26.metrics import age, counters
 from . import tables as t46
 
 
@@ -47,14 +47,5 @@ def queue_metrics() -> Select[Any]:
     # least() ignores NULLs: a queue with ready jobs in one state only still has an age.
     first = func.least(oldest(JobState.CREATED), oldest(JobState.RETRY))
     return select(
-        q.c.name,
-        q.c.queued_count.label("queued"),
-        q.c.deferred_count.label("deferred"),
-        q.c.active_count.label("active"),
-        q.c.total_count.label("total"),
-        q.c.failed_count.label("failed"),
-        q.c.ready_count.label("ready"),
-        q.c.blocked_count.label("blocked"),
-        age(q.c.monitor_on).label("counted_age"),
-        age(first).label("oldest_ready_age"),
+        *counters(q, "failed", "ready", "blocked"), age(first).label("oldest_ready_age")
     ).order_by(q.c.name)
