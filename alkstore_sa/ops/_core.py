@@ -143,9 +143,9 @@ def read_version(schema: str) -> Op[int | None]:
 # column, table or function the statement names is gone or has a new signature
 # (42703, 42P01, 42883), an enum or other typed literal no longer parses (22P02,
 # 42804), a NOT NULL or CHECK added since trips (23502, 23514). Seen when a
-# worker speaking 26 keeps running while its schema is migrated to 46
-# (tests/test_schema_version_runtime.py); any of them makes the runtime read the
-# installed version again before its next statement.
+# worker speaking 26 keeps running while its schema is migrated to 46 (the
+# "Live upgrades" part of the compatibility page); any of them makes the runtime
+# read the installed version again before its next statement.
 _SCHEMA_CHANGE_CODES = frozenset({"42703", "42P01", "42883", "22P02", "42804", "23502", "23514"})
 
 
