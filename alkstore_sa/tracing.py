@@ -36,14 +36,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from . import versions
+
 MESSAGING_SYSTEM = "pg-boss"
 """The ``messaging.system`` of every span (pg-boss's own, as both clients share the queue)."""
 
 INSTRUMENTATION_SCOPE = "alkstore_sa"
 """The name of the tracer the spans are made with."""
-
-TRACE_CONTEXT_VERSION = 46
-"""The first schema with the ``job.trace_context`` column that carries a trace."""
 
 _ATTR_SYSTEM = "messaging.system"
 _ATTR_OPERATION = "messaging.operation.name"
@@ -182,7 +181,7 @@ def producing(
             attributes=attributes,
         )
         carrier = None
-        if version >= TRACE_CONTEXT_VERSION:
+        if versions.has(version, "a trace context on jobs"):
             injected: dict[str, str] = {}
             api.w3c.inject(injected, context=api.trace.set_span_in_context(span))
             if injected:

@@ -46,6 +46,7 @@ FEATURES: Mapping[str, int] = MappingProxyType(
         "Node's notify channel": 46,
         "ready, blocked and failed counts": 46,
         "deletion_seconds 0 (keep forever)": 46,
+        "a trace context on jobs": 46,
     }
 )
 """Each feature, by name, and the first pg-boss schema version that has it.
