@@ -7,7 +7,7 @@ it decides. A runtime answers the steps: the sync one by blocking calls on its o
 thread, the async one by awaiting. :func:`drive` and :func:`adrive` are the two
 loops that feed answers back. :func:`answering` and :func:`aanswering` make the one
 answer of each flavour to the steps every runtime answers alike (:class:`Wait`,
-:class:`Call`, :class:`Join`); a runtime supplies only its answer to the others
+:class:`Invoke`, :class:`Join`); a runtime supplies only its answer to the others
 (:class:`Run`, and steps of its own).
 
 Operations themselves (the statements) are still executed by
@@ -53,7 +53,7 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class Invoke:
     """Call ``fn(*args)``; the async runtime awaits an awaitable result, and runs a
     ``blocking`` function on a thread. Answer: its value."""
 
@@ -72,12 +72,12 @@ class Join:
 
 
 def answering(other: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The blocking answer to every step: :class:`Call`, :class:`Wait` and
+    """The blocking answer to every step: :class:`Invoke`, :class:`Wait` and
     :class:`Join` here (threads joined), any other step by ``other``."""
 
     def answer(step: Any) -> Any:
         kind = type(step)
-        if kind is Call:
+        if kind is Invoke:
             return step.fn(*step.args)
         if kind is Wait:
             return step.event.wait(step.timeout)
@@ -93,13 +93,13 @@ def answering(other: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def aanswering(other: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-    """The awaiting answer to every step: :class:`Call` (an awaitable result awaited,
+    """The awaiting answer to every step: :class:`Invoke` (an awaitable result awaited,
     a ``blocking`` function run on a thread), :class:`Wait` (an ``asyncio.Event``) and
     :class:`Join` (tasks) here, any other step by ``other``."""
 
     async def answer(step: Any) -> Any:
         kind = type(step)
-        if kind is Call:
+        if kind is Invoke:
             if step.blocking:
                 return await asyncio.to_thread(step.fn, *step.args)
             value = step.fn(*step.args)

@@ -70,7 +70,7 @@ from ..ops.supervision import (
     supervise_pass,
     with_lock_timeouts,
 )
-from ..steps import Call, Run, Steps, Wait, aanswering, adrive, answering, drive
+from ..steps import Invoke, Run, Steps, Wait, aanswering, adrive, answering, drive
 
 __all__ = ["AsyncSupervisor", "QueueWarning", "Settings", "SupervisionReport", "Supervisor"]
 
@@ -218,7 +218,7 @@ class _Core:
     def _looping(self, stop: Any) -> Steps[None]:
         while not stop.is_set():
             try:
-                yield Call(self.run_once)  # a whole pass, under the supervisor's lock
+                yield Invoke(self.run_once)  # a whole pass, under the supervisor's lock
             except SchemaVersionError as exc:
                 # Nothing of the pass ran; said once per version, then looked at again.
                 yield Wait(stop, self._refusals.refused(exc, self._state, self.schema))

@@ -23,7 +23,7 @@ from ..errors import InvalidOptionsError, shown
 from ..names import DEFAULT_SCHEMA
 from ..ops import driver
 from ..records import Job
-from ..steps import Call, Run, Steps, aanswering, adrive, answering, drive
+from ..steps import Invoke, Run, Steps, aanswering, adrive, answering, drive
 from ..worker import AsyncWorker, HandlerSpec, Worker
 from ..worker._attempt import Kind, prepare_output
 
@@ -239,9 +239,9 @@ def _attempt(
     """Run one handler; ``None`` if it completed inside its own transaction."""
     try:
         if spec.transactional:
-            yield Call(in_transaction, (spec, job))
+            yield Invoke(in_transaction, (spec, job))
             return None
-        return (*prepare_output("complete", (yield Call(spec.fn, (job,)))), None)
+        return (*prepare_output("complete", (yield Invoke(spec.fn, (job,)))), None)
     except _Refused as refused:
         return "fail", refused.output, None
     except Exception as exc:
@@ -249,7 +249,7 @@ def _attempt(
 
 
 def _committing(ctx: ops.Context, spec: HandlerSpec, job: Job, session: Any) -> Steps[None]:
-    kind, output = prepare_output("complete", (yield Call(spec.fn, (job, session))))
+    kind, output = prepare_output("complete", (yield Invoke(spec.fn, (job, session))))
     if kind == "fail":
         raise _Refused(output)
     yield Run(ops.complete_many(ctx, job.name, [(job, output)]), session)

@@ -15,7 +15,7 @@ import logging
 from typing import TypeVar
 
 from ..errors import InvalidOptionsError
-from ..steps import Call, Join, Steps, Wait
+from ..steps import Invoke, Join, Steps, Wait
 from ._core import WorkerCore, listen_conninfo, monotonic
 from ._instance import InstanceRegistration
 from ._leases import Leases
@@ -55,7 +55,8 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             conninfo = self.listen_dsn or listen_conninfo(self.engine.url)
             self._listener = Listener.acquire(conninfo)
             self._subscription = self._listener.subscribe(self.channel, self._notified)
-            if not (yield Call(self._listener.wait_listening, (self.channel, 2.0), blocking=True)):
+            listening = Invoke(self._listener.wait_listening, (self.channel, 2.0), blocking=True)
+            if not (yield listening):
                 log.warning(
                     "not listening yet; relying on polling until the listener connects",
                     extra={"action": "listener_pending", "worker": self.name},
@@ -65,7 +66,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             state.runner = self._spawn(self._fetching(state, 0), f"alkstore-fetch-{spec.queue}")
         self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
         if self._supervisor is not None:
-            yield Call(self._supervisor.start)
+            yield Invoke(self._supervisor.start)
         if self.register_instance:
             with self._book:  # not once a stop that raced this start has deregistered
                 if not self._deregistered:
@@ -124,7 +125,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             self._listener.release(*subs)
         if self._supervisor is not None:
             try:
-                yield Call(self._supervisor.stop, (timeout,))
+                yield Invoke(self._supervisor.stop, (timeout,))
             except Exception as exc:
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)

@@ -21,7 +21,7 @@ from ..names import DEFAULT_SCHEMA, node_channel, notify_channel, validate_schem
 from ..ops._core import may_be_schema_change
 from ..options import check_bool
 from ..records import Job
-from ..steps import Call, Run, Steps
+from ..steps import Invoke, Run, Steps
 from ._attempt import (
     ABANDONED,
     RUNNING,
@@ -194,7 +194,7 @@ class WorkerCore(Registry, Generic[B]):
     def wake(self, queue: str | None = None) -> None:
         """Make ``queue``'s loop (or every loop) fetch now.
 
-        Call it from any thread with a :class:`~alkstore_sa.Worker`, from the
+        Invoke it from any thread with a :class:`~alkstore_sa.Worker`, from the
         event loop's thread with an :class:`~alkstore_sa.AsyncWorker`.
         """
         for name, state in self._queues.items():
@@ -257,7 +257,7 @@ class WorkerCore(Registry, Generic[B]):
                 "channel": self.node_channel,
             },
         )
-        yield Call(listener.wait_listening, (self.node_channel, 2.0), blocking=True)
+        yield Invoke(listener.wait_listening, (self.node_channel, 2.0), blocking=True)
         self.wake()
 
     # ------------------------------------------------------------ statistics

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import ops, tracing
-from ..steps import Call, Steps
+from ..steps import Invoke, Steps
 from ._attempt import ABANDONED, SETTLING, Attempt, Pending
 from ._core import monotonic
 from ._queue_state import QueueState
@@ -36,7 +36,7 @@ class Running(Settling[B]):
                 pending = yield from self._transactional(attempt)
             else:
                 try:
-                    result = yield Call(self._traced(attempt), (attempt.job,))
+                    result = yield Invoke(self._traced(attempt), (attempt.job,))
                 except GeneratorExit:
                     raise
                 except BaseException as exc:
@@ -74,7 +74,7 @@ class Running(Settling[B]):
 
     def _transactional(self, attempt: Attempt) -> Steps[Pending | None]:
         try:
-            yield Call(self._in_transaction, (attempt,))
+            yield Invoke(self._in_transaction, (attempt,))
         except _Lost:
             if attempt.status == SETTLING:
                 self._lost(attempt, "could not be completed (handler writes rolled back)")
@@ -98,7 +98,7 @@ class Running(Settling[B]):
     def _committing(self, attempt: Attempt, session: Any) -> Steps[None]:
         """The handler and the job's completion, in the handler's transaction."""
         job = attempt.job
-        result = yield Call(self._traced(attempt), (job, session))
+        result = yield Invoke(self._traced(attempt), (job, session))
         if not attempt.take(SETTLING):
             raise _Lost  # abandoned meanwhile: its fail wins, roll back
         self._forget(attempt)
