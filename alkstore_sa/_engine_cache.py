@@ -108,7 +108,7 @@ def execution_options(schema: str) -> dict[str, Any]:
 
 
 def make_context(
-    schema: str, notify: bool, engine: Engine | None
+    schema: str, *, notify: bool, engine: Engine | None
 ) -> tuple[Context, _EngineState | None]:
     """The operations' Context for ``schema``, with the engine's caches when there is one."""
     validate_schema(schema)

@@ -86,7 +86,7 @@ class QueueService:
         bind = session.get_bind()
         engine: Engine | None = getattr(bind, "engine", None)
         self._engine = engine
-        self._ctx, self._state = make_context(schema, notify, engine)
+        self._ctx, self._state = make_context(schema, notify=notify, engine=engine)
         self._options = execution_options(schema)
         self._savepoint_reads = True
 
@@ -191,7 +191,7 @@ class QueueService:
         :raises QueueExistsError: if ``exist_ok`` is false and the queue exists.
         :raises InvalidOptionsError: for a bad option, before any write.
         """
-        return self._run(ops.create_queue(self._ctx, name, exist_ok, options))
+        return self._run(ops.create_queue(self._ctx, name, exist_ok=exist_ok, options=options))
 
     def update_queue(self, name: str, **options: Unpack[QueueOptions]) -> QueueInfo:
         """Change a queue's options (all but ``policy`` and ``partition``).
@@ -350,7 +350,9 @@ class QueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return self._run(ops.flows.related_jobs(self._ctx, name, id, True, limit, after))
+        return self._run(
+            ops.flows.related_jobs(self._ctx, name, id, parents=True, limit=limit, after=after)
+        )
 
     def get_dependents(
         self,
@@ -370,7 +372,9 @@ class QueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return self._run(ops.flows.related_jobs(self._ctx, name, id, False, limit, after))
+        return self._run(
+            ops.flows.related_jobs(self._ctx, name, id, parents=False, limit=limit, after=after)
+        )
 
     # ------------------------------------------------------------ by key (schema 46)
 
@@ -484,7 +488,16 @@ class QueueService:
             schema 26, before any SQL.
         """
         g: dict[str, Any] = {"group_concurrency": group_concurrency}
-        return self._run(ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after, **g))
+        return self._run(
+            ops.fetch(
+                self._ctx,
+                name,
+                batch_size,
+                priority=priority,
+                ignore_start_after=ignore_start_after,
+                **g,
+            )
+        )
 
     def complete(
         self,
@@ -560,7 +573,7 @@ class QueueService:
         costs one more read, of the jobs left alone only
         (the "Settle a batch and see what happened to each job" page).
         """
-        return self._run(ops.complete_many(self._ctx, name, items, per_job))
+        return self._run(ops.complete_many(self._ctx, name, items, per_job=per_job))
 
     def fail_many(
         self,
@@ -577,7 +590,7 @@ class QueueService:
         fills its ``outcomes`` as for :meth:`complete_many` (a failed job's
         ``state`` is ``retry`` or ``failed``).
         """
-        return self._run(ops.fail_many(self._ctx, name, items, per_job))
+        return self._run(ops.fail_many(self._ctx, name, items, per_job=per_job))
 
     def touch(
         self,
@@ -831,7 +844,9 @@ class QueueService:
             for tests, within an hour of the current time.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
-        return self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))
+        return self._run(
+            ops.supervision.supervise_once(self._ctx, queues, force=force, options=settings)
+        )
 
     # ------------------------------------------------------------ observability
 

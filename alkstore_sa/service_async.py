@@ -83,7 +83,7 @@ class AsyncQueueService:
         bind = session.sync_session.get_bind()
         engine: Engine | None = getattr(bind, "engine", None)
         self._engine = engine
-        self._ctx, self._state = make_context(schema, notify, engine)
+        self._ctx, self._state = make_context(schema, notify=notify, engine=engine)
         self._options = execution_options(schema)
         self._savepoint_reads = True
 
@@ -188,7 +188,9 @@ class AsyncQueueService:
         :raises QueueExistsError: if ``exist_ok`` is false and the queue exists.
         :raises InvalidOptionsError: for a bad option, before any write.
         """
-        return await self._run(ops.create_queue(self._ctx, name, exist_ok, options))
+        return await self._run(
+            ops.create_queue(self._ctx, name, exist_ok=exist_ok, options=options)
+        )
 
     async def update_queue(self, name: str, **options: Unpack[QueueOptions]) -> QueueInfo:
         """Change a queue's options (all but ``policy`` and ``partition``).
@@ -351,7 +353,9 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return await self._run(ops.flows.related_jobs(self._ctx, name, id, True, limit, after))
+        return self._run(
+            ops.flows.related_jobs(self._ctx, name, id, parents=True, limit=limit, after=after)
+        )
 
     async def get_dependents(
         self,
@@ -371,7 +375,9 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return await self._run(ops.flows.related_jobs(self._ctx, name, id, False, limit, after))
+        return self._run(
+            ops.flows.related_jobs(self._ctx, name, id, parents=False, limit=limit, after=after)
+        )
 
     # ------------------------------------------------------------ by key (schema 46)
 
@@ -489,8 +495,15 @@ class AsyncQueueService:
             schema 26, before any SQL.
         """
         g: dict[str, Any] = {"group_concurrency": group_concurrency}
-        return await self._run(
-            ops.fetch(self._ctx, name, batch_size, priority, ignore_start_after, **g)
+        return self._run(
+            ops.fetch(
+                self._ctx,
+                name,
+                batch_size,
+                priority=priority,
+                ignore_start_after=ignore_start_after,
+                **g,
+            )
         )
 
     async def complete(
@@ -567,7 +580,7 @@ class AsyncQueueService:
         costs one more read, of the jobs left alone only
         (the "Settle a batch and see what happened to each job" page).
         """
-        return await self._run(ops.complete_many(self._ctx, name, items, per_job))
+        return await self._run(ops.complete_many(self._ctx, name, items, per_job=per_job))
 
     async def fail_many(
         self,
@@ -584,7 +597,7 @@ class AsyncQueueService:
         fills its ``outcomes`` as for :meth:`complete_many` (a failed job's
         ``state`` is ``retry`` or ``failed``).
         """
-        return await self._run(ops.fail_many(self._ctx, name, items, per_job))
+        return await self._run(ops.fail_many(self._ctx, name, items, per_job=per_job))
 
     async def touch(
         self,
@@ -844,7 +857,9 @@ class AsyncQueueService:
             for tests, within an hour of the current time.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
-        return await self._run(ops.supervision.supervise_once(self._ctx, queues, force, settings))
+        return self._run(
+            ops.supervision.supervise_once(self._ctx, queues, force=force, options=settings)
+        )
 
     # ------------------------------------------------------------ observability
 

@@ -292,3 +292,41 @@ def test_imports_are_read_wherever_they_stand(tmp_path: Path) -> None:
     assert graph["pkg"] == {"pkg.sub"}
     assert graph["pkg.sub.one"] == {"pkg.two", "pkg.three", "pkg.sub.four", "pkg.sub.five"}
     assert graph["pkg.sub.five"] == set()  # the standard library is not the package's
+
+
+# ------------------------------------------------------------------ booleans by keyword
+
+POSITIONAL_BOOLS = {
+    # (module file, function): why a bool stays positional there.
+    ("alembic_filters.py", "include_object"): "Alembic calls the hook with positional arguments",
+    ("dashboard/_serve.py", "check_bind"): "public since the dashboard shipped",
+    ("metrics.py", "failed"): "the worker metrics hook's signature, which users implement",
+}
+
+
+def positional_bools(package: Path) -> list[tuple[str, str, str]]:
+    """Every ``bool`` parameter that can be passed by position: (file, function, name)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for arg in node.args.posonlyargs + node.args.args:
+                    annotation = arg.annotation
+                    if isinstance(annotation, ast.Name) and annotation.id == "bool":
+                        found.append((path.relative_to(package).as_posix(), node.name, arg.arg))
+    return found
+
+
+def test_booleans_are_passed_by_keyword() -> None:
+    """A call reads ``fetch(..., priority=True)``, never ``fetch(..., True)``."""
+    loose = [f for f in positional_bools(PACKAGE) if (f[0], f[1]) not in POSITIONAL_BOOLS]
+    assert loose == []
+    assert all(
+        (f, fn) in {(a, b) for a, b, _ in positional_bools(PACKAGE)} for f, fn in POSITIONAL_BOOLS
+    )
+
+
+def test_a_positional_bool_is_found(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("def f(a: int, flag: bool) -> None: ...\n", encoding="utf-8")
+    assert positional_bools(tmp_path) == [("m.py", "f", "flag")]

@@ -146,12 +146,17 @@ def test_an_autocommit_claim_of_a_key_locking_queue_asks_for_a_transaction(
     assert not claims_in_autocommit(ctx, "plain")  # policy not known yet
     auto = engine.execution_options(isolation_level="AUTOCOMMIT")
     with auto.connect() as conn:
-        assert driver.run(conn, fetch(ctx, "plain", 5, True, False), options) == []
+        assert (
+            driver.run(
+                conn, fetch(ctx, "plain", 5, priority=True, ignore_start_after=False), options
+            )
+            == []
+        )
         assert claims_in_autocommit(ctx, "plain")
         with pytest.raises(NeedsTransaction):
             driver.run(
                 conn,
-                fetch(ctx, "single", 5, True, False, autocommit=True),
+                fetch(ctx, "single", 5, priority=True, ignore_start_after=False, autocommit=True),
                 options,
                 autocommit=True,
             )
@@ -191,7 +196,10 @@ def test_an_autocommit_key_strict_fifo_conflict_is_an_empty_fetch(
         try:
             started = time.monotonic()
             got = driver.run(
-                conn, fetch(ctx, "fifo", 10, True, False, autocommit=True), options, autocommit=True
+                conn,
+                fetch(ctx, "fifo", 10, priority=True, ignore_start_after=False, autocommit=True),
+                options,
+                autocommit=True,
             )
             assert got == []
             assert time.monotonic() - started >= 0.3
@@ -222,7 +230,9 @@ def test_only_the_relaxed_claim_turns_synchronous_commit_off(
 
     def setting_after(**kw: Any) -> str:
         with engine.connect() as conn:  # one transaction, rolled back
-            got = driver.run(conn, fetch(ctx, "q", 1, True, False, **kw), options)
+            got = driver.run(
+                conn, fetch(ctx, "q", 1, priority=True, ignore_start_after=False, **kw), options
+            )
             assert len(got) == 1
             value = str(conn.execute(text("SHOW synchronous_commit")).scalar_one())
             conn.rollback()

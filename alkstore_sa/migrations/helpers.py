@@ -46,7 +46,7 @@ class UnexpectedVersionError(SchemaVersionError):
     Raised before the revision changes anything.
     """
 
-    def __init__(self, schema: str, found: int | None, revision_version: int, upgrade: bool):
+    def __init__(self, schema: str, found: int | None, revision_version: int, *, upgrade: bool):
         self.schema = schema
         self.found = found
         self.expected = revision_version - 1 if upgrade else revision_version
@@ -235,7 +235,7 @@ class JobIndex:
             tail += f" WHERE {self.where}"
         return tail
 
-    def _head(self, concurrently: bool, if_not_exists: bool) -> str:
+    def _head(self, *, concurrently: bool, if_not_exists: bool) -> str:
         return (
             "CREATE "
             + ("UNIQUE " if self.unique else "")
@@ -249,7 +249,7 @@ class JobIndex:
     ) -> str:
         """The ``CREATE INDEX`` statement for ``table``, identifiers quoted."""
         return (
-            self._head(concurrently, if_not_exists)
+            self._head(concurrently=concurrently, if_not_exists=if_not_exists)
             + f"{quote_ident(self.name(table))} ON {qualified(schema, table)}"
             + self._tail()
         )
@@ -260,9 +260,11 @@ class JobIndex:
         ``schema_var`` and ``table_var`` are plpgsql expressions giving the schema and
         the table name; both are quoted by ``format('%I')`` at run time.
         """
-        template = (self._head(False, if_not_exists) + "%3$I ON %1$I.%2$I" + self._tail()).replace(
-            "%", "%%"
-        )
+        template = (
+            self._head(concurrently=False, if_not_exists=if_not_exists)
+            + "%3$I ON %1$I.%2$I"
+            + self._tail()
+        ).replace("%", "%%")
         # Undo the escaping of our own three placeholders.
         template = (
             template.replace("%%3$I", "%3$I").replace("%%1$I", "%1$I").replace("%%2$I", "%2$I")

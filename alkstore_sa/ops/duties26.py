@@ -96,7 +96,7 @@ def database_epoch(ctx: Context) -> Op[float]:
 def ensure_send_it(ctx: Context) -> Op[None]:
     """Create ``__pgboss__send-it`` if missing (as Node does on start)."""
     if (yield from get_queue(ctx, SEND_IT_QUEUE)) is None:
-        yield from create_queue(ctx, SEND_IT_QUEUE, True, {})
+        yield from create_queue(ctx, SEND_IT_QUEUE, exist_ok=True, options={})
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +270,7 @@ def work_send_it(ctx: Context, batch: int, on_sent: SentHook | None = None) -> O
     records ``schedule.last_job_id`` from it in the same transaction).
     """
     try:
-        jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, True, False)
+        jobs = yield from fetch(ctx, SEND_IT_QUEUE, batch, priority=True, ignore_start_after=False)
     except QueueNotFoundError:
         return 0, 0
     done, failed = [], []

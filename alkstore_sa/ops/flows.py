@@ -269,7 +269,7 @@ def _after(after: object) -> tuple[str, uuid.UUID] | None:
 
 
 def related_jobs(
-    ctx: Context, name: str, id: object, parents: bool, limit: object, after: object
+    ctx: Context, name: str, id: object, *, parents: bool, limit: object, after: object
 ) -> Op[list[JobDependency]]:
     """A flow job's parents or children (``QueueService.get_dependencies`` and
     ``get_dependents``); an unknown job has none."""

@@ -106,6 +106,7 @@ def fail_unclaimable_keys(
     name: str,
     keys: Sequence[str],
     params: Mapping[str, Any],
+    *,
     priority: bool,
     ignore_start_after: bool,
     policy: str,

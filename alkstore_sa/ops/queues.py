@@ -84,7 +84,7 @@ def _lock(ctx: Context, key: str) -> Call:
 
 
 def create_queue(
-    ctx: Context, name: str, exist_ok: bool, options: Mapping[str, Any]
+    ctx: Context, name: str, *, exist_ok: bool, options: Mapping[str, Any]
 ) -> Op[QueueInfo]:
     validate_queue(name)
     opt.check_bool("exist_ok", exist_ok)

@@ -100,7 +100,7 @@ NOW_WINDOW = dt.timedelta(hours=1)
 
 
 def supervise_once(
-    ctx: Context, queues: str | Sequence[str] | None, force: bool, options: Mapping[str, Any]
+    ctx: Context, queues: str | Sequence[str] | None, *, force: bool, options: Mapping[str, Any]
 ) -> Op[SupervisionReport]:
     """The operation behind ``QueueService.supervise`` (``now`` is one of ``options``)."""
     options = dict(options)

@@ -135,7 +135,7 @@ def flow_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
 # ------------------------------------------------------------------ BAM
 
 
-def _claim_bam(ctx: Context, plan: PassPlan, pending_only: bool) -> Op[Any]:
+def _claim_bam(ctx: Context, plan: PassPlan, *, pending_only: bool) -> Op[Any]:
     yield from frame.lock(ctx, BAM_CLAIM_LOCK, plan)
     params = {"bam_schema": ctx.schema, "now": plan.now}
     return (yield Call(sql.claim_bam(pending_only=pending_only), params)).first()
@@ -217,7 +217,7 @@ def bam_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
         return
     pending_only = False
     while True:
-        row = yield from tally.attempt(_claim_bam(ctx, plan, pending_only), "bam")
+        row = yield from tally.attempt(_claim_bam(ctx, plan, pending_only=pending_only), "bam")
         if row is None:
             return
         yield from _run_bam(ctx, plan, row, tally)

@@ -106,9 +106,9 @@ def fetch(
     ctx: Context,
     name: str,
     batch_size: int,
+    *,
     priority: bool,
     ignore_start_after: bool,
-    *,
     autocommit: bool = False,
     group_concurrency: object = None,
     group_counts: Mapping[str, int] | None = None,
@@ -147,8 +147,8 @@ def fetch(
             name,
             policy,
             batch_size,
-            priority,
-            ignore_start_after,
+            priority=priority,
+            ignore_start_after=ignore_start_after,
             relaxed=autocommit,
             groups=groups,
         )
@@ -170,9 +170,9 @@ def _claim(
     name: str,
     policy: str,
     batch_size: int,
+    *,
     priority: bool,
     ignore_start_after: bool,
-    *,
     relaxed: bool = False,
     groups: _Groups | None = None,
 ) -> Op[list[Job]]:
@@ -196,7 +196,15 @@ def _claim(
         if groups is not None:
             round_params.update(groups.params())
         claimed, poisoned = yield from _claim_once(
-            ctx, name, aware, stmt, round_params, priority, ignore_start_after, policy, groups
+            ctx,
+            name,
+            aware=aware,
+            stmt=stmt,
+            params=round_params,
+            priority=priority,
+            ignore_start_after=ignore_start_after,
+            policy=policy,
+            groups=groups,
         )
         jobs.extend(claimed)
         if groups is not None:
@@ -212,6 +220,7 @@ _POISON_ROUNDS = 4
 def _claim_once(
     ctx: Context,
     name: str,
+    *,
     aware: bool,
     stmt: Executable,
     params: dict[str, Any],
@@ -236,14 +245,22 @@ def _claim_once(
         oversized = [k for k in keys if key_too_large(k)]
         if oversized:
             poisoned = yield from fail_unclaimable_keys(
-                ctx, name, oversized, params, priority, ignore_start_after, policy
+                ctx,
+                name,
+                oversized,
+                params,
+                priority=priority,
+                ignore_start_after=ignore_start_after,
+                policy=policy,
             )
             keys = [k for k in keys if not key_too_large(k)]
         params["keys"] = keys
         if not keys:
             return [], poisoned
     if groups is not None and groups.counts is None:
-        params["groups"] = yield from _lock_groups(ctx, params, ignore_start_after, policy)
+        params["groups"] = yield from _lock_groups(
+            ctx, params, ignore_start_after=ignore_start_after, policy=policy
+        )
     # key_strict_fifo takes no key locks (pg-boss's claim skips held keys) and can
     # still collide with a Node fetcher on job_i8: in a savepoint too.
     risky = aware or policy == QueuePolicy.KEY_STRICT_FIFO
@@ -270,7 +287,7 @@ _GROUP_LOCK_ROUNDS = 3
 
 
 def _lock_groups(
-    ctx: Context, params: Mapping[str, Any], ignore_start_after: bool, policy: str
+    ctx: Context, params: Mapping[str, Any], *, ignore_start_after: bool, policy: str
 ) -> Op[list[str]]:
     """The groups a claim may take jobs of: the groups with room left of the next
     claimable jobs whose locks this transaction took (see sql/v46/fetch.py). A
@@ -385,7 +402,7 @@ def _found_or_missing(ctx: Context, name: str, affected: Sequence[object]) -> Op
 
 
 def complete_many(
-    ctx: Context, name: str, items: Sequence[SettleItem], per_job: bool = False
+    ctx: Context, name: str, items: Sequence[SettleItem], *, per_job: bool = False
 ) -> Op[Settled]:
     """Complete jobs: fenced items only while ``active`` in their attempt, unfenced
     ones while ``active`` (pg-boss's complete by id). ``per_job``: also say, per
@@ -406,7 +423,7 @@ def complete_many(
 
 
 def fail_many(
-    ctx: Context, name: str, items: Sequence[SettleItem], per_job: bool = False
+    ctx: Context, name: str, items: Sequence[SettleItem], *, per_job: bool = False
 ) -> Op[FailResult]:
     """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
     ones while not finished (pg-boss's fail by id). ``per_job`` as for

@@ -95,6 +95,7 @@ class _Core:
         schema: str,
         clock: Clock | None,
         on_warning: Callable[[QueueWarning], object] | None,
+        *,
         notify: bool,
         settings: dict[str, Any],
     ) -> None:
@@ -130,7 +131,7 @@ class _Core:
             steps["bam"] = s.bam_interval
         return steps
 
-    def _take_due(self, force: bool) -> set[str]:
+    def _take_due(self, *, force: bool) -> set[str]:
         now, due = self.clock.now(), set()
         for step, seconds in self._intervals().items():
             if force or self._next.get(step, now) <= now:
@@ -147,7 +148,7 @@ class _Core:
     def _sleep_time(self) -> float:
         return min(max(self.next_due_in(), 0.01), MAX_SLEEP)
 
-    def _plan(self, due: set[str], force: bool) -> PassPlan:
+    def _plan(self, due: set[str], *, force: bool) -> PassPlan:
         db_now = self.clock.database_now()
         cron_now = db_now
         if cron_now is None and self.skew_seconds is not None:
@@ -195,13 +196,13 @@ class _Core:
 
     run_once: Callable[..., Any]
 
-    def _passing(self, force: bool) -> Steps[SupervisionReport]:
+    def _passing(self, *, force: bool) -> Steps[SupervisionReport]:
         # The installed version chooses the pass's statements; read as the services
         # and workers of this engine read it (again every SCHEMA_RECHECK_SECONDS).
         version = version_due(self._ctx, self._state)
         if version is not None:
             yield Run(version)
-        due = self._take_due(force)
+        due = self._take_due(force=force)
         if "clock" in due:
             before = self.clock.now()
             try:
@@ -212,7 +213,7 @@ class _Core:
                 self._record_skew(before, epoch, self.clock.now())
                 yield from self._persist_skew()
         # The pass yields its units (operations); each is answered as a Run.
-        report = yield from supervise_pass(self._ctx, self._plan(due, force))
+        report = yield from supervise_pass(self._ctx, self._plan(due, force=force))
         return self._finish(report)
 
     def _looping(self, stop: Any) -> Steps[None]:
@@ -238,7 +239,7 @@ class _Core:
         if may_be_schema_change(exc):
             self._state.expire(self.schema)
 
-    def _log_state(self, started: bool) -> None:
+    def _log_state(self, *, started: bool) -> None:
         action = "supervisor_start" if started else "supervisor_stop"
         logger.info(
             "supervisor %s",
@@ -311,7 +312,7 @@ class Supervisor(_Core):
         notify: bool = True,
         **settings: Any,
     ) -> None:
-        super().__init__(engine, schema, clock, on_warning, notify, settings)
+        super().__init__(engine, schema, clock, on_warning, notify=notify, settings=settings)
         self.engine = engine
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -343,7 +344,7 @@ class Supervisor(_Core):
         :raises SchemaNotInstalledError: if the schema is missing (first call).
         """
         with self._lock:
-            return drive(self._passing(force), self._answer)
+            return drive(self._passing(force=force), self._answer)
 
     def start(self) -> None:
         """Check the schema, then supervise on a daemon thread until :meth:`stop`."""
@@ -391,7 +392,9 @@ class AsyncSupervisor(_Core):
         notify: bool = True,
         **settings: Any,
     ) -> None:
-        super().__init__(engine.sync_engine, schema, clock, on_warning, notify, settings)
+        super().__init__(
+            engine.sync_engine, schema, clock, on_warning, notify=notify, settings=settings
+        )
         self.engine = engine
         self._lock = asyncio.Lock()
         self._stop: asyncio.Event | None = None
@@ -417,7 +420,7 @@ class AsyncSupervisor(_Core):
     async def run_once(self, *, force: bool = False) -> SupervisionReport:
         """See :meth:`Supervisor.run_once`."""
         async with self._lock:
-            return await adrive(self._passing(force), self._answer)
+            return await adrive(self._passing(force=force), self._answer)
 
     async def start(self) -> None:
         """Check the schema, then supervise in a task until :meth:`stop`."""

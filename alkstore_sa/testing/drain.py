@@ -144,7 +144,13 @@ def drain(
             with Session(target) as session, session.begin():
                 drive(_committing(ctx, spec, job, session), answer)
 
-    steps = _draining(ctx, plan, with_scheduled or in_session, max_jobs, in_transaction)
+    steps = _draining(
+        ctx,
+        plan,
+        ignore_start_after=with_scheduled or in_session,
+        max_jobs=max_jobs,
+        in_transaction=in_transaction,
+    )
     return drive(steps, answer)
 
 
@@ -191,7 +197,13 @@ async def adrain(
             async with AsyncSession(target) as session, session.begin():
                 await adrive(_committing(ctx, spec, job, session), answer)
 
-    steps = _draining(ctx, plan, with_scheduled or in_session, max_jobs, in_transaction)
+    steps = _draining(
+        ctx,
+        plan,
+        ignore_start_after=with_scheduled or in_session,
+        max_jobs=max_jobs,
+        in_transaction=in_transaction,
+    )
     return await adrive(steps, answer)
 
 
@@ -204,13 +216,14 @@ class _Plan:
 
 
 def _context(schema: str, engine: Any) -> tuple[ops.Context, dict[str, Any]]:
-    ctx, _ = make_context(schema, True, engine)
+    ctx, _ = make_context(schema, notify=True, engine=engine)
     return ctx, execution_options(schema)
 
 
 def _draining(
     ctx: ops.Context,
     plan: _Plan,
+    *,
     ignore_start_after: bool,
     max_jobs: int,
     in_transaction: Callable[[HandlerSpec, Job], Any],
@@ -221,7 +234,11 @@ def _draining(
     while progressed:
         progressed = False
         for spec in plan.specs:
-            jobs = yield Run(ops.fetch(ctx, spec.queue, 100, True, ignore_start_after))
+            jobs = yield Run(
+                ops.fetch(
+                    ctx, spec.queue, 100, priority=True, ignore_start_after=ignore_start_after
+                )
+            )
             for job in jobs:
                 progressed = True
                 outcome = yield from _attempt(spec, job, in_transaction)

@@ -73,7 +73,7 @@ class QueueState:
         """Jobs to claim now (0: wait for free slots)."""
         with self.lock:
             free = self.spec.concurrency - self.in_flight
-            if free < self.spec.fetch_threshold(self.backlog):
+            if free < self.spec.fetch_threshold(backlog=self.backlog):
                 return 0
         return min(self.spec.fetch_size, free)
 

@@ -105,7 +105,7 @@ class HandlerSpec:
             return min(self.batch_size, self.concurrency)
         return min(self.concurrency, MAX_DEFAULT_BATCH)
 
-    def fetch_threshold(self, backlog: bool) -> int:
+    def fetch_threshold(self, *, backlog: bool) -> int:
         """Free slots to wait for before the next fetch.
 
         While the queue has a backlog (the last claim came back full), waiting for

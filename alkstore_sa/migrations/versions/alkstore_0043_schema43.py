@@ -47,7 +47,7 @@ QUEUE_STATS_COLUMNS = (
 JOB_COLUMNS = ("source_output jsonb", "source_root_id uuid")
 
 
-def _add(schema: str, table: str, columns: Sequence[str], if_not_exists: bool = False) -> None:
+def _add(schema: str, table: str, columns: Sequence[str], *, if_not_exists: bool = False) -> None:
     # One ALTER per table: one lock on the table for all its new columns.
     clause = "ADD COLUMN IF NOT EXISTS " if if_not_exists else "ADD COLUMN "
     helpers.run_sql(

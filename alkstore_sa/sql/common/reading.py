@@ -53,7 +53,7 @@ UNREADABLE = "unreadable"
 """Label of the column listing clamped timestamps as ``name=stored text;...`` (or NULL)."""
 
 
-def _bound(text: str, aware: bool) -> ColumnElement[Any]:
+def _bound(text: str, *, aware: bool) -> ColumnElement[Any]:
     return cast(literal_column(text), DateTime(timezone=aware))
 
 
@@ -71,8 +71,8 @@ def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any
             out.append(cast(column, Text).label(name))
         elif isinstance(table.c[name].type, DateTime):
             aware = bool(getattr(table.c[name].type, "timezone", False))
-            low = _bound(_TZ_LOW if aware else _NAIVE_LOW, aware)
-            high = _bound(_TZ_HIGH if aware else _NAIVE_HIGH, aware)
+            low = _bound(_TZ_LOW if aware else _NAIVE_LOW, aware=aware)
+            high = _bound(_TZ_HIGH if aware else _NAIVE_HIGH, aware=aware)
             too_high = column >= high if aware else column > high
             out.append(case((column < low, low), (too_high, high), else_=column).label(name))
             stored = literal_column(f"'{name}='", Text) + cast(column, Text)

@@ -47,7 +47,7 @@ def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[Any]:
     return conditions
 
 
-def _order(columns: Any, priority: bool) -> list[Any]:
+def _order(columns: Any, *, priority: bool) -> list[Any]:
     order: list[Any] = [columns.created_on, columns.id]
     if priority:
         order.insert(0, columns.priority.desc())
@@ -63,7 +63,7 @@ def lock_keys(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
     until the transaction ends. ``:lock_schema`` keeps schemas apart.
     """
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=True)
-    return _claim.lock_keys(JOB, conditions, _order(JOB.c, priority))
+    return _claim.lock_keys(JOB, conditions, _order(JOB.c, priority=priority))
 
 
 @functools.cache
@@ -96,16 +96,16 @@ def fetch_jobs(
     candidates = _claim.locked_rows(
         [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on],
         conditions,
-        _order(j.c, priority),
+        _order(j.c, priority=priority),
     ).cte("next")
     chosen = candidates
     if singleton_aware:
-        chosen = _claim.one_per_key(candidates, _order(candidates.c, priority))
+        chosen = _claim.one_per_key(candidates, _order(candidates.c, priority=priority))
     claimed = _claim.activate(j, chosen, func.now())
     # Returned through readable_columns: a row another client wrote with values
     # Python cannot hold must not make reading the whole batch fail (the caller
     # fails that job instead, see ops/working.py).
-    stmt = select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority))
+    stmt = select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority=priority))
     return _claim.commit_without_flush(stmt) if relaxed else stmt
 
 
@@ -121,4 +121,6 @@ def keyed_jobs(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=True)
     conditions.append(in_keys(j))
-    return _claim.locked_rows([j.c.id, j.c.singleton_key], conditions, _order(j.c, priority))
+    return _claim.locked_rows(
+        [j.c.id, j.c.singleton_key], conditions, _order(j.c, priority=priority)
+    )

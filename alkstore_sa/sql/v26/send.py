@@ -58,7 +58,7 @@ INPUT_COLUMNS: list[tuple[str, Any]] = [
 ALL_INPUTS = frozenset(n for n, _ in INPUT_COLUMNS)
 
 
-def data_array(given: bool) -> ColumnElement[Any]:
+def data_array(*, given: bool) -> ColumnElement[Any]:
     """The jobs' data as a ``jsonb[]``, from ``:in_data``: ONE JSON array text whose
     elements are the jobs' data in input order (JSON ``null`` for none, stored as
     SQL NULL as before).
@@ -94,7 +94,7 @@ def job_source(given: frozenset[str]) -> Any:
     multi-argument ``unnest`` over the bound arrays (see :func:`insert_jobs`)."""
     # A NULL array in a multi-argument unnest reads as NULL on every row.
     arrays = [
-        data_array("data" in given)
+        data_array(given="data" in given)
         if n == "data"
         else bindparam(f"in_{n}", type_=ARRAY(t))
         if n in given

@@ -69,7 +69,7 @@ DEPENDENCY_INPUTS: list[tuple[str, Any]] = [
 def _source(given: frozenset[str]) -> Any:
     columns = [*INPUT_COLUMNS, *FLOW_COLUMNS]
     arrays = [
-        data_array("data" in given)
+        data_array(given="data" in given)
         if n == "data"
         else bindparam(f"in_{n}", type_=ARRAY(t))
         if n in given or n.startswith("flow_")
