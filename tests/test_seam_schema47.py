@@ -40,7 +40,6 @@ from test_runtime46_supervision import (  # noqa: F401
 )
 from test_worker_46 import (  # noqa: F401
     test_a_notification_on_node_channel_wakes_an_idle_worker_at_46,
-    test_a_running_job_with_heartbeat_seconds_is_touched_every_half_heartbeat,
 )
 
 from alkstore_sa import QueueService, names
