@@ -353,7 +353,7 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return self._run(
+        return await self._run(
             ops.flows.related_jobs(self._ctx, name, id, parents=True, limit=limit, after=after)
         )
 
@@ -375,7 +375,7 @@ class AsyncQueueService:
         :raises InvalidOptionsError: for a bad queue name, id, ``limit`` or
             ``after``, before any SQL.
         """
-        return self._run(
+        return await self._run(
             ops.flows.related_jobs(self._ctx, name, id, parents=False, limit=limit, after=after)
         )
 
@@ -495,7 +495,7 @@ class AsyncQueueService:
             schema 26, before any SQL.
         """
         g: dict[str, Any] = {"group_concurrency": group_concurrency}
-        return self._run(
+        return await self._run(
             ops.fetch(
                 self._ctx,
                 name,
@@ -857,7 +857,7 @@ class AsyncQueueService:
             for tests, within an hour of the current time.
         :raises InvalidOptionsError: for a bad setting, before any SQL.
         """
-        return self._run(
+        return await self._run(
             ops.supervision.supervise_once(self._ctx, queues, force=force, options=settings)
         )
 

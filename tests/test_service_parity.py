@@ -83,3 +83,17 @@ def test_a_rule_that_stops_matching_stops_the_generator(gone: str) -> None:
     assert gone in source
     with pytest.raises(generator.RuleUnused, match="matches nothing"):
         generator.convert(source.replace(gone, gone.replace("_", "__", 1).replace(".", "..")))
+
+
+def test_a_call_of_run_the_rules_would_leave_bare_stops_the_generator() -> None:
+    """Every ``self._run(`` of the async twin is awaited: a call the rules do not
+    rewrite (here one not building its operation from ``ops``) is an error, not a
+    method that hands its caller a coroutine."""
+    generator = load_generator()
+    source = generator.SOURCE.read_text()
+    call = "return self._run(ops.delete_queue("
+    assert call in source
+    with pytest.raises(RuntimeError, match="not awaited"):
+        generator.convert(
+            source.replace(call, "op = ops.delete_queue\n        return self._run(op(")
+        )

@@ -98,7 +98,13 @@ def convert(source: str) -> str:
         r"^(    )def (?!_)(?=[^\n]*\n(?![^\n]*@property))", "    async def ", body, flags=re.M
     )
     body = _resub(r"(@property\n    )async def ", r"\1def ", body)
-    body = _swap(body, "self._run(ops.", "await self._run(ops.")
+    body = _resub(r"self\._run\((\s*)ops\.", r"await self._run(\1ops.", body)
+    # Every call of the service's _run must be awaited: one left bare would hand the
+    # caller a coroutine (a statement split over lines once slipped past a text rule).
+    bare = re.search(r"(?<!await )(?<!def )self\._run\(", body)
+    if bare is not None:
+        line = body.count("\n", 0, bare.start()) + 1
+        raise RuntimeError(f"a call of self._run is not awaited (line {line} of the body)")
     return _format(HEADER + body)
 
 
