@@ -13,17 +13,12 @@ which the first of our migrations installs. ``alkstore db upgrade`` and
 :func:`alkstore_sa.migrate.upgrade` go on to :data:`alkstore_sa.migrate.DEFAULT_SCHEMA_VERSION`
 (46) unless told otherwise; the versions spoken are :data:`SPOKEN_SCHEMA_VERSIONS`."""
 
-NEWEST_KNOWN_SCHEMA_VERSION = 46
-"""The newest pg-boss schema version this release knows and speaks (pg-boss 12.38.0's),
-and the one our migrations install by default; a schema beyond it was migrated by a
-newer pg-boss and is refused with advice to upgrade alkstore_sa."""
-
 NO_VERSION_ROW = -1
 """What every reader of a schema's version row answers when ``<schema>.version``
 exists but holds no row (a schema half built, or emptied by hand); ``None`` is the
 answer when there is no version table at all (nothing installed)."""
 
-SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION, NEWEST_KNOWN_SCHEMA_VERSION})
+SPOKEN_SCHEMA_VERSIONS: frozenset[int] = frozenset({SCHEMA_VERSION, 46})
 """The pg-boss schema versions the services, workers and supervisors accept.
 
 26 (Node pg-boss 11.1.x, 12.0-12.5.x) and 46 (12.38.0), each with its own statements;
@@ -31,3 +26,9 @@ the runtime at 46 passes the interop suite against Node pg-boss 12.38.0
 (the "Compatibility with pg-boss, and deliberate differences" page). Versions 27 to 45 are
 never spoken: they are refused with advice to move on to 46. Read at every schema check (not
 bound at import), so a test may narrow it with ``monkeypatch``."""
+
+NEWEST_KNOWN_SCHEMA_VERSION = max(SPOKEN_SCHEMA_VERSIONS)
+"""The newest pg-boss schema version this release knows and speaks (pg-boss 12.38.0's),
+and the one our migrations install by default; a schema beyond it was migrated by a
+newer pg-boss and is refused with advice to upgrade alkstore_sa. Follows the spoken
+versions: speaking a new one is adding it there."""
