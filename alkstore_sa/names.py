@@ -7,6 +7,7 @@ goes through the dialect's identifier quoting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -119,6 +120,7 @@ def notify_channel(schema: str) -> str:
     return f"alkstore_{schema}"
 
 
+@functools.cache
 def node_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which Node pg-boss 12 announces new jobs of ``schema``.
 
