@@ -173,7 +173,9 @@ def _attempt(heartbeat: int | None, expire: int, extend_lease: bool) -> Attempt:
     object.__setattr__(job, "heartbeat_seconds", heartbeat)
     object.__setattr__(job, "expire_seconds", expire)
     spec = HandlerSpec("q", lambda job: None, extend_lease=extend_lease)
-    return Attempt(job, spec, lease_start=100.0, deadline=None, lease_seconds=float(expire))
+    attempt = Attempt(job, spec, lease_start=100.0, deadline=None, lease_seconds=float(expire))
+    attempt.start(100.0)
+    return attempt
 
 
 def test_a_touch_is_due_at_half_the_heartbeat_or_half_the_lease_whichever_comes_first() -> None:
@@ -184,6 +186,14 @@ def test_a_touch_is_due_at_half_the_heartbeat_or_half_the_lease_whichever_comes_
     assert _attempt(100, 6, True).lease_due(103.0)  # the lease first
     assert not _attempt(None, 60, False).lease_due(1000.0)  # nothing to keep
     assert _attempt(10, 60, False).lease_due(105.0)  # the heartbeat, lease extension or not
+
+
+def test_a_buffered_job_is_never_touched() -> None:
+    """Claimed ahead and not started: a touch would raise the expire_seconds it is
+    given back with, and it waits about a second at most (AHEAD_SECONDS)."""
+    attempt = _attempt(10, 60, True)
+    attempt.started = None
+    assert not attempt.lease_due(1000.0)
 
 
 def test_a_heartbeat_touch_without_lease_extension_keeps_the_lease_end() -> None:

@@ -615,6 +615,26 @@ def extend_leases(
     return affected
 
 
+def give_back(ctx: Context, name: str, items: Sequence[Job | Settlement]) -> Op[list[uuid.UUID]]:
+    """Jobs claimed ahead by a worker and never started, back to ``name``'s queue as
+    if unclaimed (no attempt counted); fenced like a settlement. Returns the ids
+    given back: a job expired, cancelled or deleted meanwhile is not."""
+    settled = settlement_items(name, items)
+    if not settled:
+        return []
+    params = _settle_params(name, settled)
+    del params["outputs"]
+    result = yield Call(ctx.sql.give_back(), params)
+    return list(result.scalars().all())
+
+
+def claims_ahead(ctx: Context, name: str, group_limits: object = None) -> bool:
+    """Whether a worker may claim jobs of queue ``name`` ahead of its free slots: its
+    cached policy is ``standard`` (a job given back can then meet no unique index
+    of a key) and it has no ``group_limits`` (a claimed job holds a group place)."""
+    return group_limits is None and ctx.policies.get(ctx.schema, name) == QueuePolicy.STANDARD
+
+
 def redrive(
     ctx: Context,
     dead_letter: str,

@@ -134,6 +134,9 @@ class Statements:
     def extend_lease(self) -> Executable:
         return settle26.extend_lease()
 
+    def give_back(self) -> Executable:
+        return settle26.give_back()
+
     def touch_jobs(self) -> Executable:
         """Refresh the heartbeat of running jobs (46 on)."""
         self._missing("touch_jobs")
@@ -250,6 +253,9 @@ class Statements46(Statements):
 
     def extend_lease(self) -> Executable:
         return settle46.extend_lease()
+
+    def give_back(self) -> Executable:
+        return settle46.give_back()
 
     def touch_jobs(self) -> Executable:
         return settle46.touch_jobs()

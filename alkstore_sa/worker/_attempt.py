@@ -44,7 +44,10 @@ class Attempt:
     outcome, so a job is never settled twice by the same worker.
 
     ``lease_start`` is when the job was last fetched or touched (its lease
-    extended and, at schema 46, its ``heartbeat_on`` stamped).
+    extended and, at schema 46, its ``heartbeat_on`` stamped). ``started`` is
+    when a runner took it from the buffer (``None`` while it waits there); the
+    handler's ``timeout`` counts from then, a timeout that is the lease itself
+    (no ``extend_lease``, no ``timeout``) from the claim.
     """
 
     job: Job
@@ -55,7 +58,7 @@ class Attempt:
     status: str = RUNNING
     lost: bool = False
     handle: Any = None
-    inline: bool = False  # run on a fetch thread, not handed off
+    started: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     fetched_at: float = field(init=False, repr=False)
 
@@ -70,11 +73,25 @@ class Attempt:
     def __post_init__(self) -> None:
         self.fetched_at = self.lease_start
 
+    def start(self, now: float) -> None:
+        """A runner takes the job from the buffer at ``now``: its deadline starts."""
+        self.started = now
+        timeout = self.spec.job_timeout(self.job.expire_seconds)
+        if timeout is not None:
+            anchor = now if self.spec.timeout is not None else self.fetched_at
+            self.deadline = anchor + timeout
+
+    def running_for(self, now: float) -> float:
+        """Seconds since a runner took the job (0 while it is buffered)."""
+        return 0.0 if self.started is None else now - self.started
+
     def lease_due(self, now: float) -> bool:
         """Whether the job must be touched now: half its lease gone (with
         ``extend_lease``) or half its heartbeat (``heartbeat_seconds``, schema 46),
         whichever comes first."""
-        if self.status != RUNNING or self.lost:
+        if self.status != RUNNING or self.lost or self.started is None:
+            # A buffered job is not touched: it waits briefly (see AHEAD_SECONDS),
+            # and a touch would raise the expire_seconds it is given back with.
             return False
         every = []
         if self.spec.extend_lease:
@@ -120,6 +137,8 @@ class QueueCounts:
     cancelled, deleted) before this worker could settle it. ``claims`` counts the claim
     statements that answered, empty answers included: it moves each time the worker looks
     at the queue, whether a poll, a notification or a finished job made it look.
+    ``running`` counts the jobs whose handler runs now, ``buffered`` the jobs claimed
+    ahead that wait for a free slot (see ``prefetch``).
     """
 
     fetched: int = 0
@@ -128,6 +147,7 @@ class QueueCounts:
     lost: int = 0
     running: int = 0
     claims: int = 0
+    buffered: int = 0
 
 
 def prepare_output(kind: Kind, value: Any) -> tuple[Kind, Any]:

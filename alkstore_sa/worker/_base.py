@@ -63,7 +63,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
                 )
         for spec in self._specs.values():
             state = self._queues[spec.queue] = QueueState(spec, self._event())
-            state.runner = self._spawn(self._fetching(state, 0), f"alkstore-fetch-{spec.queue}")
+            state.runner = self._spawn(self._fetching(state), f"alkstore-fetch-{spec.queue}")
         self._helpers.append(self._spawn(self._keeping(), "alkstore-keeper"))
         if self._supervisor is not None:
             yield Invoke(self._supervisor.start)
@@ -99,9 +99,8 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
         )
         self._stopping.set()
         self.wake()
-        # A loop running a job itself is waited for as its job is, below.
-        loops = [s.runner for s in self._queues.values() if s.inline is None]
-        yield Join(loops, FETCH_JOIN_SECONDS)
+        yield Join([s.runner for s in self._queues.values()], FETCH_JOIN_SECONDS)
+        yield from self._giving_back()
         deadline = monotonic() + timeout
         while self._running() and monotonic() < deadline and not self._force.is_set():
             yield Wait(self._force, min(0.05, max(0.0, deadline - monotonic())))

@@ -53,7 +53,7 @@ class WorkerCore(Registry, Generic[B]):
     reporting. The loops are in the mixins above it (see :class:`WorkerBase`
     in the ``_base`` module).
 
-    A runtime provides ``_bind``, ``_event``, ``_answer`` (steps), ``_start_job``,
+    A runtime provides ``_bind``, ``_event``, ``_answer`` (steps), ``_start_runner``,
     ``_cut_loose`` and ``_spawn``; the rest is here.
     """
 
@@ -61,8 +61,8 @@ class WorkerCore(Registry, Generic[B]):
     """The supervisor run alongside (``Supervisor`` or ``AsyncSupervisor``)."""
 
     _inline_jobs = False
-    """Run the claimed jobs of a queue with fast handlers on its fetch loop (see
-    :data:`INLINE_SECONDS`): for a runtime whose hand-off costs more than that."""
+    """Run the jobs of a queue with fast handlers on one runner, one after the other
+    (see :data:`INLINE_SECONDS`): for a runtime whose hand-off costs more than that."""
 
     def __init__(
         self,
@@ -72,6 +72,7 @@ class WorkerCore(Registry, Generic[B]):
         handlers: Mapping[str, Callable[..., Any] | HandlerSpec] | None = None,
         concurrency: int | None = None,
         batch_size: int | None = None,
+        prefetch: int | None = None,
         poll_interval: float | None = None,
         extend_lease: bool | None = None,
         timeout: float | None = None,
@@ -93,6 +94,7 @@ class WorkerCore(Registry, Generic[B]):
             handlers,
             concurrency=concurrency,
             batch_size=batch_size,
+            prefetch=prefetch,
             poll_interval=poll_interval,
             extend_lease=extend_lease,
             timeout=timeout,
@@ -164,8 +166,8 @@ class WorkerCore(Registry, Generic[B]):
         """A new event of the runtime's kind."""
         raise NotImplementedError
 
-    def _start_job(self, state: QueueState, attempt: Attempt) -> None:
-        """Run :meth:`_executing` for ``attempt`` on a handler thread or task."""
+    def _start_runner(self, state: QueueState, attempt: Attempt) -> None:
+        """Run :meth:`_handling` from ``attempt`` on a handler thread or task."""
         raise NotImplementedError
 
     def _cut_loose(self, attempt: Attempt) -> None:
@@ -272,8 +274,9 @@ class WorkerCore(Registry, Generic[B]):
         """
         with self._book:
             running: dict[str, int] = defaultdict(int)
+            buffered: dict[str, int] = defaultdict(int)
             for a in self._attempts.values():
-                running[a.job.name] += 1
+                (buffered if a.started is None else running)[a.job.name] += 1
             return {
                 q: QueueCounts(
                     fetched=self._counts[q]["fetched"],
@@ -282,6 +285,7 @@ class WorkerCore(Registry, Generic[B]):
                     lost=self._counts[q]["lost"],
                     running=running[q],
                     claims=self._counts[q]["claims"],
+                    buffered=buffered[q],
                 )
                 for q in self._specs
             }
@@ -297,12 +301,11 @@ class WorkerCore(Registry, Generic[B]):
     # ------------------------------------------------------------ attempts
 
     def _begin(self, spec: HandlerSpec, job: Job, fetched_at: float) -> Attempt:
-        timeout = spec.job_timeout(job.expire_seconds)
         attempt = Attempt(
             job,
             spec,
             lease_start=fetched_at,
-            deadline=None if timeout is None else fetched_at + timeout,
+            deadline=None,
             lease_seconds=float(job.expire_seconds),
         )
         with self._book:
@@ -337,7 +340,7 @@ class WorkerCore(Registry, Generic[B]):
             return False
         self._forget(attempt)
         state = self._queues[attempt.job.name]
-        state.free()
+        state.dropped(attempt)
         if reason == "lost":
             self._lost(attempt, "could not renew its lease; handler abandoned")
         else:
@@ -355,8 +358,7 @@ class WorkerCore(Registry, Generic[B]):
                 extra=self._extra(action, attempt),
             )
             self._inbox.put(Pending("fail", attempt, output, reason))
-        if not attempt.inline:
-            # (A job run on a fetch thread is left to it; see _detaching.)
+        if attempt.started is not None:
             self._cut_loose(attempt)
         state.wake.set()
         return True

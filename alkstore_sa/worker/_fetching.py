@@ -1,9 +1,10 @@
-"""The fetch loops: one per queue, claiming jobs as slots free up and handing them
-to handlers, or running a fast queue's jobs on the loop itself (the "Architecture" page).
+"""The fetch loops: one per queue, claiming jobs as handler slots and buffer places
+free up, and the runners that take them from the buffer (the "Architecture" page).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypeVar
 
 from .. import ops
@@ -11,29 +12,29 @@ from ..errors import SchemaVersionError
 from ..ops import working
 from ..records import Job
 from ..steps import Steps, Wait
-from ._attempt import RUNNING, Attempt
+from ._attempt import ABANDONED, Attempt
 from ._backoff import Backoff
 from ._core import monotonic
 from ._queue_state import QueueState
 from ._running import Running
 from .config import HandlerSpec, spec_group_limits
 
-B = TypeVar("B")
+log = logging.getLogger("alkstore_sa.worker")
 
-INLINE_OVERDUE = 0.05
-"""A job run on the fetch thread for longer than this is left to that thread as a
-handler thread: a new fetch loop takes over the queue and the batch's other jobs
-are handed off (checked by the keeper, every :data:`~alkstore_sa.worker._leases.TICK`)."""
+B = TypeVar("B")
 
 
 class Fetching(Running[B]):
     """Each queue's fetch loop and claim."""
 
-    def _fetching(self, state: QueueState, generation: int) -> Steps[None]:
-        """The queue's fetch loop (number ``generation``); it ends at shutdown, or when
-        a job it ran itself ran long and another loop took over (see _detaching)."""
+    def _fetching(self, state: QueueState) -> Steps[None]:
+        """The queue's fetch loop: claim into the buffer while it has room, start
+        runners for what it claimed; it ends at shutdown."""
         spec, backoff = state.spec, Backoff()
-        while not self._stopping.is_set() and state.generation == generation:
+        while not self._stopping.is_set():
+            state.ahead_allowed = working.claims_ahead(
+                self._ctx, spec.queue, spec_group_limits(spec)
+            )
             want = state.want()
             if not want:
                 yield Wait(state.wake, spec.poll_interval)
@@ -57,19 +58,12 @@ class Fetching(Running[B]):
             backoff.reset()
             self._refusals.clear()
             self._count(spec.queue, "claims")
-            state.claimed(len(jobs), want)
             if jobs and self._metrics is not None:
                 self._metrics.claimed(spec.queue, jobs)
             for job in jobs:
                 state.group_started(job)
-            attempts = [self._begin(spec, job, fetched_at) for job in jobs]
-            if attempts and self._inline_jobs and state.runs_inline():
-                yield from self._inline(state, attempts, generation)
-                if state.generation != generation:
-                    return  # one ran long: a new loop took over (see _detaching)
-            else:
-                for attempt in attempts:
-                    self._start_job(state, attempt)
+            state.claimed([self._begin(spec, job, fetched_at) for job in jobs], want)
+            self._dispatch(state)
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
 
@@ -103,53 +97,56 @@ class Fetching(Running[B]):
                     raise
                 autocommit = False  # again, in a transaction of its own
 
-    def _inline(self, state: QueueState, attempts: list[Attempt], generation: int) -> Steps[None]:
-        """Run ``attempts`` on the fetch loop itself, one after the other (saves the
-        hand-offs), until one runs long and the keeper hands the rest off."""
-        with state.lock:
-            state.pending.extend(attempts)
-        while True:
-            with state.lock:
-                if state.generation != generation or not state.pending:
-                    return
-                if self._stopping.is_set():
-                    # Shutdown waits for this loop: the rest run on pool threads.
-                    rest = list(state.pending)
-                    state.pending.clear()
-                    break
-                attempt = state.pending.popleft()
-                attempt.inline = True
-                state.inline, state.inline_since = attempt, monotonic()
-            try:
-                if attempt.status == RUNNING:  # not abandoned while it waited
-                    yield from self._executing(state, attempt)
-                else:
-                    state.group_ended(attempt.job)
-            finally:
-                with state.lock:
-                    if state.inline is attempt:
-                        state.inline = None
-        for attempt in rest:
-            if attempt.status == RUNNING:
-                attempt.inline = False
-                self._start_job(state, attempt)
+    def _dispatch(self, state: QueueState) -> None:
+        """Start runners for buffered jobs while the queue may have more runners:
+        ``concurrency`` of them, or one for a queue of fast handlers on a runtime
+        that runs them inline, plus one per job of it that runs long."""
+        inline = self._inline_jobs and state.runs_inline()
+        while (attempt := state.new_runner(monotonic(), inline=inline)) is not None:
+            self._start_runner(state, attempt)
 
-    def _detaching(self, state: QueueState, now: float) -> None:
-        """The job the fetch loop runs itself has run past :data:`INLINE_OVERDUE`:
-        leave that thread to it, start a new fetch loop, hand the rest off."""
-        with state.lock:
-            if state.inline is None or now - state.inline_since < INLINE_OVERDUE:
-                return
-            state.inline = None
-            state.generation += 1
-            generation = state.generation
-            rest = list(state.pending)
-            state.pending.clear()
-        if not self._stopping.is_set():
-            state.runner = self._spawn(
-                self._fetching(state, generation), f"alkstore-fetch-{state.spec.queue}"
+    def _handling(self, state: QueueState, attempt: Attempt) -> Steps[bool]:
+        """A runner: ``attempt``, then the buffered jobs that follow it, until the
+        buffer is empty, the queue wants fewer runners or the worker stops.
+        ``True`` when a job was abandoned under it (its thread may retire)."""
+        while True:
+            if (yield from self._executing(state, attempt)):
+                return True
+            inline = self._inline_jobs and state.runs_inline()
+            following = state.next_job(monotonic(), inline=inline, stopping=self._stopping.is_set())
+            if following is None:
+                return False
+            following.handle = attempt.handle
+            attempt = following
+
+    def _giving_back(self) -> Steps[None]:
+        """At a graceful stop, once the fetch loops have ended: the buffered jobs
+        go back to their queues, no attempt counted. Should that fail, they stay
+        active and expire as a crashed worker's jobs do."""
+        for state in self._queues.values():
+            attempts = [a for a in state.take_buffer() if a.take(ABANDONED)]
+            if not attempts:
+                continue
+            for attempt in attempts:
+                self._forget(attempt)
+                state.group_ended(attempt.job)
+            queue = state.spec.queue
+            try:
+                given = yield from self._op(
+                    ops.give_back(self._ctx, queue, [a.settlement() for a in attempts]),
+                    autocommit=True,
+                )
+            except Exception as exc:
+                self._loop_error("give_back", queue, exc, 0.0)
+                continue
+            log.info(
+                "gave %d buffered job(s) of %r back to the queue",
+                len(given),
+                queue,
+                extra={
+                    "action": "jobs_given_back",
+                    "worker": self.name,
+                    "queue": queue,
+                    "count": len(given),
+                },
             )
-        for attempt in rest:
-            if attempt.status == RUNNING:
-                attempt.inline = False
-                self._start_job(state, attempt)

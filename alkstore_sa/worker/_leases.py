@@ -38,7 +38,7 @@ class Leases(Fetching[B]):
                 yield from self._watching_version()
             now = monotonic()
             for state in self._queues.values():
-                self._detaching(state, now)
+                self._dispatch(state)  # one more runner for a job that runs long
             due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
             for attempt in self._running():
                 if attempt.deadline is not None and now >= attempt.deadline:

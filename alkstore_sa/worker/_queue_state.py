@@ -1,5 +1,5 @@
-"""One queue's place in a worker: its slots, its backlog, its fetch loop and the
-jobs that loop runs itself.
+"""One queue's place in a worker: its handler slots, its buffer of jobs claimed
+ahead, and the runners that take jobs from that buffer (the "Architecture" page).
 """
 
 from __future__ import annotations
@@ -10,16 +10,29 @@ from typing import Any
 
 from ..records import Job
 from ._attempt import Attempt
-from .config import HandlerSpec
+from .config import AHEAD_SECONDS, HandlerSpec
 
 INLINE_SECONDS = 0.001
-"""A runtime that hands jobs to other threads (``Worker``) runs the jobs it claimed
-on its fetch thread instead, one after the other, while the queue's handlers take
-less than this on average: waking a pool thread costs about half a millisecond."""
+"""A runtime whose hand-off to another thread costs more than a fast handler
+(``Worker``: waking a pool thread costs about half a millisecond) runs a queue's
+jobs on one runner, one after the other, while the queue's handlers take less
+than this on average."""
+
+INLINE_OVERDUE = 0.05
+"""On such a queue, a job that has run for longer than this lets one more runner
+take the buffered jobs (checked when a claim lands and by the keeper, every
+:data:`~alkstore_sa.worker._leases.TICK`)."""
 
 
 class QueueState:
-    """One queue's slots: how many of its jobs run, and whether it has a backlog."""
+    """One queue's bookkeeping: jobs in hand (running or buffered), the buffer, the
+    runners, and whether the queue has a backlog.
+
+    ``in_flight`` counts every claimed job not yet finished, given back or abandoned:
+    the ones in ``buffer`` (claimed, not started) and the ones running. A runner
+    is a handler thread or task that takes the next buffered job when its own
+    finishes, so a busy queue hands off once per runner, not once per job.
+    """
 
     def __init__(self, spec: HandlerSpec, wake: Any) -> None:
         self.spec = spec
@@ -28,16 +41,18 @@ class QueueState:
         self.backlog = False
         self.lock = threading.Lock()
         self.runner: Any = None  # the fetch loop's thread or task
-        self.generation = 0  # which fetch loop is the queue's (see WorkerBase._detaching)
-        self.inline: Attempt | None = None  # the job its fetch loop runs itself, if any
-        self.inline_since = 0.0
-        self.pending: deque[Attempt] = deque()  # claimed, to run on the fetch loop next
+        self.buffer: deque[Attempt] = deque()  # claimed, waiting for a runner
+        self.executing: set[Attempt] = set()  # handed to a runner
+        self.runners = 0
+        self.ahead_allowed = False  # the queue's policy lets jobs be claimed ahead
         self.run_seconds: float | None = None  # moving average of the handlers' run time
-        # local_group_concurrency: the group of each of our running jobs that has one.
+        # local_group_concurrency: the group of each of our claimed jobs that has one.
         self.grouped: dict[Any, str] = {}
 
+    # ------------------------------------------------------------ groups
+
     def group_counts(self) -> dict[str, int] | None:
-        """Our running jobs per group, for a ``local_group_concurrency`` claim (else None)."""
+        """Our claimed jobs per group, for a ``local_group_concurrency`` claim (else None)."""
         if self.spec.local_group_concurrency is None:
             return None
         with self.lock:
@@ -58,6 +73,8 @@ class QueueState:
             with self.lock:
                 self.grouped.pop(job.id, None)
 
+    # ------------------------------------------------------------ claiming
+
     def ran(self, seconds: float) -> None:
         """A handler of the queue ran for ``seconds`` (not abandoned)."""
         with self.lock:
@@ -65,25 +82,99 @@ class QueueState:
             self.run_seconds = seconds if avg is None else avg + 0.2 * (seconds - avg)
 
     def runs_inline(self) -> bool:
-        """Whether claimed jobs are cheaper to run on the fetch loop than to hand off."""
+        """Whether the queue's jobs are cheaper to run one after the other on one
+        runner than to hand to several."""
         avg = self.run_seconds
         return avg is not None and avg < INLINE_SECONDS
 
+    def ahead(self) -> int:
+        """Jobs to hold claimed beyond the handler slots now: ``prefetch``, but no
+        more than the handlers will start within :data:`AHEAD_SECONDS` at their
+        average run time (none before a handler has run, or when the policy does
+        not allow it)."""
+        most, avg = self.spec.ahead, self.run_seconds
+        if not most or not self.ahead_allowed or avg is None:
+            return 0
+        if avg * most <= AHEAD_SECONDS * self.spec.concurrency:
+            return most
+        return int(AHEAD_SECONDS * self.spec.concurrency / avg)
+
+    def _free(self) -> tuple[int, int]:
+        capacity = self.spec.concurrency + self.ahead()
+        return capacity - self.in_flight, capacity
+
     def want(self) -> int:
-        """Jobs to claim now (0: wait for free slots)."""
+        """Jobs to claim now (0: wait for free places)."""
         with self.lock:
-            free = self.spec.concurrency - self.in_flight
-            if free < self.spec.fetch_threshold(backlog=self.backlog):
+            free, capacity = self._free()
+            if free < self.spec.fetch_threshold(capacity, backlog=self.backlog):
                 return 0
         return min(self.spec.fetch_size, free)
 
-    def claimed(self, got: int, wanted: int) -> None:
+    def claimed(self, attempts: list[Attempt], wanted: int) -> None:
+        """A claim of ``wanted`` brought ``attempts``: into the buffer."""
         with self.lock:
-            self.in_flight += got
-            self.backlog = got == wanted
+            self.in_flight += len(attempts)
+            self.backlog = len(attempts) == wanted
+            self.buffer.extend(attempts)
 
-    def free(self) -> bool:
-        """Give a slot back; whether the loop should look for more jobs at once."""
+    # ------------------------------------------------------------ runners
+
+    def _allowed(self, now: float, *, inline: bool) -> int:
+        if not inline:
+            return self.spec.concurrency
+        overdue = sum(1 for a in self.executing if a.running_for(now) > INLINE_OVERDUE)
+        return min(self.spec.concurrency, 1 + overdue)
+
+    def _start(self, now: float) -> Attempt:
+        attempt = self.buffer.popleft()
+        attempt.start(now)
+        self.executing.add(attempt)
+        return attempt
+
+    def new_runner(self, now: float, *, inline: bool) -> Attempt | None:
+        """The first job of a new runner, if a buffered job may start on one now."""
         with self.lock:
+            if not self.buffer or self.runners >= self._allowed(now, inline=inline):
+                return None
+            self.runners += 1
+            return self._start(now)
+
+    def next_job(self, now: float, *, inline: bool, stopping: bool) -> Attempt | None:
+        """A runner finished its job: its next one, or None (the runner ends)."""
+        with self.lock:
+            if self.buffer and not stopping and self.runners <= self._allowed(now, inline=inline):
+                return self._start(now)
+            self.runners -= 1
+            return None
+
+    def ended(self, attempt: Attempt) -> bool:
+        """``attempt``'s handler returned; whether the fetch loop should claim now."""
+        with self.lock:
+            self.executing.discard(attempt)
             self.in_flight -= 1
-            return self.backlog
+            if not self.backlog:
+                return False
+            free, capacity = self._free()
+            return free >= self.spec.fetch_threshold(capacity, backlog=True)
+
+    def dropped(self, attempt: Attempt) -> None:
+        """``attempt`` was abandoned: out of the buffer, or off its runner (which
+        stays with the handler until it returns, then retires)."""
+        with self.lock:
+            if attempt in self.executing:
+                self.executing.discard(attempt)
+                self.runners -= 1
+            elif attempt in self.buffer:
+                self.buffer.remove(attempt)
+            else:
+                return
+            self.in_flight -= 1
+
+    def take_buffer(self) -> list[Attempt]:
+        """Empty the buffer (at shutdown, to give its jobs back)."""
+        with self.lock:
+            taken = list(self.buffer)
+            self.buffer.clear()
+            self.in_flight -= len(taken)
+            return taken

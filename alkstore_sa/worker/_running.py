@@ -30,6 +30,9 @@ class Running(Settling[B]):
 
     def _executing(self, state: QueueState, attempt: Attempt) -> Steps[bool]:
         """Run one job's handler; ``True`` when it was abandoned (its thread may retire)."""
+        if attempt.status == ABANDONED:
+            state.group_ended(attempt.job)
+            return True  # abandoned as its runner took it: nothing to run
         try:
             started = monotonic()
             if attempt.spec.transactional:
@@ -54,7 +57,7 @@ class Running(Settling[B]):
             state.group_ended(attempt.job)
             # An abandoned attempt gave its slot back when it was abandoned.
             abandoned = attempt.status == ABANDONED
-            if not abandoned and state.free():
+            if not abandoned and state.ended(attempt):
                 state.wake.set()
             elif (
                 not abandoned

@@ -138,8 +138,8 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
     def _spawn(self, steps: Steps[Any], name: str) -> asyncio.Task[Any]:
         return asyncio.create_task(adrive(steps, self._answer), name=name)
 
-    def _start_job(self, state: QueueState, attempt: Attempt) -> None:
-        task = asyncio.create_task(adrive(self._executing(state, attempt), self._answer))
+    def _start_runner(self, state: QueueState, attempt: Attempt) -> None:
+        task = asyncio.create_task(adrive(self._handling(state, attempt), self._answer))
         self._job_tasks.add(task)
         task.add_done_callback(self._job_tasks.discard)
         attempt.handle = task

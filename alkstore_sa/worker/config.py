@@ -22,6 +22,10 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 LEASE_FRACTION = 0.5
 """A job's lease is renewed once this fraction of it has elapsed."""
 
+AHEAD_SECONDS = 1.0
+"""A worker claims ahead of its free slots (``prefetch``) only as many jobs as its
+handlers will start within about this many seconds, at their average run time."""
+
 HEARTBEAT_FRACTION = 0.5
 """A job with ``heartbeat_seconds`` (schema 46) is touched once this fraction of its
 heartbeat has elapsed since the last touch: pg-boss's monitor fails an active job
@@ -36,8 +40,17 @@ class HandlerSpec:
     :param fn: ``fn(job)``, or ``fn(job, session)`` when ``transactional``.
     :param concurrency: at most this many jobs of the queue run at once.
     :param batch_size: at most this many jobs are claimed per fetch statement
-        (never more than the free concurrency slots); by default the concurrency,
-        up to 100, so that a busy queue is claimed in batches, not job by job.
+        (never more than the free handler slots plus the free ``prefetch``
+        places); by default the concurrency plus the prefetch, up to 100, so
+        that a busy queue is claimed in batches, not job by job.
+    :param prefetch: jobs claimed ahead of the free handler slots and held in
+        the worker's buffer until a slot frees (``0``: claim only into free
+        slots). By default as many as ``concurrency``. A buffered job is
+        ``active`` in the table and its lease runs while it waits, so the worker
+        claims ahead only as many jobs as its handlers will start within about
+        :data:`AHEAD_SECONDS`, judged from their average run time, and only on a
+        ``standard`` queue without group limits; a graceful stop gives buffered
+        jobs back without counting an attempt. See the "Run workers" page.
     :param poll_interval: seconds between fetches when no notification arrives.
     :param transactional: give the handler a session whose writes commit in the
         same transaction as the job's completion.
@@ -62,6 +75,7 @@ class HandlerSpec:
     fn: Callable[..., Any]
     concurrency: int = DEFAULT_CONCURRENCY
     batch_size: int | None = None
+    prefetch: int | None = None
     poll_interval: float = DEFAULT_POLL_INTERVAL
     transactional: bool = False
     extend_lease: bool = True
@@ -77,6 +91,8 @@ class HandlerSpec:
         _positive_int("concurrency", self.concurrency, 10_000)
         if self.batch_size is not None:
             _positive_int("batch_size", self.batch_size, 100_000)
+        if self.prefetch is not None:
+            _count("prefetch", self.prefetch, 10_000)
         _positive_float("poll_interval", self.poll_interval)
         for flag in ("transactional", "extend_lease", "priority"):
             if not isinstance(getattr(self, flag), bool):
@@ -99,20 +115,27 @@ class HandlerSpec:
                 )
 
     @property
-    def fetch_size(self) -> int:
-        """Jobs claimed per fetch when every slot is free."""
-        if self.batch_size is not None:
-            return min(self.batch_size, self.concurrency)
-        return min(self.concurrency, MAX_DEFAULT_BATCH)
+    def ahead(self) -> int:
+        """The most jobs held claimed beyond ``concurrency`` (``prefetch`` resolved)."""
+        return self.concurrency if self.prefetch is None else self.prefetch
 
-    def fetch_threshold(self, *, backlog: bool) -> int:
-        """Free slots to wait for before the next fetch.
+    @property
+    def fetch_size(self) -> int:
+        """Jobs claimed per fetch at most: every slot and buffer place free."""
+        most = self.concurrency + self.ahead
+        if self.batch_size is not None:
+            return min(self.batch_size, most)
+        return min(most, MAX_DEFAULT_BATCH)
+
+    def fetch_threshold(self, capacity: int, *, backlog: bool) -> int:
+        """Free places (of ``capacity``: slots plus buffer places now) to wait for
+        before the next fetch.
 
         While the queue has a backlog (the last claim came back full), waiting for
-        half a batch of free slots keeps claims large; one claim per freed slot
+        half a batch of free places keeps claims large; one claim per freed slot
         would cost a statement per job and fall behind under load.
         """
-        return max(1, self.fetch_size // 2) if backlog else 1
+        return max(1, min(self.fetch_size, capacity) // 2) if backlog else 1
 
     def job_timeout(self, expire_seconds: int) -> float | None:
         """Seconds this handler may run on a job with the given ``expire_seconds``."""
@@ -145,6 +168,13 @@ def _positive_int(option: str, value: object, maximum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidOptionsError(
             option, f"must be an integer from 1 to {maximum}, not {shown(value)}"
+        )
+
+
+def _count(option: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidOptionsError(
+            option, f"must be an integer from 0 to {maximum}, not {shown(value)}"
         )
 
 

@@ -36,8 +36,9 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         worker.run()                            # until SIGINT/SIGTERM
 
     Each queue has a fetch thread that claims up to ``batch_size`` jobs when
-    slots are free and hands them to ``concurrency`` handler threads; finished
-    jobs are settled in batches. ``NOTIFY`` wakes the fetch threads at once,
+    handler slots or ``prefetch`` places are free, into a buffer that up to
+    ``concurrency`` handler threads take jobs from; finished jobs are settled in
+    batches. ``NOTIFY`` wakes the fetch threads at once,
     polling every ``poll_interval`` is the floor. Long jobs have their lease
     renewed; a job whose lease is lost (expired, cancelled or deleted meanwhile)
     is abandoned: its handler's result is ignored and its slot goes to the next
@@ -51,6 +52,8 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
     :param concurrency: default for every handler, as are the next five
         (see :class:`~alkstore_sa.worker.HandlerSpec`).
     :param batch_size: default for every handler.
+    :param prefetch: default for every handler: jobs claimed ahead of the free
+        handler slots (by default as many as ``concurrency``; ``0`` for none).
     :param poll_interval: default for every handler.
     :param extend_lease: default for every handler.
     :param timeout: default for every handler.
@@ -166,11 +169,11 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         thread.start()
         return thread
 
-    def _start_job(self, state: QueueState, attempt: Attempt) -> None:
+    def _start_runner(self, state: QueueState, attempt: Attempt) -> None:
         pool = self._pools.get(state.spec.queue)
         if pool is None:
             pool = self._pools[state.spec.queue] = Pool(state.spec.queue, state.spec.concurrency)
-        pool.submit(lambda: drive(self._executing(state, attempt), self._answer))
+        pool.submit(lambda: drive(self._handling(state, attempt), self._answer))
 
     def _cut_loose(self, attempt: Attempt) -> None:
         # Python cannot stop a thread: the handler runs on, its result ignored,

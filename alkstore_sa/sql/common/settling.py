@@ -18,8 +18,10 @@ from sqlalchemy import (
     Update,
     Uuid,
     bindparam,
+    case,
     column,
     func,
+    null,
     or_,
     select,
 )
@@ -94,6 +96,40 @@ def extend_lease(job: Table, now: ColumnElement[Any], **stamps: Any) -> Update:
         .values(
             expire_seconds=func.cast(elapsed, Integer) + bindparam("extend_by", type_=Integer),
             **stamps,
+        )
+        .returning(job.c.id)
+    )
+
+
+def give_back(job: Table, **also: Any) -> Update:
+    """Jobs a worker claimed ahead and never started go back to the queue, fenced on
+    ``started_on`` as a settlement is, as if the claim had not happened (plus
+    ``also``); returns the ids changed.
+
+    The claim raised ``retry_count`` when the job had started before (its
+    ``started_on`` was set), and left it otherwise. Giving back lowers a raised
+    count and keeps ``started_on`` set, so that the next claim raises it again;
+    a count the claim left alone goes back with ``started_on`` cleared. Either way
+    the next claim gives the job the ``retry_count`` it would have had, and a job
+    that had started before waits as ``retry``, one that had not as ``created``.
+    """
+    src = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(Uuid())),
+            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
+        )
+        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
+        .render_derived()
+    )
+    raised = job.c.retry_count > 0
+    return (
+        job.update()
+        .where(*_active_of(job, src), job.c.started_on == src.c.fence)
+        .values(
+            state=case((raised, state(JobState.RETRY)), else_=state(JobState.CREATED)),
+            retry_count=case((raised, job.c.retry_count - 1), else_=job.c.retry_count),
+            started_on=case((raised, job.c.started_on), else_=null()),
+            **also,
         )
         .returning(job.c.id)
     )

@@ -75,3 +75,9 @@ def locate_jobs() -> Select[Any]:
     """``(id, name, state, started_on)`` of jobs ``:ids`` in any queue (see
     :func:`alkstore_sa.sql.common.settling.locate`)."""
     return _settling.locate(JOB)
+
+
+def give_back() -> Update:
+    """Unstarted jobs claimed ahead back to the queue, fenced (see
+    :func:`alkstore_sa.sql.common.settling.give_back`)."""
+    return _settling.give_back(JOB)

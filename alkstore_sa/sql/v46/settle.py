@@ -32,6 +32,7 @@ from sqlalchemy import (
     column,
     delete,
     func,
+    null,
     or_,
     select,
 )
@@ -240,3 +241,9 @@ def touch_jobs() -> Update:
         .values(heartbeat_on=job_now())
         .returning(JOB.c.id)
     )
+
+
+def give_back() -> Update:
+    """Unstarted jobs claimed ahead back to the queue, fenced, their claim's
+    ``heartbeat_on`` cleared (see :func:`alkstore_sa.sql.common.settling.give_back`)."""
+    return _settling.give_back(JOB, heartbeat_on=null())
