@@ -146,9 +146,10 @@ def locked_rows(
 
 
 HEAD_ROOM = 2
+"""The head of a :func:`head_first_rows` claim holds ``HEAD_ROOM * :limit + HEAD_EXTRA``
+rows: room for the rows that other claims running at the same time lock or take first."""
 HEAD_EXTRA = 100
-"""The head of a :func:`head_first_rows` claim: ``HEAD_ROOM * :limit + HEAD_EXTRA`` rows,
-room for the rows that other claims running at the same time lock or take first."""
+"""See :data:`HEAD_ROOM`."""
 
 
 def head_first_rows(
@@ -175,7 +176,9 @@ def head_first_rows(
     taken by other claims meanwhile, or failing ``conditions``) ``slow``, which
     is :func:`locked_rows` itself, runs instead; it is never scanned when not
     needed (a one-time filter), and rows ``fast`` locked are this transaction's
-    own, so ``slow`` can take them.
+    own, so ``slow`` takes them again. (Should a head row another claim held be
+    released between the two, ``slow`` may take it instead of one of ``fast``'s,
+    which then stays row-locked, not claimed, until the transaction ends.)
     """
     limit = bindparam("limit", type_=Integer)
     room = limit * literal_column(str(HEAD_ROOM), Integer) + literal_column(
