@@ -88,18 +88,53 @@ _NAMES = [c.strip() for c in JOB_COLUMNS.split(",")]
 COL_DATA = _NAMES.index("data")
 COL_STARTED_ON = _NAMES.index("started_on")
 
-FETCH_SQL = (
-    """
-WITH next AS (
-  SELECT id, singleton_key, priority, created_on FROM {s}.job
-  WHERE name = %(qname)s AND state < 'active'
+_READY = """name = %(qname)s AND state < 'active'
     AND EXISTS (SELECT name FROM {s}.queue
                 WHERE name = %(qname)s AND policy = %(cached_policy)s)
-    AND start_after < now()
-    AND (policy IS NULL OR policy NOT IN ('singleton', 'stately'))
+    AND start_after < now()"""
+_CLAIMABLE = (
+    _READY
+    + """
+    AND (policy IS NULL OR policy NOT IN ('singleton', 'stately'))"""
+)
+_HEAD = "%(limit)s::integer * 2 + 100"  # sql.common.claim.HEAD_ROOM, HEAD_EXTRA
+
+FETCH_SQL = (
+    """
+WITH head AS (
+  SELECT id FROM {s}.job WHERE """
+    + _READY
+    + """
   ORDER BY priority DESC, created_on, id
-  LIMIT %(limit)s
+  LIMIT """
+    + _HEAD
+    + """
+), fast AS (
+  SELECT id FROM {s}.job WHERE """
+    + _CLAIMABLE
+    + """
+    AND id IN (SELECT head.id FROM head)
+  ORDER BY priority DESC, created_on, id
+  LIMIT %(limit)s::integer
   FOR UPDATE SKIP LOCKED
+), slow AS (
+  SELECT id FROM {s}.job WHERE """
+    + _CLAIMABLE
+    + """
+    AND (SELECT count(*) FROM fast) < %(limit)s::integer
+    AND (SELECT count(*) FROM head) >= """
+    + _HEAD
+    + """
+  ORDER BY priority DESC, created_on, id
+  LIMIT %(limit)s::integer
+  FOR UPDATE SKIP LOCKED
+), next AS (
+  SELECT id FROM fast
+  WHERE NOT ((SELECT count(*) FROM fast) < %(limit)s::integer
+             AND (SELECT count(*) FROM head) >= """
+    + _HEAD
+    + """)
+  UNION ALL SELECT id FROM slow
 ), claimed AS (
   UPDATE {s}.job AS j SET state = 'active',
          retry_count = CASE WHEN j.started_on IS NOT NULL THEN j.retry_count + 1

@@ -2,7 +2,9 @@
 
 Each peer is a long-lived process of its own runtime (Node for pg-boss 12.38, a Python
 process with asyncpg for PgQueuer) that installs the peer in its own schema and answers one
-JSON command per line (see ``pgboss.mjs``). :func:`peer` starts it on first use; :func:`close_all`
+JSON command per line (see ``pgboss.mjs``). pg-boss 11.1.2 (``pgboss11.mjs``, the Node on the
+PATH) is the exception: it works in the bench's own schema at 26, which it neither creates
+nor migrates (the ``scale26:`` scenario). :func:`peer` starts it on first use; :func:`close_all`
 stops them and drops their schemas at the end of the run.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,7 +32,12 @@ NODE = INTEROP46 / "node" / "bin" / "node"
 PGBOSS_ENTRY = INTEROP46 / "pg-boss" / "dist" / "index.js"
 PGBOSS_VERSION = "12.38.0"
 
+INTEROP = ROOT / "tests" / "interop" / "node_modules"
+PGBOSS11_ENTRY = INTEROP / "pg-boss" / "src" / "index.js"
+"""pg-boss 11.1.2 (schema 26), installed by ``npm ci --prefix tests/interop``."""
+
 PGBOSS = "pg-boss 12.38"
+PGBOSS11 = "pg-boss 11.1.2"
 PGQUEUER = "PgQueuer"
 
 
@@ -38,6 +46,10 @@ def missing(name: str) -> str | None:
     if name == PGBOSS:
         if not NODE.exists() or not PGBOSS_ENTRY.exists():
             return "pg-boss 12.38 / Node 22 not installed: run `npm ci --prefix tests/interop46`"
+        return None
+    if name == PGBOSS11:
+        if shutil.which("node") is None or not PGBOSS11_ENTRY.exists():
+            return "pg-boss 11.1.2 / node not installed: run `npm ci --prefix tests/interop`"
         return None
     if name == PGQUEUER:
         if (
@@ -100,6 +112,11 @@ def _start(cfg: Config, name: str) -> PeerProcess:
         }
         argv = [str(NODE), str(HERE / "pgboss.mjs"), json.dumps(config)]
         env = dict(os.environ)
+    elif name == PGBOSS11:
+        schema = cfg.schema  # ours, at 26: not its to drop
+        config = {"connectionString": url, "schema": schema, "module": PGBOSS11_ENTRY.as_uri()}
+        argv = [shutil.which("node") or "node", str(HERE / "pgboss11.mjs"), json.dumps(config)]
+        env = dict(os.environ)
     else:
         schema = f"{cfg.schema}_pgq"
         argv = [sys.executable, "-m", "bench.peers.pgqueuer_peer", json.dumps({"dsn": url})]
@@ -126,11 +143,11 @@ def peer(cfg: Config, name: str) -> PeerProcess:
 
 
 def close_all(cfg: Config, *, drop: bool = True) -> None:
-    """Stop this run's peer processes and drop their schemas."""
+    """Stop this run's peer processes and drop their schemas (not the run's own)."""
     for key in [k for k in _running if k[0] == cfg.schema]:
         p = _running.pop(key)
         p.close()
-        if drop:
+        if drop and p.schema != cfg.schema:
             with cfg.raw(autocommit=True) as conn:
                 conn.execute(
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(p.schema))

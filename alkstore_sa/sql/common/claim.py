@@ -21,6 +21,7 @@ from sqlalchemy import (
     Select,
     Table,
     Text,
+    and_,
     bindparam,
     case,
     func,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
@@ -141,6 +143,57 @@ def locked_rows(
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
+
+
+HEAD_ROOM = 2
+"""The head of a :func:`head_first_rows` claim holds ``HEAD_ROOM * :limit + HEAD_EXTRA``
+rows: room for the rows that other claims running at the same time lock or take first."""
+HEAD_EXTRA = 100
+"""See :data:`HEAD_ROOM`."""
+
+
+def head_first_rows(
+    j: Any,
+    columns: Sequence[Any],
+    conditions: Sequence[ColumnElement[Any]],
+    order: list[Any],
+    *,
+    head_conditions: Sequence[ColumnElement[Any]],
+) -> CTE:
+    """What :func:`locked_rows` selects (the first ``:limit`` rows of ``j`` matching
+    ``conditions`` in ``order``, ``FOR UPDATE SKIP LOCKED``), without sorting every
+    matching row when the answer is at the head, as the CTE ``next``.
+
+    Below ``LIMIT``, PostgreSQL's row locking keeps the sort from being bounded:
+    without an index in ``order`` (schema 26), :func:`locked_rows` sorts all
+    matching rows in full, on disk once they outgrow ``work_mem``. So first
+    ``head`` (no locks): the first rows in ``order`` matching ``head_conditions``
+    (a superset of ``conditions``), a top-N sort that keeps only them in memory;
+    then ``fast``: :func:`locked_rows` over those rows alone. Every row outside
+    ``head`` comes after all of it in ``order``, so when ``fast`` has ``:limit``
+    rows, or ``head`` was not full (it then holds every candidate), ``fast`` is the
+    answer :func:`locked_rows` would give. Otherwise (rows of the head locked or
+    taken by other claims meanwhile, or failing ``conditions``) ``slow``, which
+    is :func:`locked_rows` itself, runs instead; it is never scanned when not
+    needed (a one-time filter), and rows ``fast`` locked are this transaction's
+    own, so ``slow`` takes them again. (Should a head row another claim held be
+    released between the two, ``slow`` may take it instead of one of ``fast``'s,
+    which then stays row-locked, not claimed, until the transaction ends.)
+    """
+    limit = bindparam("limit", type_=Integer)
+    room = limit * literal_column(str(HEAD_ROOM), Integer) + literal_column(
+        str(HEAD_EXTRA), Integer
+    )
+    head = select(j.c.id).where(*head_conditions).order_by(*order).limit(room).cte("head")
+    fast = (locked_rows(columns, [*conditions, j.c.id.in_(select(head.c.id))], order)).cte("fast")
+    fast_count = select(func.count()).select_from(fast).scalar_subquery()
+    head_count = select(func.count()).select_from(head).scalar_subquery()
+    needs_slow = and_(fast_count < limit, head_count >= room)
+    slow = locked_rows(columns, [*conditions, needs_slow], order).cte("slow")
+    return union_all(
+        select(*fast.c).where(not_(needs_slow)),
+        select(*slow.c),
+    ).cte("next")
 
 
 def one_per_key(candidates: CTE, order: list[Any]) -> CTE:

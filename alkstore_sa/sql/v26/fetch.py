@@ -35,9 +35,7 @@ RACY_POLICIES = ("singleton", "stately")
 def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[Any]:
     """Conditions on ``job`` rows a fetch may take."""
     j = JOB
-    conditions = _claim.queued(
-        j, QUEUE, due=None if ignore_start_after else j.c.start_after < func.now()
-    )
+    conditions = _due(ignore_start_after=ignore_start_after)
     if singleton_aware:
         # Any active job of the key blocks it, whatever its policy: at 26 the
         # unique indexes i2/i3 are the only judges.
@@ -45,6 +43,13 @@ def _queued(*, ignore_start_after: bool, singleton_aware: bool) -> list[Any]:
     else:
         conditions.append(_claim.not_of_policies(j, RACY_POLICIES))
     return conditions
+
+
+def _due(*, ignore_start_after: bool) -> list[Any]:
+    """The queue, state, policy-guard and ``start_after`` conditions alone: those
+    ``job_i5`` covers (a superset of :func:`_queued`'s rows)."""
+    j = JOB
+    return _claim.queued(j, QUEUE, due=None if ignore_start_after else j.c.start_after < func.now())
 
 
 def _order(columns: Any, *, priority: bool) -> list[Any]:
@@ -91,16 +96,22 @@ def fetch_jobs(
     """
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=singleton_aware)
+    columns = [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on]
+    order = _order(j.c, priority=priority)
     if singleton_aware:
         conditions.append(in_keys(j))
-    candidates = _claim.locked_rows(
-        [j.c.id, j.c.singleton_key, j.c.priority, j.c.created_on],
-        conditions,
-        _order(j.c, priority=priority),
-    ).cte("next")
-    chosen = candidates
-    if singleton_aware:
+        candidates = _claim.locked_rows(columns, conditions, order).cte("next")
         chosen = _claim.one_per_key(candidates, _order(candidates.c, priority=priority))
+    else:
+        # No index in fetch order at 26: take the head of the queue first (a
+        # bounded sort) and sort every ready job only when the head falls short.
+        chosen = _claim.head_first_rows(
+            j,
+            [j.c.id],
+            conditions,
+            order,
+            head_conditions=_due(ignore_start_after=ignore_start_after),
+        )
     claimed = _claim.activate(j, chosen, func.now())
     # Returned through readable_columns: a row another client wrote with values
     # Python cannot hold must not make reading the whole batch fail (the caller
