@@ -210,9 +210,15 @@ def processing(
     fn: Callable[..., Any], queue: str, job_id: Any, retry_count: int, stored: Any, schema: str
 ) -> Callable[..., Any]:
     """``fn`` run in the CONSUMER ``process`` span of one job (``fn`` itself without
-    OpenTelemetry). An awaitable ``fn`` returns is awaited inside the span."""
+    OpenTelemetry, and when no tracer provider is set and the job stored no trace
+    context: that span would record nothing and carry no context to the handler).
+    An awaitable ``fn`` returns is awaited inside the span."""
     api = _otel()
     if api is None:
+        return fn
+    if stored is None and isinstance(
+        api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider
+    ):
         return fn
 
     def call(*args: Any) -> Any:

@@ -273,3 +273,21 @@ def test_without_opentelemetry_it_is_never_imported(database_url: str, schema46:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["None", "completed", "False"]
+
+
+def test_without_a_tracer_provider_a_job_without_a_stored_context_runs_bare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing to record and no context to carry: the handler runs without a span
+    (what an unconfigured OpenTelemetry costs per job is nothing)."""
+    from alkstore_sa import tracing
+
+    api = tracing._otel()
+    monkeypatch.setattr(api.trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+
+    def handler(job: Any) -> None:
+        return None
+
+    assert tracing.processing(handler, "q", uuid.uuid4(), 0, None, "s") is handler
+    carrier = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert tracing.processing(handler, "q", uuid.uuid4(), 0, carrier, "s") is not handler

@@ -300,24 +300,33 @@ class WorkerCore(Registry, Generic[B]):
 
     # ------------------------------------------------------------ attempts
 
-    def _begin(self, spec: HandlerSpec, job: Job, fetched_at: float) -> Attempt:
-        attempt = Attempt(
-            job,
-            spec,
-            lease_start=fetched_at,
-            deadline=None,
-            lease_seconds=float(job.expire_seconds),
-        )
+    def _begin(self, spec: HandlerSpec, jobs: list[Job], fetched_at: float) -> list[Attempt]:
+        """The attempts of the jobs one claim brought, in hand from now."""
+        attempts = [
+            Attempt(
+                job,
+                spec,
+                lease_start=fetched_at,
+                deadline=None,
+                lease_seconds=float(job.expire_seconds),
+            )
+            for job in jobs
+        ]
+        if not attempts:
+            return attempts
         with self._book:
-            self._attempts[job.id] = attempt
-            self._counts[job.name]["fetched"] += 1
-        self._registration.stamp(job.name, "fetched")
-        log.debug(
-            "job %s started",
-            job.id,
-            extra={"action": "job_started", "queue": job.name, "job_id": str(job.id)},
-        )
-        return attempt
+            for attempt in attempts:
+                self._attempts[attempt.job.id] = attempt
+            self._counts[spec.queue]["fetched"] += len(attempts)
+        self._registration.stamp(spec.queue, "fetched")
+        if log.isEnabledFor(logging.DEBUG):
+            for job in jobs:
+                log.debug(
+                    "job %s started",
+                    job.id,
+                    extra={"action": "job_started", "queue": job.name, "job_id": str(job.id)},
+                )
+        return attempts
 
     def _forget(self, attempt: Attempt) -> None:
         with self._book:

@@ -62,7 +62,7 @@ class Fetching(Running[B]):
                 self._metrics.claimed(spec.queue, jobs)
             for job in jobs:
                 state.group_started(job)
-            state.claimed([self._begin(spec, job, fetched_at) for job in jobs], want)
+            state.claimed(self._begin(spec, jobs, fetched_at), want)
             self._dispatch(state)
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)

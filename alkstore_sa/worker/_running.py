@@ -91,7 +91,10 @@ class Running(Settling[B]):
         self._count(attempt.job.name, "completed")
         if self._metrics is not None:
             self._metrics.completed(attempt.job.name)
-        log.debug("job %s completed", attempt.job.id, extra=self._extra("job_completed", attempt))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "job %s completed", attempt.job.id, extra=self._extra("job_completed", attempt)
+            )
         return None
 
     def _in_transaction(self, attempt: Attempt) -> Any:

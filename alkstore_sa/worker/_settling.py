@@ -111,18 +111,20 @@ class Settling(WorkerCore[B]):
         else:
             states = {}
             affected = set(result.affected)
+        debug = log.isEnabledFor(logging.DEBUG)
+        done: dict[tuple[str, str], int] = {}
         for p in pendings:
             job, attempt = p.attempt.job, p.attempt
             if job.id not in affected:
                 verb = "completed" if p.kind == "complete" else "failed"
                 self._lost(attempt, f"could not be {verb}")
                 continue
-            self._count(job.name, "completed" if p.kind == "complete" else "failed")
-            if self._metrics is not None:
-                if p.kind == "complete":
-                    self._metrics.completed(job.name)
-                else:
-                    self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
+            counted = (job.name, "completed" if p.kind == "complete" else "failed")
+            done[counted] = done.get(counted, 0) + 1
+            if self._metrics is not None and p.kind != "complete":
+                self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
+            if not debug:
+                continue
             if p.kind == "complete":
                 log.debug("job %s completed", job.id, extra=self._extra("job_completed", attempt))
             else:
@@ -133,3 +135,7 @@ class Settling(WorkerCore[B]):
                     states.get(job.id),
                     extra=self._extra("job_failed", attempt, state=states.get(job.id)),
                 )
+        for (queue, outcome), n in done.items():
+            self._count(queue, outcome, n)
+            if self._metrics is not None and outcome == "completed":
+                self._metrics.completed(queue, n)
