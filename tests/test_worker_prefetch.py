@@ -168,7 +168,7 @@ def test_prefetch_is_checked_with_the_other_options() -> None:
         HandlerSpec("q", print, prefetch=-1)
     with pytest.raises(InvalidOptionsError, match="prefetch"):
         HandlerSpec("q", print, prefetch=True)
-    assert HandlerSpec("q", print, concurrency=4).ahead == 4  # the default: concurrency
+    assert HandlerSpec("q", print, concurrency=4).ahead == 16  # the default: 4 x concurrency
     assert HandlerSpec("q", print, concurrency=4, prefetch=0).fetch_size == 4
     assert HandlerSpec("q", print, concurrency=60, prefetch=60).fetch_size == 100
 

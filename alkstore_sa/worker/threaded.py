@@ -53,7 +53,7 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         (see :class:`~alkstore_sa.worker.HandlerSpec`).
     :param batch_size: default for every handler.
     :param prefetch: default for every handler: jobs claimed ahead of the free
-        handler slots (by default as many as ``concurrency``; ``0`` for none).
+        handler slots (by default four times ``concurrency``; ``0`` for none).
     :param poll_interval: default for every handler.
     :param extend_lease: default for every handler.
     :param timeout: default for every handler.
