@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -92,6 +93,26 @@ def _tracer(api: Any) -> Any:
         tracer = provider.get_tracer(INSTRUMENTATION_SCOPE, api.version)
         _tracers = (provider, tracer)
     return tracer
+
+
+_provider_seen: tuple[float, bool] = (-1.0, False)
+
+PROVIDER_RECHECK_SECONDS = 1.0
+"""How long the answer "is a tracer provider set?" is kept: the per-job check
+reads the environment inside OpenTelemetry, so it runs about once a second; a
+provider set later is seen within that time."""
+
+
+def _provider_set(api: Any) -> bool:
+    """Whether a tracer provider (an SDK) is set, looked at again every
+    :data:`PROVIDER_RECHECK_SECONDS`."""
+    global _provider_seen
+    now = time.monotonic()
+    seen_at, answer = _provider_seen
+    if now - seen_at >= PROVIDER_RECHECK_SECONDS or now < seen_at:
+        answer = not isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
+        _provider_seen = (now, answer)
+    return answer
 
 
 def _name(operation: str, queue: str | None) -> str:

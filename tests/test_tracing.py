@@ -284,6 +284,7 @@ def test_without_a_tracer_provider_a_job_without_a_stored_context_runs_bare(
 
     api = tracing._otel()
     monkeypatch.setattr(api.trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    monkeypatch.setattr(tracing, "_provider_seen", (-1.0, False))  # look again now
 
     def handler(job: Any) -> None:
         return None

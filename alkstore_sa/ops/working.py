@@ -18,7 +18,7 @@ from ..groups import GroupLimits, group_limits
 from ..models.enums import JobState, QueuePolicy
 from ..names import queue_ref
 from ..records import FailResult as FailResult  # re-exported: the workers read it
-from ..records import Job, Settled, UnreadableJob, decode_json, read_job
+from ..records import Job, Settled, UnreadableJob, decode_json, read_job, read_jobs
 from ..records import Settlement as Settlement
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
@@ -271,7 +271,7 @@ def _claim_once(
         # same key first, or deadlocked with us: pg-boss answers with no jobs,
         # and so do we.
         return [], poisoned
-    jobs = [read_job(row) for row in result.mappings().all()]
+    jobs = read_jobs(list(result.keys()), result.all())
     unreadable = [j for j in jobs if isinstance(j, UnreadableJob)]
     if not unreadable:
         return jobs, poisoned

@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from alkstore_sa import tracing
+
 
 @contextlib.contextmanager
 def in_memory_tracing() -> Iterator[InMemorySpanExporter]:
@@ -27,9 +29,12 @@ def in_memory_tracing() -> Iterator[InMemorySpanExporter]:
     previous = trace._TRACER_PROVIDER
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace.set_tracer_provider(provider)
+    # The library looks at the provider about once a second: make it look now.
+    tracing._provider_seen = (-1.0, False)
     try:
         yield exporter
     finally:
         trace._TRACER_PROVIDER_SET_ONCE = Once()
         trace._TRACER_PROVIDER = previous
+        tracing._provider_seen = (-1.0, False)
         provider.shutdown()
