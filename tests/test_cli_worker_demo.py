@@ -27,6 +27,7 @@ from support.skips import require_module
 import alkstore_sa
 from alkstore_sa import QueueService
 from alkstore_sa.cli import main
+from alkstore_sa.errors import InvalidOptionsError
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -270,8 +271,11 @@ def test_load_worker_applies_queue_and_concurrency_overrides(
     monkeypatch.syspath_prepend(str(app_dir))
     worker = load_worker("demo_app:build")
     assert sorted(worker.specs) == ["other", "q"]
-    worker.configure(queues=["q"], concurrency=7)
+    worker.configure(queues=["q"], concurrency=7, prefetch=3)
     assert list(worker.specs) == ["q"] and worker.specs["q"].concurrency == 7
+    assert worker.specs["q"].prefetch == 3
+    with pytest.raises(InvalidOptionsError, match="prefetch"):
+        worker.configure(prefetch=-1)
 
 
 # ------------------------------------------------------------------ demo

@@ -50,6 +50,13 @@ def register(sub: Any) -> None:
         help="jobs run at once per queue (env ALKSTORE_CONCURRENCY)",
     )
     p.add_argument(
+        "--prefetch",
+        type=int,
+        default=env("ALKSTORE_PREFETCH"),
+        help="jobs claimed ahead of free slots per queue, 0 for none (default four times "
+        "the concurrency) (env ALKSTORE_PREFETCH)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=_seconds,
         default=env("ALKSTORE_SHUTDOWN_TIMEOUT"),
@@ -173,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     queues = args.queues
     if queues is None and os.environ.get("ALKSTORE_QUEUES"):
         queues = [q.strip() for q in os.environ["ALKSTORE_QUEUES"].split(",") if q.strip()]
-    worker.configure(queues=queues, concurrency=args.concurrency)
+    worker.configure(queues=queues, concurrency=args.concurrency, prefetch=args.prefetch)
     if args.shutdown_timeout is not None:
         worker.shutdown_timeout = args.shutdown_timeout
     if args.metrics_port is not None:

@@ -279,11 +279,17 @@ class Registry:
         return dict(self._specs)
 
     def configure(
-        self, *, queues: Iterable[str] | None = None, concurrency: int | None = None
+        self,
+        *,
+        queues: Iterable[str] | None = None,
+        concurrency: int | None = None,
+        prefetch: int | None = None,
     ) -> None:
-        """Narrow the worker to ``queues`` and/or set every queue's ``concurrency``.
+        """Narrow the worker to ``queues`` and/or set every queue's ``concurrency``
+        and ``prefetch``.
 
-        Used by ``alkstore worker --queue/--concurrency``; call it before starting.
+        Used by ``alkstore worker --queue/--concurrency/--prefetch``; call it before
+        starting.
 
         :raises InvalidOptionsError: if a queue has no handler.
         """
@@ -300,3 +306,6 @@ class Registry:
         if concurrency is not None:
             _positive_int("concurrency", concurrency, 10_000)
             self._specs = {q: replace(s, concurrency=concurrency) for q, s in self._specs.items()}
+        if prefetch is not None:
+            _count("prefetch", prefetch, 10_000)
+            self._specs = {q: replace(s, prefetch=prefetch) for q, s in self._specs.items()}
