@@ -29,8 +29,12 @@ stats history (part of the monitor turn)
 maintenance, per table and 100 queues (``queue.maintain_on``)
     Node: per queue the retention walk, then ``setRetainedCount`` (only the
     deleted taken off when a walk is cut short), the dependency cleanup by child
-    then by parent; unfinished queues handed back. We: the same, in batches of
-    10,000 keys under ``<table>deletion`` / ``<table>cleanupDependencies``.
+    then by parent; unfinished queues handed back. We: the same rows and counts,
+    under the same locks (``<table>deletion`` / ``<table>cleanupDependencies``), in
+    a few statements per chunk instead of a walk per queue: the queues that hold
+    fewer keys than a batch together are walked together, a bigger one alone in
+    batches of 10,000 keys (:func:`maintain_chunk46`); a statement over several
+    queues that fails is done again queue by queue, so a bad queue fails alone.
 after the queues (no claim)
     Node: monitor backoff from the pass's pin time; vacuum diagnosis; warning
     retention (with ``persistWarnings``); ``queue_stats`` retention (with
