@@ -587,8 +587,6 @@ def cleanup_dependencies(side: str, *, cursor: bool) -> Select[Any]:
 # and the counts it writes are those of the walk of one batch per queue.
 
 
-
-
 def _capped(where: ColumnElement[bool], table: Any, outer: Any) -> Any:
     # How many rows match, counting at most :batch of them (a LIMIT under the count).
     rows: Select[Any] = select(literal_column("1")).select_from(table).where(where)
