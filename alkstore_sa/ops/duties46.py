@@ -29,8 +29,12 @@ stats history (part of the monitor turn)
 maintenance, per table and 100 queues (``queue.maintain_on``)
     Node: per queue the retention walk, then ``setRetainedCount`` (only the
     deleted taken off when a walk is cut short), the dependency cleanup by child
-    then by parent; unfinished queues handed back. We: the same, in batches of
-    10,000 keys under ``<table>deletion`` / ``<table>cleanupDependencies``.
+    then by parent; unfinished queues handed back. We: the same rows and counts,
+    under the same locks (``<table>deletion`` / ``<table>cleanupDependencies``), in
+    a few statements per chunk instead of a walk per queue: the queues that hold
+    fewer keys than a batch together are walked together, a bigger one alone in
+    batches of 10,000 keys (:func:`maintain_chunk46`); a statement over several
+    queues that fails is done again queue by queue, so a bad queue fails alone.
 after the queues (no claim)
     Node: monitor backoff from the pass's pin time; vacuum diagnosis; warning
     retention (with ``persistWarnings``); ``queue_stats`` retention (with
@@ -62,7 +66,7 @@ import datetime as dt
 import functools
 import json
 import logging
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from ..records import QueueWarning
@@ -72,7 +76,7 @@ from ..sql.v46 import supervision as sql
 from . import frame, stats_history, turns
 from ._core import Call, Context, Op
 from .duties26 import cron_step, send_it_rounds, timekeeping, work_send_it
-from .frame import Duty, PassPlan, Tally
+from .frame import Busy, Duty, PassPlan, Tally
 from .occurrences import evaluate46, file46
 from .occurrences import is_rrule as is_rrule  # re-exported
 from .occurrences import occurrence_key as occurrence_key
@@ -174,10 +178,43 @@ def release_maintain(
     yield Call(sql.release_maintain(), {"names": list(names), "claimed_on": claimed_on})
 
 
-def database_time(ctx: Context, plan: PassPlan) -> Op[dt.datetime]:
-    result = yield Call(sql.database_time(), {"now": plan.now})
-    value: dt.datetime = result.scalar_one()
-    return value
+def maintenance_sizes(
+    ctx: Context, names: Sequence[str], plan: PassPlan
+) -> Op[tuple[dt.datetime, list[Any]]]:
+    """The pass's clock and the keys each queue of ``names`` holds, counted up to a
+    batch (:func:`alkstore_sa.sql.v46.supervision.maintenance_sizes`)."""
+    params = {"names": list(names), "batch": plan.settings.delete_batch_size, "now": plan.now}
+    rows = list((yield Call(sql.maintenance_sizes(), params)).all())
+    return rows[0].now, rows
+
+
+def delete_queues(
+    ctx: Context, table: str, names: Sequence[str], before: dt.datetime, plan: PassPlan
+) -> Op[list[Any]]:
+    """The whole retention walk of ``names`` (fewer keys than a batch together) and
+    their retained counts, in one transaction under ``<table>deletion``: per queue
+    ``(name, deleted, deleted_retained, retained)``."""
+    yield from frame.lock(ctx, locks.table_key(table, "deletion"), plan)
+    params = {"names": list(names), "retained_before": before, "now": plan.now}
+    rows = list((yield Call(sql.delete_queues(), params)).all())
+    counts = {
+        "names": [r.name for r in rows],
+        "retained": [r.retained for r in rows],
+        "retained_before": before,
+        "now": plan.now,
+    }
+    yield Call(sql.set_retained_counts(), counts)
+    return rows
+
+
+def cleanup_queues(
+    ctx: Context, table: str, names: Sequence[str], side: str, plan: PassPlan
+) -> Op[int]:
+    """The dependency cleanup of ``names`` on ``side`` (fewer keys than a batch
+    together) in one statement under ``<table>cleanupDependencies``."""
+    yield from frame.lock(ctx, locks.table_key(table, "cleanupDependencies"), plan)
+    deleted: int = (yield Call(sql.cleanup_queues(side), {"names": list(names)})).scalar_one()
+    return deleted
 
 
 def delete_batch(
@@ -269,26 +306,38 @@ def _walk(
     # Carry each batch's cursor (row.walk_cursor, or cursor(row)) into the next
     # until one comes back without one (done) or fails (not done); every
     # batch's row is kept.
+    done, rows, _ = yield from _walk_until(tally, step, batch, cursor)
+    return done, rows
+
+
+def _walk_until(
+    tally: Tally, step: str, batch: Any, cursor: Any = None
+) -> Generator[Op[Any], Any, tuple[bool, list[Any], BaseException | None]]:
+    # _walk, also answering the failure that cut the walk short.
     after: Any = None
     rows: list[Any] = []
     while True:
-        row = yield from tally.attempt(batch(after), step)
+        row, failure = yield from tally.settle(batch(after), step)
         if row is None:
-            return False, rows
+            return False, rows, failure
         rows.append(row)
         after = row.walk_cursor if cursor is None else cursor(row)
         if after is None:
-            return True, rows
+            return True, rows, None
 
 
-def _maintain_queue(
-    ctx: Context, plan: PassPlan, table: str, name: str, tally: Tally
-) -> Generator[Op[Any], Any, bool]:
-    now = yield from tally.attempt(database_time(ctx, plan), "maintain")
-    if now is None:
-        return False
-    before = now - dt.timedelta(seconds=sql.DELTA_LAG_SECONDS)
-    done, rows = yield from _walk(
+def _lock_timeout(failure: BaseException | None) -> bool:
+    # lock_timeout ran out (the table's advisory lock, or a row lock): contention, not
+    # something wrong with one queue.
+    return getattr(getattr(failure, "orig", None), "sqlstate", None) == "55P03"
+
+
+def _retention_walk(
+    ctx: Context, plan: PassPlan, table: str, name: str, before: dt.datetime, tally: Tally
+) -> Generator[Op[Any], Any, tuple[bool, BaseException | None]]:
+    # One queue's retention walk in batches of keys, then its retained count (or, cut
+    # short, only what it deleted taken off): whether it finished, and why not.
+    done, rows, failure = yield from _walk_until(
         tally, "delete", lambda after: delete_batch(ctx, table, name, after, before, plan)
     )
     deleted = sum(r.deleted for r in rows)
@@ -300,13 +349,129 @@ def _maintain_queue(
     elif deleted:
         held = sum(r.deleted_retained for r in rows)
         yield from tally.attempt(reduce_retained(ctx, name, deleted, held), "retained")
-    children, _ = yield from _walk(
-        tally, "dependencies", lambda a: cleanup_batch(ctx, table, name, "child", a, plan)
+    return done, failure
+
+
+def _cleanup_walk(
+    ctx: Context, plan: PassPlan, table: str, name: str, side: str, tally: Tally
+) -> Generator[Op[Any], Any, tuple[bool, BaseException | None]]:
+    done, _, failure = yield from _walk_until(
+        tally, "dependencies", lambda a: cleanup_batch(ctx, table, name, side, a, plan)
     )
-    parents, _ = yield from _walk(
-        tally, "dependencies", lambda a: cleanup_batch(ctx, table, name, "parent", a, plan)
-    )
-    return done and children and parents
+    return done, failure
+
+
+def _groups(rows: Sequence[Any], field: str, batch: int) -> tuple[list[list[str]], list[str]]:
+    """The queues of ``rows`` (in their order) whose ``field`` keys fit in one batch,
+    grouped so that each group holds fewer than ``batch`` keys together; and the queues
+    with a batch or more, each walked alone."""
+    groups: list[list[str]] = []
+    alone: list[str] = []
+    group: list[str] = []
+    held = 0
+    for row in rows:
+        keys = int(getattr(row, field))
+        if keys >= batch:
+            alone.append(row.name)
+            continue
+        if group and held + keys >= batch:
+            groups.append(group)
+            group, held = [], 0
+        group.append(row.name)
+        held += keys
+    if group:
+        groups.append(group)
+    return groups, alone
+
+
+Single = Callable[[str], Generator[Op[Any], Any, tuple[bool, BaseException | None]]]
+
+
+def _one_by_one(names: Sequence[str], single: Single) -> Generator[Op[Any], Any, set[str]]:
+    """Each of ``names`` on its own (``single``): the queues not finished. A lock
+    timeout stops it (a lock held long is not one queue's fault; the rest are handed
+    back rather than each waiting as long again)."""
+    unfinished: set[str] = set()
+    for at, name in enumerate(names):
+        done, failure = yield from single(name)
+        if not done:
+            unfinished.add(name)
+        if _lock_timeout(failure):
+            unfinished.update(names[at + 1 :])
+            break
+    return unfinished
+
+
+def _together(
+    tally: Tally,
+    step: str,
+    group: list[str],
+    unit: Generator[Any, Any, Any],
+    single: Single,
+) -> Generator[Op[Any], Any, tuple[Any, set[str]]]:
+    """``unit`` over ``group`` in one transaction; if it fails, each queue alone
+    (``single``), so that a queue whose rows make a statement fail fails alone and the
+    others are done. ``(the unit's result or None, the queues not finished)``."""
+    result, failure = yield from tally.settle(unit, step, record=False)
+    if failure is None:
+        return result, set()
+    if isinstance(failure, Busy):
+        return None, set(group)  # another session holds the lock: all handed back
+    return None, (yield from _one_by_one(group, single))
+
+
+def maintain_chunk46(
+    ctx: Context, plan: PassPlan, tally: Tally, table: str, chunk: list[str]
+) -> Generator[Op[Any], Any, None]:
+    """The maintenance turn of one chunk: the retention and the dependency cleanup of
+    its queues, many queues per statement.
+
+    One statement reads the keys each queue holds (up to a batch); the queues that fit
+    in one batch together are then walked together (:func:`delete_queues`,
+    :func:`cleanup_queues`), a queue with more alone in batches of keys, as pg-boss
+    walks every queue. A statement over several queues that fails is done again queue
+    by queue, so a queue whose rows make it fail fails alone. The queues not finished
+    are handed back; the others are reported maintained."""
+    won = yield from tally.attempt(claim_maintain(ctx, chunk, plan), "maintain")
+    tidied, claimed_on = won or ([], None)
+    if not tidied:
+        return
+    sized = yield from tally.attempt(maintenance_sizes(ctx, tidied, plan), "maintain")
+    unfinished: set[str] = set(tidied) if sized is None else set()
+    if sized is not None:
+        now, rows = sized
+        before = now - dt.timedelta(seconds=sql.DELTA_LAG_SECONDS)
+        batch = plan.settings.delete_batch_size
+
+        def retention(name: str) -> Generator[Op[Any], Any, tuple[bool, BaseException | None]]:
+            return (yield from _retention_walk(ctx, plan, table, name, before, tally))
+
+        groups, alone = _groups(rows, "jobs", batch)
+        for group in groups:
+            unit = delete_queues(ctx, table, group, before, plan)
+            done, left = yield from _together(tally, "delete", group, unit, retention)
+            for row in done or []:
+                if row.deleted:
+                    tally.deleted[row.name] += row.deleted
+            unfinished |= left
+        unfinished |= yield from _one_by_one(alone, retention)
+        for side, field in (("child", "children"), ("parent", "parents")):
+
+            def cleanup(
+                name: str, side: str = side
+            ) -> Generator[Op[Any], Any, tuple[bool, BaseException | None]]:
+                return (yield from _cleanup_walk(ctx, plan, table, name, side, tally))
+
+            groups, alone = _groups(rows, field, batch)
+            for group in groups:
+                tidy = cleanup_queues(ctx, table, group, side, plan)
+                _, left = yield from _together(tally, "dependencies", group, tidy, cleanup)
+                unfinished |= left
+            unfinished |= yield from _one_by_one(alone, cleanup)
+    tally.maintained += [name for name in tidied if name not in unfinished]
+    if unfinished:
+        back = [name for name in tidied if name in unfinished]
+        yield from tally.attempt(release_maintain(ctx, back, claimed_on), "maintain")
 
 
 def _history46(
@@ -359,23 +524,6 @@ def monitor_chunk46(
                 tally,
                 s.expire_batch_size,
             )
-
-
-def maintain_chunk46(
-    ctx: Context, plan: PassPlan, tally: Tally, table: str, chunk: list[str]
-) -> Generator[Op[Any], Any, None]:
-    """The maintenance turn of one chunk, queue by queue; the queues not finished
-    are handed back."""
-    won = yield from tally.attempt(claim_maintain(ctx, chunk, plan), "maintain")
-    tidied, claimed_on = won or ([], None)
-    finished = 0
-    for name in tidied:
-        if not (yield from _maintain_queue(ctx, plan, table, name, tally)):
-            break
-        finished += 1
-    tally.maintained += tidied[:finished]
-    if finished < len(tidied):
-        yield from tally.attempt(release_maintain(ctx, tidied[finished:], claimed_on), "maintain")
 
 
 def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:

@@ -290,18 +290,33 @@ class Tally:
 
     def attempt(self, unit: Op[T], step: str) -> Generator[Op[Any], Any, T | None]:
         """Hand ``unit`` to the driver; a failure thrown back is recorded, not raised."""
+        result, _ = yield from self.settle(unit, step)
+        return result
+
+    def settle(
+        self, unit: Op[T], step: str, *, record: bool = True
+    ) -> Generator[Op[Any], Any, tuple[T | None, BaseException | None]]:
+        """:meth:`attempt`, also answering the failure (``None`` when the unit ran). A
+        skipped lock is always recorded; an error only with ``record`` (without it, the
+        caller recovers from it and logs it at debug level)."""
         try:
             result: T = yield unit
-            return result
+            return result, None
         except Busy as exc:
             self.busy.append(f"{step}: {exc}")
-            return None
+            return None, exc
         except Exception as exc:
-            self.errors.append(f"{step}: {exc}")
-            logger.error(
-                "supervision step %s failed: %s", step, exc, extra={"action": "supervise_error"}
-            )
-            return None
+            if record:
+                self.errors.append(f"{step}: {exc}")
+                logger.error(
+                    "supervision step %s failed: %s",
+                    step,
+                    exc,
+                    extra={"action": "supervise_error"},
+                )
+            else:
+                logger.debug("supervision step %s failed, recovering: %s", step, exc)
+            return None, exc
 
     def report(self, plan: PassPlan) -> SupervisionReport:
         """What the pass did, as its caller reports it."""

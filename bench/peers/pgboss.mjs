@@ -12,7 +12,21 @@
 //           {"cmd": "latency", "n": 150, "gap_ms": 20} -> {"latencies_ms": [...]}
 //           {"cmd": "send", "n": 300}            -> {"jobs_per_s": ...}   (one send per job)
 //           {"cmd": "send_many", "batches": 12, "size": 1000} -> {"jobs_per_s": ...}
+//           {"cmd": "create_queues", "names": [...]}  -> {"created": n}   (the missing ones)
+//           {"cmd": "supervise"}                  -> {"seconds": ..., "round_trips": ...,
+//                                                     "statements": ..., "transactions": ...}
 //   every answer may be {"error": message} instead.
+//
+// `supervise` times one pass of pg-boss's own maintenance, `supervise()` (its public,
+// documented way to run one pass and wait for it: monitor, expiry and retention of every queue,
+// chunk by chunk, then the tail: backoff, vacuum check, instance upkeep, reindex). Every queue is
+// made due first (its monitor and maintenance claims moved a week back, the reindex claim and
+// the monitor backoff cleared), so the pass does all its work, as `run_once(force=True)` does on
+// our side. The instance's own background pass waits while supervise() runs (pg-boss holds one
+// pass at a time per instance); a supervise() before the reset lets one in flight finish first.
+// The statements are counted on the instance's db adapter: a round trip is one executeSql call
+// (pg-boss sends a locked step as one multi-statement text: BEGIN; SET LOCAL x2; the lock; the
+// statement; COMMIT), a statement one of its parts other than BEGIN and COMMIT.
 // Closing stdin stops the instance and ends the process.
 //
 // Worker settings (both drain and latency): localConcurrency 10, batchSize 10 and
@@ -75,6 +89,21 @@ async function main () {
     }
     await db.executeSql(`ANALYZE ${jobTable}`)
   }
+
+  // Every call pg-boss makes through its adapter, counted while `counting` is on.
+  const counts = { roundTrips: 0, statements: 0, transactions: 0 }
+  let counting = false
+  const executeSql = db.executeSql.bind(db)
+  db.executeSql = (text, values, ...rest) => {
+    if (counting) {
+      counts.roundTrips++
+      const parts = String(text).split(';').map(p => p.trim().toUpperCase()).filter(Boolean)
+      if (parts.includes('BEGIN')) counts.transactions++
+      counts.statements += parts.filter(p => p !== 'BEGIN' && p !== 'COMMIT').length
+    }
+    return executeSql(text, values, ...rest)
+  }
+  const schemaName = `"${config.schema}"`
 
   const commands = {
     async drain ({ n }) {
@@ -140,6 +169,42 @@ async function main () {
       const started = performance.now()
       for (const jobs of all) await boss.insert(queue, jobs)
       return { jobs_per_s: (batches * size) / ((performance.now() - started) / 1000) }
+    },
+
+    async create_queues ({ names }) {
+      const have = new Set((await boss.getQueues()).map(q => q.name))
+      let created = 0
+      for (const name of names) {
+        if (have.has(name)) continue
+        await boss.createQueue(name)
+        created++
+      }
+      return { created }
+    },
+
+    async supervise () {
+      await boss.supervise() // a background pass in flight ends first
+      await db.executeSql(
+        `UPDATE ${schemaName}.queue SET maintain_on = NULL, ` +
+        `monitor_claim_on = ${schemaName}.job_now() - interval '1 week'`
+      )
+      await db.executeSql(
+        `UPDATE ${schemaName}.version SET reindex_on = NULL, monitor_backoff_on = NULL`
+      )
+      Object.assign(counts, { roundTrips: 0, statements: 0, transactions: 0 })
+      counting = true
+      const started = performance.now()
+      try {
+        await boss.supervise()
+      } finally {
+        counting = false
+      }
+      return {
+        seconds: (performance.now() - started) / 1000,
+        round_trips: counts.roundTrips,
+        statements: counts.statements,
+        transactions: counts.transactions
+      }
     }
   }
 

@@ -11,18 +11,23 @@ transactional handlers.
 * ``supervision: 1,000 queues`` -- one ``Supervisor.run_once(force=True)`` over
   1,000 queues with a few jobs each (ready, expired active, old completed), while
   a thread claims on another queue; claim latency during and outside the pass, and
-  the lock waits on our schema seen in ``pg_stat_activity`` during it.
+  the lock waits on our schema seen in ``pg_stat_activity`` during it. Beside it,
+  interleaved, pg-boss 12.38's own pass (``supervise()``, every queue made due) over
+  the same queues and jobs in its schema, under the same claiming thread; ours is
+  compared with it (``pass ms``, target <= 1.0).
 * ``drain transactional`` -- the same drain with a ``transactional=True`` handler
   (it gets the job's Session and writes nothing) against the no-op handler.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import defaultdict
 from typing import Any
 
+from psycopg import sql
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session
 
@@ -30,6 +35,7 @@ from alkstore_sa import QueueService
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import Worker
 
+from .. import peers
 from ..common import Config, Sample, Stopwatch, percentile, sa_url
 from . import Variant
 
@@ -44,7 +50,7 @@ _SUP_LIKE = {"p": "sup\\_q%"}
 _LOAD_CHUNK = 100_000
 
 
-def _columns(cfg: Config) -> tuple[str, str]:
+def _columns(version: int) -> tuple[str, str]:
     """The job columns a send writes and the SELECT list taking them from the queue row."""
     cols = [
         "id",
@@ -80,15 +86,18 @@ def _columns(cfg: Config) -> tuple[str, str]:
         "q.dead_letter",
         "q.policy",
     ]
-    if cfg.schema_version >= 46:
+    if version >= 46:
         cols += ["heartbeat_seconds", "blocked", "blocking", "pending_dependencies"]
         vals += ["q.heartbeat_seconds", "false", "false", "0"]
     return ", ".join(cols), ", ".join(vals)
 
 
-def bulk_load(cfg: Config, queue: str, count: int) -> None:
-    """Insert ``count`` ready jobs into ``queue`` in SQL, 100,000 rows a statement."""
-    cols, vals = _columns(cfg)
+def bulk_load(
+    cfg: Config, queue: str, count: int, *, schema: str | None = None, version: int | None = None
+) -> None:
+    """Insert ``count`` ready jobs into ``queue`` in SQL, 100,000 rows a statement (into
+    ``schema`` at ``version``: ours by default)."""
+    cols, vals = _columns(cfg.schema_version if version is None else version)
     statement = (
         f"INSERT INTO {{s}}.job ({cols}) SELECT {vals} "
         "FROM {s}.queue q, generate_series(1, %(n)s) g WHERE q.name = %(q)s"
@@ -97,7 +106,7 @@ def bulk_load(cfg: Config, queue: str, count: int) -> None:
         left = count
         while left > 0:
             n = min(left, _LOAD_CHUNK)
-            conn.execute(cfg.q(statement), {"q": queue, "n": n})
+            conn.execute(_q(schema or cfg.schema, statement), {"q": queue, "n": n})
             left -= n
         conn.commit()
 
@@ -257,33 +266,47 @@ def transactional_variants(cfg: Config) -> list[Variant]:
 # ------------------------------------------------------------------ supervision
 
 
-def _seed_supervision(cfg: Config, per_queue: int) -> None:
-    """Per queue: ``per_queue`` ready jobs, as many expired active and old completed."""
-    cols, vals = _columns(cfg)
+def _q(schema: str, statement: str) -> sql.Composed:
+    return sql.SQL(statement).format(s=sql.Identifier(schema))
+
+
+def _exec(cfg: Config, schema: str, statement: str, params: Any = None) -> None:
+    with cfg.raw(autocommit=True) as conn:
+        conn.execute(_q(schema, statement), params)
+
+
+def _seed_supervision(cfg: Config, schema: str, version: int, per_queue: int) -> None:
+    """Per queue of ``schema``: ``per_queue`` ready jobs, as many expired active and old
+    completed."""
+    cols, vals = _columns(version)
     ready = (
         f"INSERT INTO {{s}}.job ({cols}) SELECT {vals} "
         "FROM {s}.queue q, generate_series(1, %(n)s) g WHERE q.name LIKE %(p)s"
     )
     mine = _SUP_LIKE
-    cfg.exec("DELETE FROM {s}.job WHERE name LIKE %(p)s", mine)
-    cfg.exec(ready, {"n": per_queue * 3, **mine})
+    _exec(cfg, schema, "DELETE FROM {s}.job WHERE name LIKE %(p)s", mine)
+    _exec(cfg, schema, ready, {"n": per_queue * 3, **mine})
     # A third of them active past their expiry, a third completed long ago.
-    cfg.exec(
+    _exec(
+        cfg,
+        schema,
         "UPDATE {s}.job SET state = 'active', expire_seconds = 1, "
         "started_on = now() - interval '1 hour' "
         "WHERE name LIKE %(p)s AND mod((data->>'n')::int, 3) = 1",
         mine,
     )
-    cfg.exec(
+    _exec(
+        cfg,
+        schema,
         "UPDATE {s}.job SET state = 'completed', completed_on = now() - interval '30 days', "
         "keep_until = now() - interval '20 days' "
         "WHERE name LIKE %(p)s AND mod((data->>'n')::int, 3) = 2",
         mine,
     )
-    cfg.exec("VACUUM ANALYZE {s}.job")
+    _exec(cfg, schema, "VACUUM ANALYZE {s}.job")
 
 
-def _drop_supervision_queues(cfg: Config) -> None:
+def _drop_supervision_queues(cfg: Config, schema: str) -> None:
     """Delete the 1,000 queues, so that the next scenario's workers do not supervise them.
 
     Their jobs go first; the foreign-key checks of the queue rows are then skipped
@@ -291,50 +314,120 @@ def _drop_supervision_queues(cfg: Config) -> None:
     queue row would scan the whole job table, a million rows in the scale scenario.
     """
     with cfg.raw() as conn:
-        conn.execute(cfg.q("DELETE FROM {s}.job WHERE name LIKE %(p)s"), _SUP_LIKE)
+        conn.execute(_q(schema, "DELETE FROM {s}.job WHERE name LIKE %(p)s"), _SUP_LIKE)
         conn.execute("SET LOCAL session_replication_role = replica")
-        conn.execute(cfg.q("DELETE FROM {s}.queue WHERE name LIKE %(p)s"), _SUP_LIKE)
+        conn.execute(_q(schema, "DELETE FROM {s}.queue WHERE name LIKE %(p)s"), _SUP_LIKE)
         conn.commit()
 
 
-def supervision_pass(cfg: Config, per_queue: int) -> list[Sample]:
-    scenario = f"supervision: {SUP_QUEUES:,} queues at {cfg.schema_version}"
-    variant = "run_once(force=True)"
-    names = [f"sup_q{i:04d}" for i in range(SUP_QUEUES)]
-    _ensure_queues(cfg, names)
-    _seed_supervision(cfg, per_queue)
-    top_up(cfg, SUP_CLAIM_QUEUE, 50_000)
+def _left_to_do(cfg: Config, schema: str) -> tuple[int, int]:
+    """(old completed jobs, expired active jobs) of the 1,000 queues of ``schema``."""
+    with cfg.raw(autocommit=True) as conn:
+        row = conn.execute(
+            _q(
+                schema,
+                "SELECT count(*) FILTER (WHERE state = 'completed'), "
+                "count(*) FILTER (WHERE state = 'active') FROM {s}.job WHERE name LIKE %(p)s",
+            ),
+            _SUP_LIKE,
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
-    stop = threading.Event()
-    claims: list[tuple[float, float]] = []  # (start, latency s)
-    waits: list[tuple[float, str, str]] = []
 
-    def claimer() -> None:
+class _Load:
+    """The load around a timed pass, the same for both systems: a thread claiming 10 jobs
+    at a time (rolled back) on our ``sup_claim`` queue, and a sampler of lock waits on
+    ``schema`` in ``pg_stat_activity``; :meth:`samples` splits the claims into those
+    during the pass (``start`` to ``end``) and outside it."""
+
+    def __init__(self, cfg: Config, schema: str) -> None:
+        self.cfg, self.schema = cfg, schema
+        self.stop = threading.Event()
+        self.claims: list[tuple[float, float]] = []  # (start, latency s)
+        self.waits: list[tuple[float, str, str]] = []
+        self.threads = [
+            threading.Thread(target=self._claimer),
+            threading.Thread(target=self._sampler),
+        ]
+
+    def _claimer(self) -> None:
+        cfg = self.cfg
         # Each claim is rolled back, so the queue never runs dry however long the pass.
-        while not stop.is_set():
+        while not self.stop.is_set():
             t0 = time.perf_counter()
             with Session(cfg.engine) as session:
                 QueueService(session, schema=cfg.schema).fetch(SUP_CLAIM_QUEUE, 10)
                 session.rollback()
-            claims.append((t0, time.perf_counter() - t0))
+            self.claims.append((t0, time.perf_counter() - t0))
 
-    def sampler() -> None:
+    def _sampler(self) -> None:
         probe = (
             "SELECT wait_event, left(query, 80) FROM pg_stat_activity "
             "WHERE wait_event_type = 'Lock' AND datname = current_database() "
             "AND position(%s in query) > 0 AND pid <> pg_backend_pid()"
         )
-        with cfg.raw(autocommit=True) as conn:
-            while not stop.is_set():
+        with self.cfg.raw(autocommit=True) as conn:
+            while not self.stop.is_set():
                 now = time.perf_counter()
-                for event, query in conn.execute(probe, (cfg.schema,)).fetchall():
-                    waits.append((now, str(event), str(query)))
+                for event, query in conn.execute(probe, (self.schema,)).fetchall():
+                    self.waits.append((now, str(event), str(query)))
                 time.sleep(0.005)
+
+    def __enter__(self) -> _Load:
+        for t in self.threads:
+            t.start()
+        time.sleep(1.5)  # claims outside the pass, before it
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            time.sleep(1.5)  # and after it
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def samples(self, scenario: str, variant: str, start: float, end: float) -> list[Sample]:
+        claims = self.claims
+        # A claim overlapping the pass counts as during it.
+        during = [lat * 1000 for t0, lat in claims if t0 <= end and t0 + lat >= start]
+        outside = [lat * 1000 for t0, lat in claims if t0 > end or t0 + lat < start]
+        seen = [(e, q) for t, e, q in self.waits if start <= t <= end]
+        for e, q in sorted(set(seen))[:5]:
+            print(f"  lock wait during the pass: {e}: {q}")
+        out = []
+        for label, lat in (("during", during), ("outside", outside)):
+            out += [
+                Sample(scenario, variant, f"claim p50 {label} ms", percentile(lat, 50)),
+                Sample(scenario, variant, f"claim p95 {label} ms", percentile(lat, 95)),
+                Sample(scenario, variant, f"claim max {label} ms", max(lat, default=float("nan"))),
+                Sample(scenario, variant, f"claims {label}", float(len(lat))),
+            ]
+        out.append(Sample(scenario, variant, "lock-wait samples during", float(len(seen))))
+        return out
+
+
+def _sup_scenario(cfg: Config) -> str:
+    return f"supervision: {SUP_QUEUES:,} queues at {cfg.schema_version}"
+
+
+SUP_OURS = "run_once(force=True)"
+SUP_PGBOSS = "pg-boss 12.38 supervise()"
+
+
+def supervision_pass(cfg: Config, per_queue: int) -> list[Sample]:
+    scenario = _sup_scenario(cfg)
+    variant = SUP_OURS
+    names = [f"sup_q{i:04d}" for i in range(SUP_QUEUES)]
+    _ensure_queues(cfg, names)
+    _seed_supervision(cfg, cfg.schema, cfg.schema_version, per_queue)
+    top_up(cfg, SUP_CLAIM_QUEUE, 50_000)
+    todo = _left_to_do(cfg, cfg.schema)
 
     # The supervisor on an engine of its own, whose statements are counted and timed.
     engine = create_engine(sa_url(cfg.url), pool_size=2)
     statements: dict[str, list[float]] = defaultdict(list)
     started: dict[int, float] = {}
+    transactions = [0]
 
     @event.listens_for(engine, "before_cursor_execute")
     def _before(conn: Any, cursor: Any, text: str, *args: Any) -> None:
@@ -345,63 +438,108 @@ def supervision_pass(cfg: Config, per_queue: int) -> list[Sample]:
         key = " ".join(text.split())[:70]
         statements[key].append(time.perf_counter() - started.pop(id(cursor), 0.0))
 
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        transactions[0] += 1
+
     supervisor = Supervisor(engine, schema=cfg.schema)
-    threads = [threading.Thread(target=claimer), threading.Thread(target=sampler)]
-    for t in threads:
-        t.start()
     try:
-        time.sleep(1.5)  # claims outside the pass, before it
-        with Stopwatch() as w:
+        with _Load(cfg, cfg.schema) as load, Stopwatch() as w:
             t_start = time.perf_counter()
             report = supervisor.run_once(force=True)
             t_end = time.perf_counter()
-        time.sleep(1.5)  # and after it
     finally:
-        stop.set()
-        for t in threads:
-            t.join()
         engine.dispose()
-        _drop_supervision_queues(cfg)
+        left = _left_to_do(cfg, cfg.schema)
+        _drop_supervision_queues(cfg, cfg.schema)
     count = sum(len(v) for v in statements.values())
-    print(f"  the pass ran {count:,} statements; the dearest kinds (count, total s):")
+    print(
+        f"  the pass ran {count:,} statements in {transactions[0]:,} transactions "
+        f"(old completed, expired active: {todo} before, {left} after); "
+        "the dearest kinds (count, total s):"
+    )
     for key, times in sorted(statements.items(), key=lambda kv: -sum(kv[1]))[:6]:
         print(f"    {len(times):6,} {sum(times):7.2f}  {key}")
     errors = getattr(report, "errors", None)
     if errors:
         print(f"  supervision errors: {errors}")
-    # A claim overlapping the pass counts as during it.
-    during = [lat * 1000 for t0, lat in claims if t0 <= t_end and t0 + lat >= t_start]
-    outside = [lat * 1000 for t0, lat in claims if t0 > t_end or t0 + lat < t_start]
-    seen = [(e, q) for t, e, q in waits if t_start <= t <= t_end]
-    for e, q in sorted(set(seen))[:5]:
-        print(f"  lock wait during the pass: {e}: {q}")
-    out = [
+    return [
         Sample(scenario, variant, "pass ms", w.seconds * 1000),
         Sample(scenario, variant, "statements", float(count)),
+        # psycopg sends BEGIN and COMMIT as round trips of their own.
+        Sample(scenario, variant, "round trips", float(count + 2 * transactions[0])),
+        Sample(scenario, variant, "transactions", float(transactions[0])),
+        *load.samples(scenario, variant, t_start, t_end),
     ]
-    for label, lat in (("during", during), ("outside", outside)):
-        out += [
-            Sample(scenario, variant, f"claim p50 {label} ms", percentile(lat, 50)),
-            Sample(scenario, variant, f"claim p95 {label} ms", percentile(lat, 95)),
-            Sample(scenario, variant, f"claim max {label} ms", max(lat, default=float("nan"))),
-            Sample(scenario, variant, f"claims {label}", float(len(lat))),
-        ]
-    out.append(Sample(scenario, variant, "lock-wait samples during", float(len(seen))))
-    return out
+
+
+def pgboss_supervision_pass(cfg: Config, per_queue: int) -> list[Sample]:
+    """pg-boss 12.38's own pass (``supervise()``) over the same 1,000 queues and jobs in its
+    schema, under the same load (a thread claiming on our schema)."""
+    scenario = _sup_scenario(cfg)
+    variant = SUP_PGBOSS
+    boss = peers.peer(cfg, peers.PGBOSS)
+    names = [f"sup_q{i:04d}" for i in range(SUP_QUEUES)]
+    boss.call("create_queues", names=[*names, SUP_CLAIM_QUEUE])
+    _seed_supervision(cfg, boss.schema, 46, per_queue)
+    _exec(cfg, boss.schema, "DELETE FROM {s}.job WHERE name = %s", (SUP_CLAIM_QUEUE,))
+    bulk_load(cfg, SUP_CLAIM_QUEUE, 50_000, schema=boss.schema, version=46)
+    _exec(cfg, boss.schema, "VACUUM ANALYZE {s}.job")
+    top_up(cfg, SUP_CLAIM_QUEUE, 50_000)  # our claimer's queue, as in our pass
+    todo = _left_to_do(cfg, boss.schema)
+    try:
+        with _Load(cfg, boss.schema) as load:
+            t_start = time.perf_counter()
+            got = boss.call("supervise")
+            t_end = time.perf_counter()
+    finally:
+        left = _left_to_do(cfg, boss.schema)
+        _drop_supervision_queues(cfg, boss.schema)
+    print(
+        f"  pg-boss's pass: {got['statements']:,} statements, {got['round_trips']:,} round "
+        f"trips, {got['transactions']:,} transactions "
+        f"(old completed, expired active: {todo} before, {left} after)"
+    )
+    return [
+        Sample(scenario, variant, "pass ms", float(got["seconds"]) * 1000),
+        Sample(scenario, variant, "statements", float(got["statements"])),
+        Sample(scenario, variant, "round trips", float(got["round_trips"])),
+        Sample(scenario, variant, "transactions", float(got["transactions"])),
+        *load.samples(scenario, variant, t_start, t_end),
+    ]
 
 
 def supervision_variants(cfg: Config) -> list[Variant]:
     per_queue = cfg.size(10, 3)
-    scenario = f"supervision: {SUP_QUEUES:,} queues at {cfg.schema_version}"
-    return [
+    scenario = _sup_scenario(cfg)
+    with_peer = peers.missing(peers.PGBOSS) is None
+    if not with_peer:
+        print(f"note: {SUP_PGBOSS} skipped: {peers.missing(peers.PGBOSS)}", file=sys.stderr)
+    shape = (
+        f"{per_queue} ready, {per_queue} expired active, {per_queue} old completed "
+        "jobs per queue; a thread claiming 10 at a time on another queue"
+    )
+    out = [
         Variant(
             scenario,
-            "run_once(force=True)",
+            SUP_OURS,
             lambda c: supervision_pass(c, per_queue),
-            note=f"{per_queue} ready, {per_queue} expired active, {per_queue} old completed "
-            "jobs per queue; a thread claiming 10 at a time on another queue",
+            SUP_PGBOSS if with_peer else None,
+            note=shape,
+            target=("<=", 1.0) if with_peer else None,
+            target_metrics=("pass ms",),
         )
     ]
+    if with_peer:
+        out.append(
+            Variant(
+                scenario,
+                SUP_PGBOSS,
+                lambda c: pgboss_supervision_pass(c, per_queue),
+                note=shape + " (in pg-boss's schema; the claims on ours)",
+            )
+        )
+    return out
 
 
 def variants(cfg: Config) -> list[Variant]:

@@ -88,6 +88,14 @@ def now() -> ColumnElement[Any]:
     return now_param(job_now())
 
 
+def _names() -> Any:
+    # ``unnest(:names) AS n(name)``: the column named in SQL. Without the column list,
+    # ``n.name`` would read as ``name(n)``, a cast to the 63-byte type ``name``, which
+    # cuts longer queue names short.
+    names = func.unnest(bindparam("names", type_=ARRAY(Text)))
+    return names.table_valued("name").render_derived(name="n")
+
+
 def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
     # pg-boss's throttle: never stamped counts as stamped a week ago, and an
     # elapsed time equal to the interval is due (12.38 compares with >=).
@@ -210,7 +218,7 @@ def cache_stats(*, throughput: bool = False) -> Update:
         .group_by(j.c.name)
         .subquery("live")
     )
-    n = func.unnest(bindparam("names", type_=ARRAY(Text))).table_valued("name").alias("n")
+    n = _names()
     qr = QUEUE.alias("qr")
     done = JOB.alias("d")
     finished = _state_in(done.c.state, _RETAINED)
@@ -569,6 +577,182 @@ def cleanup_dependencies(side: str, *, cursor: bool) -> Select[Any]:
     )
 
 
+# ------------------------------------------------------------------ many queues at once
+#
+# The maintenance of a chunk of queues in a few statements instead of a walk per queue
+# (ops/duties46.py says how they are used): the keys each queue holds, capped at one
+# batch; then, for queues that fit in one batch together, the retention batch of all of
+# them, their retained counts, and the dependency cleanup, each one statement. A queue
+# with a batch or more of keys is walked alone, as above. The rows each statement deletes
+# and the counts it writes are those of the walk of one batch per queue.
+
+
+def _capped(where: ColumnElement[bool], table: Any, outer: Any) -> Any:
+    # How many rows match, counting at most :batch of them (a LIMIT under the count).
+    rows: Select[Any] = select(literal_column("1")).select_from(table).where(where)
+    first = rows.correlate(outer).limit(bindparam("batch", type_=Integer)).subquery("first")
+    return select(cast(func.count(), Integer)).select_from(first).scalar_subquery()
+
+
+@functools.cache
+def maintenance_sizes() -> Select[Any]:
+    """The pass's clock and, per queue of ``:names`` (in name order), the keys it holds in
+    the job table and in ``job_dependency`` by child and by parent, each counted up to
+    ``:batch``: ``(name, now, jobs, children, parents)``. A count below ``:batch`` means
+    one batch covers the queue (its walk's first batch would find no edge); read from
+    the primary-key indexes, at most ``:batch`` entries each."""
+    n = _names()
+    j = JOB.alias("j")
+    d = JOB_DEPENDENCY
+    return select(
+        n.c.name,
+        now().label("now"),
+        _capped(j.c.name == n.c.name, j, n).label("jobs"),
+        _capped(d.c.child_name == n.c.name, d, n).label("children"),
+        _capped(d.c.parent_name == n.c.name, d, n).label("parents"),
+    ).order_by(n.c.name)
+
+
+def _expired(job: Any) -> ColumnElement[bool]:
+    # pg-boss's retention rule (as delete_batch's).
+    t = now()
+    return or_(
+        (job.c.deletion_seconds > 0) & (job.c.completed_on + seconds(job.c.deletion_seconds) < t),
+        (job.c.state < state_text(JobState.ACTIVE)) & (job.c.keep_until < t),
+    )
+
+
+@functools.cache
+def delete_queues() -> Select[Any]:
+    """The whole retention walk of every queue of ``:names`` in one statement, for queues
+    that hold fewer keys than a batch together (:func:`maintenance_sizes`): what
+    :func:`delete_batch` does for the last batch of one queue, for each of them.
+
+    Returns one row per queue, in name order: ``(name, deleted, deleted_retained,
+    retained)`` as :func:`delete_batch` counts them (``retained``: completed and
+    cancelled jobs kept that finished by ``:retained_before``).
+    """
+    removed = (
+        delete(JOB)
+        .where(JOB.c.name == any_name(), _expired(JOB))
+        .returning(JOB.c.name, JOB.c.state, JOB.c.completed_on)
+        .cte("removed")
+    )
+    before = bindparam("retained_before", type_=TIMESTAMP(timezone=True))
+    q = QUEUE.alias("q")
+    retained = _state_in(removed.c.state, _RETAINED)
+    gone = (
+        select(
+            removed.c.name,
+            func.count().label("deleted"),
+            func.count()
+            .filter(retained & (removed.c.completed_on <= q.c.retained_on))
+            .label("held"),
+            func.count().filter(retained & (removed.c.completed_on <= before)).label("before"),
+        )
+        .select_from(removed.outerjoin(q, q.c.name == removed.c.name))
+        .group_by(removed.c.name)
+        .subquery("gone")
+    )
+    k = JOB.alias("k")
+    # The statement's snapshot still sees the rows it deletes: they are taken off below.
+    kept = (
+        select(k.c.name, func.count().label("kept"))
+        .where(
+            k.c.name == any_name(),
+            _state_in(k.c.state, _RETAINED),
+            k.c.completed_on <= before,
+        )
+        .group_by(k.c.name)
+        .subquery("kept")
+    )
+    n = _names()
+    zero: ColumnElement[Any] = literal_column("0")
+    return (
+        select(
+            n.c.name,
+            cast(func.coalesce(gone.c.deleted, zero), Integer).label("deleted"),
+            cast(func.coalesce(gone.c.held, zero), Integer).label("deleted_retained"),
+            cast(
+                func.coalesce(kept.c.kept, zero) - func.coalesce(gone.c.before, zero), Integer
+            ).label("retained"),
+        )
+        .select_from(
+            n.outerjoin(gone, gone.c.name == n.c.name).outerjoin(kept, kept.c.name == n.c.name)
+        )
+        .order_by(n.c.name)
+    )
+
+
+@functools.cache
+def set_retained_counts() -> Update:
+    """:func:`set_retained_count` for many queues at once: queue ``:names[i]`` gets
+    ``retained_count = :retained[i]``; all get ``retained_on = :retained_before``. The
+    queue rows are locked in name order first, as every multi-row writer of them does."""
+    before = bindparam("retained_before", type_=TIMESTAMP(timezone=True))
+    given = (
+        func.unnest(
+            bindparam("names", type_=ARRAY(Text)), bindparam("retained", type_=ARRAY(Integer))
+        )
+        .table_valued("name", "retained")
+        .render_derived(name="v")
+    )
+    rows = _locked_names(skip_locked=False).subquery("l")
+    j = JOB.alias("j")
+    recent = (
+        select(cast(func.count(), Integer))
+        .where(
+            j.c.name == QUEUE.c.name,
+            j.c.completed_on > before,
+            j.c.completed_on <= now(),
+            _state_in(j.c.state, _RETAINED),
+        )
+        .scalar_subquery()
+    )
+    counted = type_coerce(given.c.retained, Integer)
+    return (
+        QUEUE.update()
+        .where(QUEUE.c.name == rows.c.name, given.c.name == rows.c.name)
+        .values(
+            retained_count=counted,
+            retained_on=before,
+            total_count=QUEUE.c.queued_count
+            + QUEUE.c.active_count
+            + QUEUE.c.failed_count
+            + counted
+            + recent,
+        )
+    )
+
+
+@functools.cache
+def cleanup_queues(side: str) -> Select[Any]:
+    """:func:`cleanup_dependencies` for every queue of ``:names`` at once (queues that
+    hold fewer dependency keys than a batch together): the ``job_dependency`` rows whose
+    job on ``side`` is gone. Returns ``deleted``."""
+    if side not in ("child", "parent"):
+        raise ValueError(side)
+    d = JOB_DEPENDENCY
+    key, name = d.c[f"{side}_id"], d.c[f"{side}_name"]
+    j = JOB.alias("j")
+    # A primary-key probe per row, kept a per-row subplan (see cleanup_dependencies).
+    live: Select[Any] = (
+        select(literal_column("1"))
+        .select_from(j)
+        .where(j.c.name == name, j.c.id == key)
+        .offset(literal_column("0"))
+    )
+    removed = (
+        delete(d)
+        .where(name == any_name(), ~exists(live))
+        .returning(literal_column("1").label("one"))
+        .cte("removed")
+    )
+    return select(
+        cast(select(func.count()).select_from(removed).scalar_subquery(), Integer).label("deleted")
+    )
+
+
 @functools.cache
 def database_time() -> Select[Any]:
     """The pass's clock, ``COALESCE(:now, job_now())``."""
@@ -636,14 +820,18 @@ __all__ = [
     "claim_maintain",
     "claim_monitor",
     "cleanup_dependencies",
+    "cleanup_queues",
     "database_time",
     "delete_batch",
     "delete_old_instances",
     "delete_old_warnings",
+    "delete_queues",
     "insert_warning",
+    "maintenance_sizes",
     "reduce_retained_count",
     "release_maintain",
     "set_monitor_backoff",
     "set_retained_count",
+    "set_retained_counts",
     "trim_dead_instances",
 ]
