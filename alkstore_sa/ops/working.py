@@ -20,6 +20,7 @@ from ..names import queue_ref
 from ..records import FailResult as FailResult  # re-exported: the workers read it
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job, read_jobs
 from ..records import Settlement as Settlement
+from ..sql.common.base import fence_list_text, id_list_text
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
 from ._core import Call, Conflict, Context, Op
@@ -385,9 +386,9 @@ def _settle_params(name: str, items: Sequence[Settlement]) -> dict[str, Any]:
     # refused would abort the caller's transaction.
     return {
         "qname": name,
-        "ids": [opt.job_id(i.id) for i in items],
+        "ids": id_list_text([opt.job_id(i.id) for i in items]),
         "outputs": [opt.encode_json("output", opt.output_value(i.output)) for i in items],
-        "fences": [_fence(i.started_on) for i in items],
+        "fences": fence_list_text([_fence(i.started_on) for i in items]),
     }
 
 

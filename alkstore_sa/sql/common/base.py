@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -125,6 +128,37 @@ def ids() -> Any:
     return func.any(bindparam("ids", type_=ARRAY(Uuid())))
 
 
+def id_list() -> Any:
+    """``:ids`` as a ``uuid[]``, bound as ONE text (:func:`id_list_text`): the server
+    parses it in one go, where the driver would adapt each UUID in Python."""
+    return cast(bindparam("ids", type_=Text), ARRAY(Uuid()))
+
+
+def fence_list() -> Any:
+    """``:fences`` as a ``timestamptz[]``, bound as one text (:func:`fence_list_text`)."""
+    return cast(bindparam("fences", type_=Text), ARRAY(TIMESTAMP(timezone=True)))
+
+
+def id_list_text(values: Sequence[uuid.UUID]) -> str:
+    """The ``:ids`` text of :func:`id_list`: an array literal of the ids' hex digits."""
+    return "{" + ",".join([v.hex for v in values]) + "}"
+
+
+def fence_list_text(values: Sequence[dt.datetime | None]) -> str:
+    """The ``:fences`` text of :func:`fence_list`: ISO 8601 instants (no comma, brace,
+    quote or space in them), ``NULL`` for none."""
+    return "{" + ",".join(["NULL" if v is None else v.isoformat() for v in values]) + "}"
+
+
+def fenced_input() -> Any:
+    """``unnest(:ids, :fences)`` as ``src(id, fence)``: jobs and their fencing tokens."""
+    return (
+        func.unnest(id_list(), fence_list())
+        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
+        .render_derived()
+    )
+
+
 def settle_input() -> Any:
     """``unnest(:ids, :outputs, :fences)``: per-job output and fencing token.
 
@@ -133,11 +167,7 @@ def settle_input() -> Any:
     a job still ``active`` in that attempt, never to a later one.
     """
     return (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("outputs", type_=ARRAY(Text())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
+        func.unnest(id_list(), bindparam("outputs", type_=ARRAY(Text())), fence_list())
         .table_valued(
             column("id", Uuid()),
             column("output", Text()),

@@ -16,19 +16,17 @@ from sqlalchemy import (
     Select,
     Table,
     Update,
-    Uuid,
     bindparam,
     case,
-    column,
     func,
     null,
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP
+from sqlalchemy.dialects.postgresql import JSONB
 
 from ...models.enums import JobState
-from .base import ids, qname, settle_input, state, state_text
+from .base import fenced_input, ids, qname, settle_input, state, state_text
 
 
 def _active_of(job: Table, src: Any) -> list[ColumnElement[bool]]:
@@ -81,14 +79,7 @@ def extend_lease(job: Table, now: ColumnElement[Any], **stamps: Any) -> Update:
     ``expire_seconds`` moves it without any other column, and Node pg-boss's
     monitor honours it as well.
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
-        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
-        .render_derived()
-    )
+    src = fenced_input()
     elapsed = func.ceil(func.extract("epoch", now - job.c.started_on))
     return (
         job.update()
@@ -113,14 +104,7 @@ def give_back(job: Table, **also: Any) -> Update:
     the next claim gives the job the ``retry_count`` it would have had, and a job
     that had started before waits as ``retry``, one that had not as ``created``.
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
-        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
-        .render_derived()
-    )
+    src = fenced_input()
     raised = job.c.retry_count > 0
     return (
         job.update()

@@ -25,22 +25,19 @@ from sqlalchemy import (
     Integer,
     Select,
     Update,
-    Uuid,
     and_,
     bindparam,
     case,
-    column,
     delete,
     func,
     null,
     or_,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from ...models.enums import JobState
 from ..common import settling as _settling
-from ..common.base import ids, qname, state, state_text
+from ..common.base import fenced_input, ids, qname, state, state_text
 from . import job_now
 from .tables import JOB, QUEUE
 
@@ -222,14 +219,7 @@ def touch_jobs() -> Update:
     fresh (pg-boss fences its touch on ``retry_count`` for the same reason). The
     lease (``expire_seconds``) is not moved: that is :func:`extend_lease`.
     """
-    src = (
-        func.unnest(
-            bindparam("ids", type_=ARRAY(Uuid())),
-            bindparam("fences", type_=ARRAY(TIMESTAMP(timezone=True))),
-        )
-        .table_valued(column("id", Uuid()), column("fence", TIMESTAMP(timezone=True)), name="src")
-        .render_derived()
-    )
+    src = fenced_input()
     return (
         JOB.update()
         .where(
