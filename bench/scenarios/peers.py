@@ -155,7 +155,7 @@ def variants(cfg: Config) -> list[Variant]:
     n_send = cfg.size(1500, 200) // rounds
     n_many = max(1, cfg.size(60_000, 6_000) // 1000 // rounds)
     drain_goal = (("jobs/s", ">=", 1.2),)
-    pickup_goal = (("p50 ms", "<=", 1.0), ("p95 ms", "<=", 1.5))
+    pickup_goal = (("p50 ms", "<=", 1.0), ("p95 ms", "<=", 1.2))
     many_goal = (("jobs/s", ">=", 0.9),)
 
     def ceiling(scenario: str, run: Callable[[Config], list[Sample]], r: int = 1) -> Variant:
