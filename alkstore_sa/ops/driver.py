@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from . import _direct as _direct_path
 from ._core import Call, Op, sent_back
 
 T = TypeVar("T")
@@ -62,6 +63,8 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any], *, autocommit: bo
                         raise
                     call = op.throw(conflict)
                     continue
+            elif call.direct:
+                result = _direct(target, call, options)
             else:
                 result = _execute(target, call, options)
             call = op.send(result)
@@ -97,6 +100,8 @@ async def arun(
                         raise
                     call = op.throw(conflict)
                     continue
+            elif call.direct:
+                result = await _adirect(target, call, options)
             else:
                 result = await _aexecute(target, call, options)
             call = op.send(result)
@@ -119,3 +124,30 @@ def _execute(target: Target, call: Call, options: Mapping[str, Any]) -> Result[A
 
 async def _aexecute(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
     return await target.execute(call.statement, call.params, execution_options=options)
+
+
+def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    """A ``direct`` call: on the psycopg connection of the caller's transaction when
+    :mod:`alkstore_sa.ops._direct` can, else as any other."""
+    if isinstance(target, Session):
+        conn = _direct_path.session_connection(target, call.statement)
+    else:
+        # A Connection not yet in a transaction would begin one SQLAlchemy does
+        # not know of: SQLAlchemy runs the statement, and autobegins.
+        conn = target if target.in_transaction() else None
+    plan = None if conn is None else _direct_path.plan_for(conn, call.statement, options)
+    if conn is None or plan is None:
+        return _execute(target, call, options)
+    return _direct_path.execute(conn, plan, call.params)
+
+
+async def _adirect(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    if isinstance(target, AsyncSession):
+        conn = await _direct_path.asession_connection(target, call.statement)
+    else:
+        conn = target if target.in_transaction() else None
+    sync = None if conn is None else conn.sync_connection
+    plan = None if sync is None else _direct_path.plan_for(sync, call.statement, options)
+    if conn is None or plan is None:
+        return await _aexecute(target, call, options)
+    return await _direct_path.aexecute(conn, plan, call.params)

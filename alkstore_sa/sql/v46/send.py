@@ -47,7 +47,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ...options import OPTION, OPTIONS, OptionSpec
 from ..common.base import seconds
-from ..v26.send import ALL_INPUTS, job_source
+from ..v26.send import ALL_INPUTS, inserted_ids, job_source
 from . import job_now
 from .tables import JOB, QUEUE
 
@@ -120,11 +120,11 @@ def insert_jobs(
     """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
 
     Inputs as :func:`alkstore_sa.sql.v26.send.insert_jobs`, plus ``:all_keyed`` (every
-    job has a ``singleton_key``) and ``:node_channel``. Returns one row per
-    inserted job ``(found, policy, id)``, or a single row with a NULL id when
-    nothing was inserted; ``found`` is false when the queue does not exist and
-    ``policy`` is the queue's. Conflicts with a unique index are skipped
-    (``ON CONFLICT DO NOTHING``), never raised.
+    job has a ``singleton_key``) and ``:node_channel``. Returns ONE row ``(found,
+    policy, inserted, ids)``: ``found`` is false when the queue does not exist,
+    ``policy`` is the queue's, ``inserted`` and ``ids`` as
+    :func:`alkstore_sa.sql.v26.send.inserted_ids` has them. Conflicts with a
+    unique index are skipped (``ON CONFLICT DO NOTHING``), never raised.
 
     With ``notify`` the statement announces ready jobs on ``:channel`` (our
     workers); whatever ``notify``, it announces them on ``:node_channel`` when the
@@ -176,7 +176,13 @@ def insert_jobs(
             .label("policy"),
         )
     ).subquery("hdr")
-    columns: list[ColumnElement[Any]] = [header.c.found, header.c.policy, ins.c.id]
+    counted = inserted_ids(ins)
+    columns: list[ColumnElement[Any]] = [
+        header.c.found,
+        header.c.policy,
+        counted.c.inserted,
+        counted.c.ids,
+    ]
     ready = exists(select(ins.c.id).where(ins.c.start_after <= job_now()))
     if notify:
         announce = (
@@ -194,4 +200,4 @@ def insert_jobs(
         .scalar_subquery()
     )
     columns.append(node_announce.label("node_notified"))
-    return select(*columns).select_from(header.outerjoin(ins, true()))
+    return select(*columns).select_from(header.join(counted, true()))

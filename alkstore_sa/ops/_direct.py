@@ -1,0 +1,180 @@
+"""Statements run on the DBAPI connection itself: the driver's fast path for ``Call.direct``.
+
+SQLAlchemy's execute costs tens of microseconds per statement above the driver
+(cache lookup, parameter and result processing, the execution context), more with
+``AsyncSession``, whose every call crosses a greenlet. For a statement the hot
+paths run at every call (the insert behind ``send``), the driver instead compiles
+the statement once per dialect, statement and ``schema_translate_map`` (the
+schema's name rendered into the text) and runs that text on the psycopg
+connection SQLAlchemy hands out for the caller's transaction
+(``Connection.connection.driver_connection``). The statement is the same one,
+built by the same Core builder; it runs in the same transaction, so the job
+exists if and only if that transaction commits.
+
+What the fast path keeps from SQLAlchemy's execute: the bind processors of the
+statement's types, and the error handling (a psycopg error is raised as the
+:class:`sqlalchemy.exc.DBAPIError` SQLAlchemy would raise, through the
+connection's own handler: disconnects invalidate the connection, ``handle_error``
+listeners run). What it does not run: cursor-execute events, ``echo`` logging and
+a Session's ``do_orm_execute`` listeners; when any of them is present, or the
+driver is not psycopg, the statement runs through SQLAlchemy's execute as any other.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Executable, Result, Select
+from sqlalchemy.engine import Dialect, IteratorResult
+from sqlalchemy.engine.result import SimpleResultMetaData
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.util import greenlet_spawn
+
+_OPTIONS = frozenset({"schema_translate_map"})
+"""The execution options a direct statement may carry (rendered into its text)."""
+
+_PLANS_PER_DIALECT = 512
+"""Compiled texts kept per dialect (statement shapes x schemas); past that the
+cache starts over, as SQLAlchemy's own statement cache is bounded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A statement compiled for one dialect and schema map, ready for psycopg."""
+
+    sql: str
+    fixed: Mapping[str, Any]
+    """The statement's literal parameters (rendered as binds by SQLAlchemy)."""
+    processors: Mapping[str, Callable[[Any], Any]]
+    """Bind processors of the statement's types, by parameter name."""
+    metadata: SimpleResultMetaData
+
+    def parameters(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = dict(self.fixed)
+        if params:
+            out.update(params)
+        for name, process in self.processors.items():
+            if name in out:
+                out[name] = process(out[name])
+        return out
+
+    def result(self, rows: list[Any]) -> Result[Any]:
+        return IteratorResult(self.metadata, iter(rows))
+
+
+_plans: weakref.WeakKeyDictionary[Dialect, dict[tuple[Any, ...], Plan | None]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def _compile(dialect: Dialect, statement: Select[Any], translate: Any) -> Plan | None:
+    compiled: Any = statement.compile(
+        dialect=dialect,
+        schema_translate_map=translate or None,
+        render_schema_translate=bool(translate),
+    )
+    processors = getattr(compiled, "_bind_processors", None)
+    if (
+        processors is None
+        or compiled.positional
+        or compiled.literal_execute_params
+        or compiled.post_compile_params
+        or getattr(compiled, "escaped_bind_names", None)
+    ):
+        return None  # a statement this path does not render: SQLAlchemy runs it
+    binds = compiled.bind_names.items()
+    fixed = {name: bind.effective_value for bind, name in binds if not bind.required}
+    keys = list(statement.selected_columns.keys())
+    return Plan(compiled.string, fixed, dict(processors), SimpleResultMetaData(keys))
+
+
+def plan_for(
+    connection: Connection, statement: Executable, options: Mapping[str, Any]
+) -> Plan | None:
+    """The compiled text of ``statement`` for ``connection``, or ``None`` when it must
+    run through SQLAlchemy's execute (see the module's docstring)."""
+    dialect = connection.dialect
+    if (
+        dialect.driver != "psycopg"
+        or not options.keys() <= _OPTIONS
+        or getattr(connection, "_echo", True)
+        or connection.dispatch.before_cursor_execute
+        or connection.dispatch.after_cursor_execute
+        or not isinstance(statement, Select)
+    ):
+        return None
+    translate = options.get("schema_translate_map")
+    key = (statement, tuple(translate.items()) if translate else ())
+    plans = _plans.get(dialect)
+    if plans is None:
+        with _lock:
+            plans = _plans.setdefault(dialect, {})
+    try:
+        return plans[key]
+    except KeyError:
+        pass
+    plan = _compile(dialect, statement, translate)
+    with _lock:
+        if len(plans) >= _PLANS_PER_DIALECT:
+            plans.clear()
+        plans[key] = plan
+    return plan
+
+
+def session_connection(session: Session, statement: Executable) -> Connection | None:
+    """The Connection of ``session``'s transaction for ``statement`` (begun if need be),
+    or ``None`` when the Session has ``do_orm_execute`` listeners to honour."""
+    if session.dispatch.do_orm_execute:
+        return None
+    return session.connection(bind_arguments={"clause": statement})
+
+
+def execute(connection: Connection, plan: Plan, params: Mapping[str, Any] | None) -> Result[Any]:
+    """Run ``plan`` on the psycopg connection under ``connection``, in its transaction."""
+    bound = plan.parameters(params)
+    driver_connection: Any = connection.connection.driver_connection
+    try:
+        with driver_connection.cursor() as cursor:
+            cursor.execute(plan.sql, bound)
+            rows = cursor.fetchall()
+    except connection.dialect.loaded_dbapi.Error as exc:
+        # Raises the DBAPIError SQLAlchemy's execute would have raised.
+        connection._handle_dbapi_exception(exc, plan.sql, bound, None, None)
+    return plan.result(rows)
+
+
+async def aexecute(
+    connection: AsyncConnection, plan: Plan, params: Mapping[str, Any] | None
+) -> Result[Any]:
+    """:func:`execute` on the psycopg ``AsyncConnection`` under ``connection``,
+    awaited on the event loop itself (no greenlet in between)."""
+    bound = plan.parameters(params)
+    raw = await connection.get_raw_connection()
+    driver_connection: Any = raw.driver_connection
+    sync = connection.sync_connection
+    assert sync is not None  # a started AsyncConnection has one
+    try:
+        async with driver_connection.cursor() as cursor:
+            await cursor.execute(plan.sql, bound)
+            rows = await cursor.fetchall()
+    except sync.dialect.loaded_dbapi.Error as exc:
+        # The handler may close the connection (a disconnect): that awaits, so it
+        # runs where SQLAlchemy runs its own, in a greenlet.
+        await greenlet_spawn(sync._handle_dbapi_exception, exc, plan.sql, bound, None, None)
+        raise  # not reached: the handler raises
+    return plan.result(rows)
+
+
+async def asession_connection(
+    session: AsyncSession, statement: Executable
+) -> AsyncConnection | None:
+    """:func:`session_connection` for an :class:`AsyncSession`."""
+    if session.sync_session.dispatch.do_orm_execute:
+        return None
+    return await session.connection(bind_arguments={"clause": statement})
