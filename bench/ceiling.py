@@ -70,11 +70,13 @@ WITH ins AS (
   ON CONFLICT DO NOTHING
   RETURNING id, start_after
 )
-SELECT hdr.found, ins.id,
+SELECT hdr.found, counted.inserted, counted.ids,
        (SELECT pg_notify(%(channel)s, %(qname)s)
          WHERE EXISTS (SELECT ins.id FROM ins WHERE ins.start_after <= now())) AS notified
 FROM (SELECT EXISTS (SELECT name FROM {s}.queue WHERE name = %(qname)s) AS found) AS hdr
-LEFT OUTER JOIN ins ON true
+JOIN (SELECT count(*) AS inserted,
+             CASE WHEN count(*) < %(n_jobs)s THEN array_agg(ins.id) END AS ids
+      FROM ins) AS counted ON true
 """
 )
 
@@ -133,7 +135,7 @@ def unnest_arguments(given: frozenset[str]) -> str:
     alkstore_sa leaves out the inputs no job of a batch uses; so does the ceiling.
     """
     return ", ".join(
-        (DATA_ARRAY if n == "data" else f"%(in_{n})s::{t}[]") if n in given else f"NULL::{t}[]"
+        (_ARRAYS.get(n) or f"%(in_{n})s::{t}[]") if n in given else f"NULL::{t}[]"
         for n, t in INPUT_COLUMNS
     )
 
@@ -143,6 +145,11 @@ DATA_ARRAY = (
     " FROM jsonb_array_elements(%(in_data)s::jsonb) WITH ORDINALITY AS d(e, i))"
 )
 """The jobs' data: one JSON array text bound, made a ``jsonb[]`` once per statement."""
+
+ID_ARRAY = "%(in_id)s::text::uuid[]"
+"""The jobs' ids: one text bound, an array literal of hex ids."""
+
+_ARRAYS = {"data": DATA_ARRAY, "id": ID_ARRAY}
 
 
 GIVEN = frozenset({"id", "data"})
@@ -164,28 +171,28 @@ class Statements:
 def insert_params(st: Statements, queue: str, datas: Sequence[Any]) -> dict[str, Any]:
     """Parameters of :data:`INSERT_SQL` for jobs with data only: ids (ascending,
     as alkstore_sa sends them, so a batch stays first-in first-out) and JSON text."""
+    ids = sorted(uuid.uuid4().int for _ in datas)
     return {
-        "in_id": sorted(uuid.uuid4() for _ in datas),
-        "in_data": "["
-        + ",".join(json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in datas)
-        + "]",
+        "in_id": "{" + ",".join([f"{i:032x}" for i in ids]) + "}",
+        "in_data": json.dumps(list(datas), separators=(",", ":"), ensure_ascii=False),
         "qname": queue,
         "channel": st.channel,
+        "n_jobs": len(ids),
     }
 
 
 def send(conn: psycopg.Connection[Any], st: Statements, queue: str, datas: Sequence[Any]) -> int:
     """Insert the jobs (no commit); return how many were inserted."""
-    rows = conn.execute(st.insert, insert_params(st, queue, datas)).fetchall()
-    return sum(1 for r in rows if r[1] is not None)
+    row = conn.execute(st.insert, insert_params(st, queue, datas)).fetchone()
+    return int(row[1]) if row else 0
 
 
 async def asend(
     conn: psycopg.AsyncConnection[Any], st: Statements, queue: str, datas: Sequence[Any]
 ) -> int:
     cur = await conn.execute(st.insert, insert_params(st, queue, datas))
-    rows = await cur.fetchall()
-    return sum(1 for r in rows if r[1] is not None)
+    row = await cur.fetchone()
+    return int(row[1]) if row else 0
 
 
 def fetch_params(queue: str, limit: int) -> dict[str, Any]:
