@@ -18,30 +18,32 @@ import pytest
 from conftest import Env
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, InternalError
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from support.schemas import drop_schema, install, random_schema
 from support.statements import recorded
 
-from alkstore_sa import QueueNotFoundError, QueueService, limits
+from alkstore_sa import AsyncQueueService, JobSpec, QueueNotFoundError, QueueService, limits
 from alkstore_sa import options as opt
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.ops import _direct
-from alkstore_sa.ops.sending import _fresh_ids, _job_arrays
+from alkstore_sa.ops.sending import PLAIN_INSERT_JOBS, _fresh_ids, _job_arrays
 
 
 @pytest.fixture
 def direct(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The statements run on the driver connection (``sync`` / ``async``), one entry each."""
+    """The statements run on the driver connection (``sync`` / ``async``, with
+    ``+savepoint`` for one run in a savepoint), one entry each."""
     ran: list[str] = []
     execute, aexecute = _direct.execute, _direct.aexecute
 
-    def spy(*args: Any) -> Any:
-        ran.append("sync")
-        return execute(*args)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ran.append("sync" + ("+savepoint" if kwargs.get("savepoint") else ""))
+        return execute(*args, **kwargs)
 
-    async def aspy(*args: Any) -> Any:
-        ran.append("async")
-        return await aexecute(*args)
+    async def aspy(*args: Any, **kwargs: Any) -> Any:
+        ran.append("async" + ("+savepoint" if kwargs.get("savepoint") else ""))
+        return await aexecute(*args, **kwargs)
 
     monkeypatch.setattr(_direct, "execute", spy)
     monkeypatch.setattr(_direct, "aexecute", aspy)
@@ -227,6 +229,118 @@ def test_each_schema_gets_its_own_compiled_statement(
         assert direct == ["sync"] * 3
     finally:
         drop_schema(engine, other)
+
+
+# ------------------------------------------------- large batches without ON CONFLICT
+
+BIG = PLAIN_INSERT_JOBS
+
+
+def _sync_engine(env: Env) -> Engine:
+    return env.engine if env.async_engine is None else env.async_engine.sync_engine
+
+
+def test_a_large_batch_goes_in_without_on_conflict_in_a_savepoint(envv: VersionedEnv) -> None:
+    envv.tx(lambda q: q.send("q", 0))  # the queue's policy is now known (cached)
+    with recorded(_sync_engine(envv)) as seen:
+        ids = envv.tx(lambda q: q.send_many("q", [{"data": i} for i in range(BIG)]))
+    inserts = [s for s in seen if "INSERT INTO" in s]
+    assert len(inserts) == 1 and "ON CONFLICT" not in inserts[0]
+    assert [s.split()[0] for s in seen if "INSERT INTO" not in s] == ["SAVEPOINT", "RELEASE"]
+    assert None not in ids and _jobs(envv) == BIG + 1
+    # One job fewer, or one with a key, and it is the usual statement.
+    with recorded(_sync_engine(envv)) as seen:
+        envv.tx(lambda q: q.send_many("q", [{"data": i} for i in range(BIG - 1)]))
+        envv.tx(lambda q: q.send_many("q", [{"data": 1, "singleton_key": "k"}] * BIG))
+    assert [("ON CONFLICT" in s) for s in seen if "INSERT INTO" in s] == [True, True]
+
+
+def test_a_large_batch_runs_on_the_driver_connection_in_one_savepoint(
+    envv: VersionedEnv, direct: list[str]
+) -> None:
+    envv.tx(lambda q: q.send("q", 0))
+    svc = envv.service()
+    _order(envv, 1)
+    ids = svc.send_many("q", [{"data": i} for i in range(BIG)])
+    envv.rollback()
+    assert direct == [envv.flavour, envv.flavour + "+savepoint"]
+    assert len(ids) == BIG and None not in ids
+    assert _jobs(envv) == 1 and _orders(envv) == 0  # rolled back with the caller's transaction
+
+
+@pytest.mark.parametrize("path", ["direct", "sqlalchemy"])
+def test_a_unique_index_someone_added_still_skips_the_job(
+    envv: VersionedEnv, path: str, direct: list[str]
+) -> None:
+    # Not one of ours: a user's own dedupe index on the job table.
+    envv.sql("CREATE UNIQUE INDEX user_dedupe ON {s}.job_common ((data->>'k'))")
+    envv.tx(lambda q: q.send("q", {"k": "first"}))
+    jobs: list[JobSpec] = [{"data": {"k": str(i)}} for i in range(BIG)]
+    jobs[20] = {"data": {"k": "10"}}  # a duplicate in the batch
+    jobs[30] = {"data": {"k": "first"}}  # and one of an existing job
+    svc = envv.service()
+    _order(envv, 1)
+    with recorded(_sync_engine(envv)) if path == "sqlalchemy" else _nothing():
+        ids = svc.send_many("q", jobs)
+    # Refused in the savepoint, rolled back, sent again with ON CONFLICT DO NOTHING:
+    # the outcome is the one ON CONFLICT always gave, and the transaction goes on.
+    assert [i for i, job_id in enumerate(ids) if job_id is None] == [20, 30]
+    _order(envv, 2)
+    envv.commit()
+    assert _jobs(envv) == BIG - 1 and _orders(envv) == 2
+    if path == "direct":
+        assert direct == [envv.flavour, envv.flavour + "+savepoint", envv.flavour]
+
+
+def test_a_stale_cached_policy_gives_the_policys_outcome(
+    envv: VersionedEnv, direct: list[str]
+) -> None:
+    from alkstore_sa._engine_cache import engine_state
+
+    envv.tx(lambda q: q.create_queue("s", policy="short"))
+    policies = engine_state(_sync_engine(envv)).policies
+    policies.put(envv.schema, "s", "standard")  # as if "s" had been re-created since
+    ids = envv.tx(lambda q: q.send_many("s", [{"data": i} for i in range(BIG)]))
+    # short: one created job per queue; the rest are skipped, as always.
+    assert ids[0] is not None and ids[1:] == [None] * (BIG - 1)
+    assert _jobs(envv) == 1
+    assert policies.get(envv.schema, "s") == "short"  # learnt from the insert
+
+
+def test_a_large_batch_on_an_autocommit_session(envv: VersionedEnv, direct: list[str]) -> None:
+    # No transaction, so no savepoint: each statement is its own transaction, and a
+    # refused one ends only itself.
+    envv.sql("CREATE UNIQUE INDEX user_dedupe ON {s}.job_common ((data->>'k'))")
+    jobs: list[JobSpec] = [{"data": {"k": str(i % (BIG - 1))}} for i in range(BIG)]
+    if envv.async_engine is None:
+        engine = envv.engine.execution_options(isolation_level="AUTOCOMMIT")
+        with Session(engine) as session:
+            svc = QueueService(session, schema=envv.schema)
+            svc.send("q", {"k": "warm"})
+            ids = svc.send_many("q", jobs)
+    else:
+        aengine = envv.async_engine.execution_options(isolation_level="AUTOCOMMIT")
+
+        async def send() -> list[Any]:
+            async with AsyncSession(aengine) as session:
+                svc = AsyncQueueService(session, schema=envv.schema)
+                await svc.send("q", {"k": "warm"})
+                return await svc.send_many("q", jobs)
+
+        ids = envv.runner.run(send())
+    assert ids[-1] is None and None not in ids[:-1]
+    # The plain insert failed on its own (no SAVEPOINT outside a transaction, which
+    # PostgreSQL would refuse) and the batch went again with ON CONFLICT.
+    assert direct == [envv.flavour, envv.flavour + "+savepoint", envv.flavour]
+    assert _jobs(envv) == BIG
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 # ------------------------------------------------------------------ without a database

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+from psycopg import pq
 from sqlalchemy import Connection, Executable, Result, Select
 from sqlalchemy.engine import Dialect, IteratorResult
 from sqlalchemy.engine.result import SimpleResultMetaData
@@ -135,22 +137,108 @@ def session_connection(session: Session, statement: Executable) -> Connection | 
     return session.connection(bind_arguments={"clause": statement})
 
 
-def execute(connection: Connection, plan: Plan, params: Mapping[str, Any] | None) -> Result[Any]:
-    """Run ``plan`` on the psycopg connection under ``connection``, in its transaction."""
+_FAILED = pq.TransactionStatus.INERROR
+_SAVEPOINT = "SAVEPOINT alkstore_direct"
+_RELEASE = "RELEASE SAVEPOINT alkstore_direct"
+_ROLLBACK = "ROLLBACK TO SAVEPOINT alkstore_direct"
+
+
+def _rows(driver_connection: Any, sql: str, bound: Mapping[str, Any]) -> list[Any]:
+    with driver_connection.cursor() as cursor:
+        cursor.execute(sql, bound)
+        rows: list[Any] = cursor.fetchall()
+        return rows
+
+
+def _rows_in_savepoint(driver_connection: Any, sql: str, bound: Mapping[str, Any]) -> list[Any]:
+    """The statement's rows, run in a savepoint that its failure rolls back (one round
+    trip: savepoint, statement and release sent together in pipeline mode)."""
+    if driver_connection.autocommit:
+        # Each statement is its own transaction: a failure ends only this one.
+        return _rows(driver_connection, sql, bound)
+    try:
+        if not psycopg.Pipeline.is_supported():
+            driver_connection.execute(_SAVEPOINT)
+            rows = _rows(driver_connection, sql, bound)
+            driver_connection.execute(_RELEASE)
+            return rows
+        with driver_connection.cursor() as cursor:
+            with driver_connection.pipeline():
+                driver_connection.execute(_SAVEPOINT)
+                cursor.execute(sql, bound)
+                driver_connection.execute(_RELEASE)
+            # The pipeline's sync has brought the statement's rows.
+            fetched: list[Any] = cursor.fetchall()
+        return fetched
+    except psycopg.Error:
+        if driver_connection.info.transaction_status == _FAILED:
+            driver_connection.execute(_ROLLBACK)
+            driver_connection.execute(_RELEASE)
+        raise
+
+
+def execute(
+    connection: Connection,
+    plan: Plan,
+    params: Mapping[str, Any] | None,
+    *,
+    savepoint: bool = False,
+) -> Result[Any]:
+    """Run ``plan`` on the psycopg connection under ``connection``, in its transaction;
+    with ``savepoint``, in a savepoint that a failure rolls back before it is raised
+    (so the caller's transaction stays usable)."""
     bound = plan.parameters(params)
     driver_connection: Any = connection.connection.driver_connection
     try:
-        with driver_connection.cursor() as cursor:
-            cursor.execute(plan.sql, bound)
-            rows = cursor.fetchall()
+        if savepoint:
+            rows = _rows_in_savepoint(driver_connection, plan.sql, bound)
+        else:
+            rows = _rows(driver_connection, plan.sql, bound)
     except connection.dialect.loaded_dbapi.Error as exc:
         # Raises the DBAPIError SQLAlchemy's execute would have raised.
         connection._handle_dbapi_exception(exc, plan.sql, bound, None, None)
     return plan.result(rows)
 
 
+async def _arows(driver_connection: Any, sql: str, bound: Mapping[str, Any]) -> list[Any]:
+    async with driver_connection.cursor() as cursor:
+        await cursor.execute(sql, bound)
+        rows: list[Any] = await cursor.fetchall()
+        return rows
+
+
+async def _arows_in_savepoint(
+    driver_connection: Any, sql: str, bound: Mapping[str, Any]
+) -> list[Any]:
+    """:func:`_rows_in_savepoint` on a psycopg ``AsyncConnection``."""
+    if driver_connection.autocommit:
+        return await _arows(driver_connection, sql, bound)
+    try:
+        if not psycopg.AsyncPipeline.is_supported():
+            await driver_connection.execute(_SAVEPOINT)
+            rows = await _arows(driver_connection, sql, bound)
+            await driver_connection.execute(_RELEASE)
+            return rows
+        async with driver_connection.cursor() as cursor:
+            async with driver_connection.pipeline():
+                await driver_connection.execute(_SAVEPOINT)
+                await cursor.execute(sql, bound)
+                await driver_connection.execute(_RELEASE)
+            fetched: list[Any] = await cursor.fetchall()
+        return fetched
+    except psycopg.Error:
+        if driver_connection.info.transaction_status == _FAILED:
+            await driver_connection.execute(_ROLLBACK)
+            await driver_connection.execute(_RELEASE)
+        raise
+
+
 async def aexecute(
-    connection: AsyncConnection, plan: Plan, params: Mapping[str, Any] | None
+    connection: AsyncConnection,
+    plan: Plan,
+    params: Mapping[str, Any] | None,
+    *,
+    savepoint: bool = False,
 ) -> Result[Any]:
     """:func:`execute` on the psycopg ``AsyncConnection`` under ``connection``,
     awaited on the event loop itself (no greenlet in between)."""
@@ -160,9 +248,10 @@ async def aexecute(
     sync = connection.sync_connection
     assert sync is not None  # a started AsyncConnection has one
     try:
-        async with driver_connection.cursor() as cursor:
-            await cursor.execute(plan.sql, bound)
-            rows = await cursor.fetchall()
+        if savepoint:
+            rows = await _arows_in_savepoint(driver_connection, plan.sql, bound)
+        else:
+            rows = await _arows(driver_connection, plan.sql, bound)
     except sync.dialect.loaded_dbapi.Error as exc:
         # The handler may close the connection (a disconnect): that awaits, so it
         # runs where SQLAlchemy runs its own, in a greenlet.

@@ -55,8 +55,11 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any], *, autocommit: bo
                     continue
             elif call.savepoint:
                 try:
-                    with target.begin_nested():
-                        result = _settled(_execute(target, call, options))
+                    if call.direct:
+                        result = _direct(target, call, options)
+                    else:
+                        with target.begin_nested():
+                            result = _settled(_execute(target, call, options))
                 except DBAPIError as exc:
                     conflict = sent_back(call, exc)
                     if conflict is None:
@@ -91,9 +94,12 @@ async def arun(
                     continue
             elif call.savepoint:
                 try:
-                    async with target.begin_nested():
-                        executed = await _aexecute(target, call, options)
-                        result = _settled(executed)
+                    if call.direct:
+                        result = await _adirect(target, call, options)
+                    else:
+                        async with target.begin_nested():
+                            executed = await _aexecute(target, call, options)
+                            result = _settled(executed)
                 except DBAPIError as exc:
                     conflict = sent_back(call, exc)
                     if conflict is None:
@@ -128,7 +134,8 @@ async def _aexecute(target: AsyncTarget, call: Call, options: Mapping[str, Any])
 
 def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
     """A ``direct`` call: on the psycopg connection of the caller's transaction when
-    :mod:`alkstore_sa.ops._direct` can, else as any other."""
+    :mod:`alkstore_sa.ops._direct` can, else as any other (in a savepoint if it has
+    ``savepoint``: its failure is rolled back to it before it is raised)."""
     if isinstance(target, Session):
         conn = _direct_path.session_connection(target, call.statement)
     else:
@@ -137,8 +144,11 @@ def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[An
         conn = target if target.in_transaction() else None
     plan = None if conn is None else _direct_path.plan_for(conn, call.statement, options)
     if conn is None or plan is None:
-        return _execute(target, call, options)
-    return _direct_path.execute(conn, plan, call.params)
+        if not call.savepoint:
+            return _execute(target, call, options)
+        with target.begin_nested():
+            return _settled(_execute(target, call, options))
+    return _direct_path.execute(conn, plan, call.params, savepoint=call.savepoint)
 
 
 async def _adirect(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
@@ -149,5 +159,8 @@ async def _adirect(target: AsyncTarget, call: Call, options: Mapping[str, Any]) 
     sync = None if conn is None else conn.sync_connection
     plan = None if sync is None else _direct_path.plan_for(sync, call.statement, options)
     if conn is None or plan is None:
-        return await _aexecute(target, call, options)
-    return await _direct_path.aexecute(conn, plan, call.params)
+        if not call.savepoint:
+            return await _aexecute(target, call, options)
+        async with target.begin_nested():
+            return _settled(await _aexecute(target, call, options))
+    return await _direct_path.aexecute(conn, plan, call.params, savepoint=call.savepoint)

@@ -20,12 +20,13 @@ from ..records import EventSubscription
 from ..sql.v26 import queues as queue_sql
 from ..sql.v26 import send as send_sql
 from ..sql.v46 import node_channel
-from ._core import Call, Context, Op
+from ._core import Call, Conflict, Context, Op
 from .queues import queue_policy, require_queue
 
 T = TypeVar("T")
 
 _DATA_ONLY = frozenset({"data"})
+_POLICIES = frozenset(p.value for p in QueuePolicy)
 
 
 def _job_arrays(
@@ -280,7 +281,14 @@ def _send_many(
     # Inputs no job uses stay out of the statement (NULL in SQL), so that a plain
     # send binds and encodes two arrays rather than sixteen.
     given = frozenset(k[3:] for k in arrays)
-    row = yield from _insert(ctx, name, given, arrays, len(ids), carrier)
+    # Large batches of jobs no built-in unique index can refuse skip ON CONFLICT
+    # (see _insert): every id is one we made, and no job has a key or a slot.
+    plain = (
+        len(ids) >= PLAIN_INSERT_JOBS
+        and given.isdisjoint(_TIED)
+        and all(spec.get("id") is None for spec in specs)
+    )
+    row = yield from _insert(ctx, name, given, arrays, len(ids), carrier, plain=plain)
     if not row.found:
         raise QueueNotFoundError(name, ctx.schema)
     return sent_ids(ids, row)
@@ -307,6 +315,16 @@ def _refuse_unkeyed(name: str) -> InvalidOptionsError:
     )
 
 
+PLAIN_INSERT_JOBS = 200
+"""Batches from this many jobs on may be inserted without ``ON CONFLICT`` (in a
+savepoint: see :func:`_insert`). ``ON CONFLICT`` costs the server about 2.5 us per
+job, the savepoint about 0.1 ms per batch: from here on it saves several times what
+it costs."""
+
+_TIED = frozenset({"singleton_key", "singleton_seconds"})
+"""Inputs that tie a job to others through a unique index whatever the policy."""
+
+
 def _insert(
     ctx: Context,
     name: str,
@@ -314,11 +332,19 @@ def _insert(
     arrays: Mapping[str, Any],
     count: int,
     carrier: str | None,
+    *,
+    plain: bool = False,
 ) -> Op[Any]:
     """The insert of ``count`` jobs; its one row as
-    :func:`alkstore_sa.sql.v26.send.insert_jobs`'s, and where the schema has
-    key_strict_fifo queues, the queue's ``policy`` too
-    (:func:`alkstore_sa.sql.v46.send.insert_jobs`)."""
+    :func:`alkstore_sa.sql.v26.send.insert_jobs`'s (or, at 46, as
+    :func:`alkstore_sa.sql.v46.send.insert_jobs`'s).
+
+    ``plain``: the jobs can conflict only through the queue's policy. Into a queue
+    whose cached policy is ``standard`` they are then inserted without ``ON
+    CONFLICT`` (its speculative insertion is about 15 % of a large insert), in a
+    savepoint: should a unique index refuse one anyway (a stale cache, an index
+    someone added), the savepoint is rolled back and the batch inserted with ``ON
+    CONFLICT DO NOTHING``, as always, so the outcome is the same."""
     strict = ctx.has("key_strict_fifo")
     keys = arrays.get("in_singleton_key")  # a job without one has None there
     all_keyed = not strict or (keys is not None and None not in keys)
@@ -327,10 +353,12 @@ def _insert(
         # abort the caller's transaction: refused here, before any SQL, by the
         # queue's (cached) policy. Should the cache be stale, the statement
         # inserts nothing for such a batch and reports the policy.
-        policy = yield from queue_policy(ctx, name)
+        policy: str | None = yield from queue_policy(ctx, name)
         if policy == QueuePolicy.KEY_STRICT_FIFO:
             raise _refuse_unkeyed(name)
-    stmt = ctx.sql.insert_jobs(notify=ctx.notify, given=given, traced=carrier is not None)
+    else:
+        policy = ctx.policies.get(ctx.schema, name)
+    traces = carrier is not None
     params: dict[str, Any] = {"qname": name, "channel": ctx.channel, "n_jobs": count, **arrays}
     if ctx.has("Node's notify channel"):
         params["node_channel"] = node_channel(ctx.schema)
@@ -338,10 +366,21 @@ def _insert(
         params["all_keyed"] = all_keyed
     if carrier is not None:
         params["trace_context"] = carrier
-    # One statement that never fails on a conflict (ON CONFLICT DO NOTHING): the
-    # driver may run it on the driver's connection itself (see ops/driver.py).
-    result = yield Call(stmt, params, direct=True)
+    result = None
+    if plain and policy == send_sql.CONFLICT_FREE_POLICY:
+        stmt = ctx.sql.insert_jobs(notify=ctx.notify, given=given, traced=traces, conflicts=False)
+        try:
+            result = yield Call(stmt, params, savepoint=True, direct=True)
+        except Conflict:
+            result = None  # rolled back to the savepoint: nothing was written
+    if result is None:
+        # One statement that never fails on a conflict (ON CONFLICT DO NOTHING): the
+        # driver may run it on the driver's connection itself (see ops/driver.py).
+        stmt = ctx.sql.insert_jobs(notify=ctx.notify, given=given, traced=traces)
+        result = yield Call(stmt, params, direct=True)
     row = result.one()
+    if row.found and row.policy in _POLICIES:
+        ctx.policies.put(ctx.schema, name, row.policy)
     if not all_keyed and row.policy == QueuePolicy.KEY_STRICT_FIFO:
         ctx.policies.put(ctx.schema, name, QueuePolicy.KEY_STRICT_FIFO.value)
         raise _refuse_unkeyed(name)
