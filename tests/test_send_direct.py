@@ -9,6 +9,7 @@ listeners the statement runs through SQLAlchemy as before. Sync and async.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 from conftest import Env
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, InternalError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from support.schemas import drop_schema, install, random_schema
 from support.statements import recorded
@@ -28,6 +29,8 @@ from alkstore_sa import options as opt
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.ops import _direct
 from alkstore_sa.ops.sending import PLAIN_INSERT_JOBS, _fresh_ids, _job_arrays
+
+BIG = PLAIN_INSERT_JOBS
 
 
 @pytest.fixture
@@ -231,9 +234,34 @@ def test_each_schema_gets_its_own_compiled_statement(
         drop_schema(engine, other)
 
 
-# ------------------------------------------------- large batches without ON CONFLICT
+def test_a_sync_service_under_run_sync_runs_through_sqlalchemy(
+    engine: Engine, schema: str, database_url: str, direct: list[str]
+) -> None:
+    # AsyncSession.run_sync hands a sync Session over psycopg's AsyncConnection: the
+    # sync driver cannot await it, so SQLAlchemy runs the insert (in its greenlet).
+    async def main() -> Any:
+        aengine = create_async_engine(database_url)
+        try:
+            async with AsyncSession(aengine) as session, session.begin():
+                return await session.run_sync(
+                    lambda s: QueueService(s, schema=schema).send_many(
+                        "q", [{"data": i} for i in range(BIG)]
+                    )
+                )
+        finally:
+            await aengine.dispose()
 
-BIG = PLAIN_INSERT_JOBS
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema).create_queue("q")
+    direct.clear()
+    ids = asyncio.run(main())
+    assert direct == [] and len(ids) == BIG and None not in ids
+    with engine.connect() as conn:
+        count = conn.execute(text(f'SELECT count(*) FROM "{schema}".job')).scalar_one()
+    assert count == BIG
+
+
+# ------------------------------------------------- large batches without ON CONFLICT
 
 
 def _sync_engine(env: Env) -> Engine:

@@ -33,7 +33,6 @@ from psycopg import pq
 from sqlalchemy import Connection, Executable, Result, Select
 from sqlalchemy.engine import Dialect, IteratorResult
 from sqlalchemy.engine.result import SimpleResultMetaData
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util import greenlet_spawn
 
@@ -129,12 +128,47 @@ def plan_for(
     return plan
 
 
-def session_connection(session: Session, statement: Executable) -> Connection | None:
-    """The Connection of ``session``'s transaction for ``statement`` (begun if need be),
-    or ``None`` when the Session has ``do_orm_execute`` listeners to honour."""
-    if session.dispatch.do_orm_execute:
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Where and what to run: the caller's Connection (in its transaction), the
+    compiled statement, and the psycopg connection under it."""
+
+    connection: Connection
+    plan: Plan
+    driver_connection: Any
+
+
+def prepare(
+    target: Session | Connection,
+    statement: Executable,
+    options: Mapping[str, Any],
+    *,
+    awaited: bool,
+) -> Prepared | None:
+    """The caller's Connection for ``statement`` (a Session's begun if need be) and its
+    :class:`Plan`, or ``None`` when the statement must run through SQLAlchemy: a
+    Session with ``do_orm_execute`` listeners, a Connection not in a transaction (it
+    would begin one SQLAlchemy does not know of), a driver connection of the other
+    kind (``awaited``: the caller awaits psycopg's ``AsyncConnection``; a sync
+    service run by ``AsyncSession.run_sync`` gets SQLAlchemy's execute), or
+    :func:`plan_for`'s reasons.
+
+    May do I/O (a Session's first connection): the async driver calls it in a greenlet.
+    """
+    if isinstance(target, Session):
+        if target.dispatch.do_orm_execute:
+            return None
+        connection = target.connection(bind_arguments={"clause": statement})
+    elif target.in_transaction():
+        connection = target
+    else:
         return None
-    return session.connection(bind_arguments={"clause": statement})
+    if bool(connection.dialect.is_async) is not awaited:
+        return None
+    plan = plan_for(connection, statement, options)
+    if plan is None:
+        return None
+    return Prepared(connection, plan, connection.connection.driver_connection)
 
 
 _FAILED = pq.TransactionStatus.INERROR
@@ -178,17 +212,17 @@ def _rows_in_savepoint(driver_connection: Any, sql: str, bound: Mapping[str, Any
 
 
 def execute(
-    connection: Connection,
-    plan: Plan,
-    params: Mapping[str, Any] | None,
-    *,
-    savepoint: bool = False,
+    prepared: Prepared, params: Mapping[str, Any] | None, *, savepoint: bool = False
 ) -> Result[Any]:
-    """Run ``plan`` on the psycopg connection under ``connection``, in its transaction;
-    with ``savepoint``, in a savepoint that a failure rolls back before it is raised
-    (so the caller's transaction stays usable)."""
+    """Run the plan on the psycopg connection, in the caller's transaction; with
+    ``savepoint``, in a savepoint that a failure rolls back before it is raised (so
+    the caller's transaction stays usable)."""
+    connection, plan, driver_connection = (
+        prepared.connection,
+        prepared.plan,
+        prepared.driver_connection,
+    )
     bound = plan.parameters(params)
-    driver_connection: Any = connection.connection.driver_connection
     try:
         if savepoint:
             rows = _rows_in_savepoint(driver_connection, plan.sql, bound)
@@ -234,19 +268,12 @@ async def _arows_in_savepoint(
 
 
 async def aexecute(
-    connection: AsyncConnection,
-    plan: Plan,
-    params: Mapping[str, Any] | None,
-    *,
-    savepoint: bool = False,
+    prepared: Prepared, params: Mapping[str, Any] | None, *, savepoint: bool = False
 ) -> Result[Any]:
-    """:func:`execute` on the psycopg ``AsyncConnection`` under ``connection``,
-    awaited on the event loop itself (no greenlet in between)."""
+    """:func:`execute` on a psycopg ``AsyncConnection``, awaited on the event loop
+    itself (no greenlet in between)."""
+    sync, plan, driver_connection = prepared.connection, prepared.plan, prepared.driver_connection
     bound = plan.parameters(params)
-    raw = await connection.get_raw_connection()
-    driver_connection: Any = raw.driver_connection
-    sync = connection.sync_connection
-    assert sync is not None  # a started AsyncConnection has one
     try:
         if savepoint:
             rows = await _arows_in_savepoint(driver_connection, plan.sql, bound)
@@ -258,12 +285,3 @@ async def aexecute(
         await greenlet_spawn(sync._handle_dbapi_exception, exc, plan.sql, bound, None, None)
         raise  # not reached: the handler raises
     return plan.result(rows)
-
-
-async def asession_connection(
-    session: AsyncSession, statement: Executable
-) -> AsyncConnection | None:
-    """:func:`session_connection` for an :class:`AsyncSession`."""
-    if session.sync_session.dispatch.do_orm_execute:
-        return None
-    return await session.connection(bind_arguments={"clause": statement})

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.util import greenlet_spawn
 
 from . import _direct as _direct_path
 from ._core import Call, Op, sent_back
@@ -136,31 +137,30 @@ def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[An
     """A ``direct`` call: on the psycopg connection of the caller's transaction when
     :mod:`alkstore_sa.ops._direct` can, else as any other (in a savepoint if it has
     ``savepoint``: its failure is rolled back to it before it is raised)."""
-    if isinstance(target, Session):
-        conn = _direct_path.session_connection(target, call.statement)
-    else:
-        # A Connection not yet in a transaction would begin one SQLAlchemy does
-        # not know of: SQLAlchemy runs the statement, and autobegins.
-        conn = target if target.in_transaction() else None
-    plan = None if conn is None else _direct_path.plan_for(conn, call.statement, options)
-    if conn is None or plan is None:
-        if not call.savepoint:
-            return _execute(target, call, options)
-        with target.begin_nested():
-            return _settled(_execute(target, call, options))
-    return _direct_path.execute(conn, plan, call.params, savepoint=call.savepoint)
+    prepared = _direct_path.prepare(target, call.statement, options, awaited=False)
+    if prepared is not None:
+        return _direct_path.execute(prepared, call.params, savepoint=call.savepoint)
+    if not call.savepoint:
+        return _execute(target, call, options)
+    with target.begin_nested():
+        return _settled(_execute(target, call, options))
 
 
 async def _adirect(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
-    if isinstance(target, AsyncSession):
-        conn = await _direct_path.asession_connection(target, call.statement)
-    else:
-        conn = target if target.in_transaction() else None
-    sync = None if conn is None else conn.sync_connection
-    plan = None if sync is None else _direct_path.plan_for(sync, call.statement, options)
-    if conn is None or plan is None:
-        if not call.savepoint:
-            return await _aexecute(target, call, options)
-        async with target.begin_nested():
-            return _settled(await _aexecute(target, call, options))
-    return await _direct_path.aexecute(conn, plan, call.params, savepoint=call.savepoint)
+    # One greenlet hop for the Session's connection (which may connect) and the plan.
+    sync_target = (
+        target.sync_session if isinstance(target, AsyncSession) else target.sync_connection
+    )
+    prepared = (
+        None
+        if sync_target is None
+        else await greenlet_spawn(
+            _direct_path.prepare, sync_target, call.statement, options, awaited=True
+        )
+    )
+    if prepared is not None:
+        return await _direct_path.aexecute(prepared, call.params, savepoint=call.savepoint)
+    if not call.savepoint:
+        return await _aexecute(target, call, options)
+    async with target.begin_nested():
+        return _settled(await _aexecute(target, call, options))
