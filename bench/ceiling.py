@@ -71,10 +71,11 @@ WITH ins AS (
   ON CONFLICT DO NOTHING
   RETURNING id, start_after
 )
-SELECT hdr.found, counted.inserted, counted.ids,
+SELECT hdr.found, hdr.policy, counted.inserted, counted.ids,
        (SELECT pg_notify(%(channel)s, %(qname)s)
          WHERE EXISTS (SELECT ins.id FROM ins WHERE ins.start_after <= now())) AS notified
-FROM (SELECT EXISTS (SELECT name FROM {s}.queue WHERE name = %(qname)s) AS found) AS hdr
+FROM (SELECT EXISTS (SELECT name FROM {s}.queue WHERE name = %(qname)s) AS found,
+             (SELECT policy FROM {s}.queue WHERE name = %(qname)s) AS policy) AS hdr
 JOIN (SELECT count(*) AS inserted,
              CASE WHEN count(*) < %(n_jobs)s THEN array_agg(ins.id) END AS ids
       FROM ins) AS counted ON true
@@ -164,6 +165,11 @@ class Statements:
         ident = sql.Identifier(schema)
         insert = INSERT_SQL.replace("{unnest}", unnest_arguments(GIVEN))
         self.insert = sql.SQL(insert).format(s=ident)
+        # Large batches, as alkstore_sa sends them into a standard queue: without ON
+        # CONFLICT, in a savepoint (one round trip in pipeline mode).
+        self.insert_plain = sql.SQL(insert.replace("  ON CONFLICT DO NOTHING\n", "")).format(
+            s=ident
+        )
         self.fetch = sql.SQL(FETCH_SQL).format(s=ident)
         self.complete = sql.SQL(COMPLETE_SQL).format(s=ident)
         self.channel = f"alkstore_{schema}"
@@ -191,18 +197,37 @@ def insert_params(st: Statements, queue: str, datas: Sequence[Any]) -> dict[str,
     }
 
 
+PLAIN_JOBS = 200
+"""From this many jobs on, the insert goes without ON CONFLICT in a savepoint (as ours)."""
+
+
 def send(conn: psycopg.Connection[Any], st: Statements, queue: str, datas: Sequence[Any]) -> int:
     """Insert the jobs (no commit); return how many were inserted."""
-    row = conn.execute(st.insert, insert_params(st, queue, datas)).fetchone()
-    return int(row[1]) if row else 0
+    params = insert_params(st, queue, datas)
+    if len(datas) < PLAIN_JOBS:
+        row = conn.execute(st.insert, params).fetchone()
+    else:
+        with conn.pipeline():
+            conn.execute("SAVEPOINT ceiling")
+            cur = conn.execute(st.insert_plain, params)
+            conn.execute("RELEASE SAVEPOINT ceiling")
+        row = cur.fetchone()
+    return int(row[2]) if row else 0
 
 
 async def asend(
     conn: psycopg.AsyncConnection[Any], st: Statements, queue: str, datas: Sequence[Any]
 ) -> int:
-    cur = await conn.execute(st.insert, insert_params(st, queue, datas))
+    params = insert_params(st, queue, datas)
+    if len(datas) < PLAIN_JOBS:
+        cur = await conn.execute(st.insert, params)
+    else:
+        async with conn.pipeline():
+            await conn.execute("SAVEPOINT ceiling")
+            cur = await conn.execute(st.insert_plain, params)
+            await conn.execute("RELEASE SAVEPOINT ceiling")
     row = await cur.fetchone()
-    return int(row[1]) if row else 0
+    return int(row[2]) if row else 0
 
 
 def fetch_params(queue: str, limit: int) -> dict[str, Any]:
