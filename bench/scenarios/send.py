@@ -35,6 +35,10 @@ from ..common import QUEUE, Config, Sample, Stopwatch, reset
 from . import Variant
 
 WARMUP = 20
+WARMUP_BATCHES = 5
+"""Batches sent before a batch measurement: psycopg prepares a statement on its fifth
+run on a connection (``prepare_threshold``), and the async variants start from a fresh
+engine (so a fresh connection) each time, where the sync ones reuse a warm pool."""
 SINGLE = "send 1 job/tx"
 BARE_SYNC = "SQLAlchemy bare insert sync"
 BARE_ASYNC = "SQLAlchemy bare insert async"
@@ -187,7 +191,7 @@ class AsyncSender:
 
 def _timed(body: Body, n_batches: int, size: int) -> Callable[[Config], float]:
     def run(cfg: Config) -> float:
-        body(cfg, _batches(WARMUP, size) if size == 1 else _batches(1, size))
+        body(cfg, _batches(WARMUP, size) if size == 1 else _batches(WARMUP_BATCHES, size))
         batches = _batches(n_batches, size)
         with Stopwatch() as w:
             body(cfg, batches)
@@ -202,7 +206,9 @@ def _atimed(kind: str, n_batches: int, size: int = 1) -> Callable[[Config], floa
             sender = AsyncSender(cfg, kind)
             await sender.open()
             try:
-                await sender.send(_batches(WARMUP, size) if size == 1 else _batches(1, size))
+                await sender.send(
+                    _batches(WARMUP, size) if size == 1 else _batches(WARMUP_BATCHES, size)
+                )
                 batches = _batches(n_batches, size)
                 with Stopwatch() as w:
                     await sender.send(batches)
