@@ -320,6 +320,23 @@ def test_a_unique_index_someone_added_still_skips_the_job(
         assert direct == [envv.flavour, envv.flavour + "+savepoint", envv.flavour]
 
 
+@pytest.mark.parametrize("size", [1, BIG])
+def test_a_transaction_that_had_failed_raises_as_sqlalchemy_would(
+    envv: VersionedEnv, size: int, direct: list[str]
+) -> None:
+    envv.tx(lambda q: q.send("q", 0))  # the policy is cached: BIG takes the savepoint path
+    direct.clear()
+    svc = envv.service()
+    with pytest.raises(DBAPIError):
+        envv.session.execute(text("SELECT 1 / 0"))
+    with pytest.raises(DBAPIError) as raised:
+        svc.send_many("q", [{"data": i} for i in range(size)])
+    assert getattr(raised.value.orig, "sqlstate", None) == "25P02"  # in_failed_sql_transaction
+    assert direct == [envv.flavour + ("+savepoint" if size == BIG else "")]
+    envv.rollback()
+    assert envv.tx(lambda q: q.send("q", 1)) is not None
+
+
 def test_a_stale_cached_policy_gives_the_policys_outcome(
     envv: VersionedEnv, direct: list[str]
 ) -> None:

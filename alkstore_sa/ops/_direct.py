@@ -22,6 +22,7 @@ driver is not psycopg, the statement runs through SQLAlchemy's execute as any ot
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -206,8 +207,11 @@ def _rows_in_savepoint(driver_connection: Any, sql: str, bound: Mapping[str, Any
         return fetched
     except psycopg.Error:
         if driver_connection.info.transaction_status == _FAILED:
-            driver_connection.execute(_ROLLBACK)
-            driver_connection.execute(_RELEASE)
+            # Not if the transaction had failed before (then there is no savepoint,
+            # and the error to raise is the one SAVEPOINT met).
+            with contextlib.suppress(psycopg.Error):
+                driver_connection.execute(_ROLLBACK)
+                driver_connection.execute(_RELEASE)
         raise
 
 
@@ -262,8 +266,9 @@ async def _arows_in_savepoint(
         return fetched
     except psycopg.Error:
         if driver_connection.info.transaction_status == _FAILED:
-            await driver_connection.execute(_ROLLBACK)
-            await driver_connection.execute(_RELEASE)
+            with contextlib.suppress(psycopg.Error):
+                await driver_connection.execute(_ROLLBACK)
+                await driver_connection.execute(_RELEASE)
         raise
 
 
