@@ -162,15 +162,15 @@ def insert_jobs(
     fewer than ``:n_jobs``, the number of jobs given; otherwise every job went in
     and the caller knows the ids. Jobs that hit a unique index (policy, throttle
     slot, duplicate id) are skipped by ``ON CONFLICT DO NOTHING``, so a conflict
-    never aborts the caller's transaction.
+    never aborts the caller's transaction. With ``notify`` the statement also
+    issues ``pg_notify`` on ``:channel`` when a job is ready now; PostgreSQL
+    delivers it on commit and folds duplicates within one transaction.
 
     ``conflicts=False``: without ``ON CONFLICT``, whose speculative insertion costs
     the server a few microseconds per job (about 15 % of a 1,000-job insert at
     46). Only for jobs no unique index of the schema can refuse (see
     :data:`CONFLICT_FREE_POLICY`), run in a savepoint so that a unique index nobody
-    expected fails only that savepoint. With ``notify`` the statement also issues ``pg_notify`` on
-    ``:channel`` when a job is ready now; PostgreSQL delivers it on commit and
-    folds duplicates within one transaction.
+    expected fails only that savepoint.
     """
     src = job_source(given)
     q = QUEUE.alias("q")
