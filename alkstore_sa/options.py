@@ -696,6 +696,48 @@ def encode_json(option: str, value: Any) -> str | None:
     return text
 
 
+def encode_json_array(values: Sequence[Any]) -> str | None:
+    """The JSON array of ``values`` as one text, each element exactly the text
+    :func:`encode_json` gives it (``null`` for ``None``); ``None`` when some
+    element would be refused, so that the caller encodes them one by one to learn
+    which and why.
+
+    One call to the encoder for a whole batch, where encoding element by element
+    costs a few microseconds of calls each.
+    """
+    # Checked first, as encode_json does; an element that is a scalar or an object
+    # of scalars (one level) needs no walk.
+    for value in values:
+        if type(value) is dict:
+            for member in value.values():
+                if isinstance(member, _CONTAINERS):
+                    break
+            else:
+                continue
+        elif not isinstance(value, _CONTAINERS):
+            continue
+        if json_depth_exceeds(value, limits.MAX_JSON_DEPTH):
+            return None
+    try:
+        text = json.dumps(values, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        return None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            return None
+    # No element is larger than the whole array without its brackets; when the
+    # whole is past the limit, an element may be too.
+    if size - 2 > limits.MAX_PAYLOAD_BYTES:
+        return None
+    return text
+
+
 _CONTAINERS = (dict, list, tuple)
 
 

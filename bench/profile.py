@@ -25,8 +25,17 @@ def main() -> None:
     p.add_argument("--sort", default="tottime", help="pstats sort key (default tottime)")
     p.add_argument("--limit", type=int, default=35)
     p.add_argument("--out", help="also dump the raw profile here (for snakeviz etc.)")
+    p.add_argument(
+        "--schema-version", type=int, choices=(26, 46), default=26, help="as for python -m bench"
+    )
     args = p.parse_args()
-    cfg = Config(url=args.database_url, schema=new_schema(), quick=not args.full, reps=1)
+    cfg = Config(
+        url=args.database_url,
+        schema=new_schema(),
+        quick=not args.full,
+        reps=1,
+        schema_version=args.schema_version,
+    )
     install(cfg)
     try:
         chosen = [

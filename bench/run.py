@@ -255,6 +255,8 @@ def peer_table(rows: list[dict[str, Any]]) -> str:
         *("scenario", "variant", "metric", "median", "spread", "vs ceiling", "IQR"),
         *("best peer", "vs best peer", "IQR", "target"),
     )
+    # A row compared with another variant than the ceiling names it in the ratio's cell.
+    ceilings = {r["scenario"] for r in rows if r["variant"] == "ceiling"}
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         if not r["scenario"].startswith("peers:"):
@@ -263,13 +265,20 @@ def peer_table(rows: list[dict[str, Any]]) -> str:
         target = r.get("peer_target", "")
         if target:
             target += " ok" if r.get("peer_met") else " MISSED"
+        shown = f"{ratio:.2f}" if isinstance(ratio, float) else ""
+        other = r.get("compared_with")
+        if shown and other not in (None, "ceiling") and r["scenario"] in ceilings:
+            shown += f" (vs {other})"
+            if r.get("target"):
+                mark = "ok" if r.get("met") else "MISSED"
+                target = "; ".join(t for t in (target, f"vs {other} {r['target']} {mark}") if t)
         cells = [
             r["scenario"].removeprefix("peers: "),
             r["variant"],
             r["metric"],
             f"{r['median']:,.1f}",
             f"{r['spread_pct']:.0f}%",
-            f"{ratio:.2f}" if isinstance(ratio, float) else "",
+            shown,
             "{:.2f}-{:.2f}".format(*r["ratio_iqr"]) if "ratio_iqr" in r else "",
             r.get("best_peer", ""),
             f"{pratio:.2f}" if isinstance(pratio, float) else "",

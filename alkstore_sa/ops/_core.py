@@ -27,13 +27,18 @@ class Call:
     names of the constraints whose violation is sent back instead, and nothing else
     is (the statement's errors are raised as they are). ``contained`` (with
     ``savepoint``): every database error of the statement is sent back, as a
-    :class:`Conflict` whose ``error`` is it."""
+    :class:`Conflict` whose ``error`` is it. ``direct``: the driver may run the
+    statement on the DBAPI connection itself, in the same transaction, instead of
+    through SQLAlchemy's execute (see :mod:`alkstore_sa.ops.driver`); only for
+    statements whose result columns psycopg loads as SQLAlchemy would (booleans,
+    integers, text, UUIDs and arrays of them)."""
 
     statement: Executable
     params: Mapping[str, Any] | None = None
     savepoint: bool = False
     refused: frozenset[str] = frozenset()
     contained: bool = False
+    direct: bool = False
 
 
 Op = Generator[Call, Result[Any], T]

@@ -22,7 +22,9 @@ from sqlalchemy import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.util import greenlet_spawn
 
+from . import _direct as _direct_path
 from ._core import Call, Op, sent_back
 
 T = TypeVar("T")
@@ -54,14 +56,19 @@ def run(target: Target, op: Op[T], options: Mapping[str, Any], *, autocommit: bo
                     continue
             elif call.savepoint:
                 try:
-                    with target.begin_nested():
-                        result = _settled(_execute(target, call, options))
+                    if call.direct:
+                        result = _direct(target, call, options)
+                    else:
+                        with target.begin_nested():
+                            result = _settled(_execute(target, call, options))
                 except DBAPIError as exc:
                     conflict = sent_back(call, exc)
                     if conflict is None:
                         raise
                     call = op.throw(conflict)
                     continue
+            elif call.direct:
+                result = _direct(target, call, options)
             else:
                 result = _execute(target, call, options)
             call = op.send(result)
@@ -88,15 +95,20 @@ async def arun(
                     continue
             elif call.savepoint:
                 try:
-                    async with target.begin_nested():
-                        executed = await _aexecute(target, call, options)
-                        result = _settled(executed)
+                    if call.direct:
+                        result = await _adirect(target, call, options)
+                    else:
+                        async with target.begin_nested():
+                            executed = await _aexecute(target, call, options)
+                            result = _settled(executed)
                 except DBAPIError as exc:
                     conflict = sent_back(call, exc)
                     if conflict is None:
                         raise
                     call = op.throw(conflict)
                     continue
+            elif call.direct:
+                result = await _adirect(target, call, options)
             else:
                 result = await _aexecute(target, call, options)
             call = op.send(result)
@@ -119,3 +131,36 @@ def _execute(target: Target, call: Call, options: Mapping[str, Any]) -> Result[A
 
 async def _aexecute(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
     return await target.execute(call.statement, call.params, execution_options=options)
+
+
+def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    """A ``direct`` call: on the psycopg connection of the caller's transaction when
+    :mod:`alkstore_sa.ops._direct` can, else as any other (in a savepoint if it has
+    ``savepoint``: its failure is rolled back to it before it is raised)."""
+    prepared = _direct_path.prepare(target, call.statement, options, awaited=False)
+    if prepared is not None:
+        return _direct_path.execute(prepared, call.params, savepoint=call.savepoint)
+    if not call.savepoint:
+        return _execute(target, call, options)
+    with target.begin_nested():
+        return _settled(_execute(target, call, options))
+
+
+async def _adirect(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
+    # One greenlet hop for the Session's connection (which may connect) and the plan.
+    sync_target = (
+        target.sync_session if isinstance(target, AsyncSession) else target.sync_connection
+    )
+    prepared = (
+        None
+        if sync_target is None
+        else await greenlet_spawn(
+            _direct_path.prepare, sync_target, call.statement, options, awaited=True
+        )
+    )
+    if prepared is not None:
+        return await _direct_path.aexecute(prepared, call.params, savepoint=call.savepoint)
+    if not call.savepoint:
+        return await _aexecute(target, call, options)
+    async with target.begin_nested():
+        return _settled(await _aexecute(target, call, options))

@@ -20,7 +20,7 @@ from ..sql.v46 import keys as keys_sql
 from ..sql.v46 import send as send46_sql
 from ._core import Call, Conflict, Context, Op
 from .queues import queue_policy, require_queue
-from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, traced
+from .sending import _check_dead_letters, _job_arrays, _refuse_unkeyed, sent_ids, traced
 
 BLOCKED_KEYS_LIMIT = 1000
 """``get_blocked_keys``'s default ``limit`` (pg-boss's list default)."""
@@ -158,7 +158,7 @@ def upsert(
         spec["id"] = target.id
     else:
         spec["singleton_key"] = target.key
-    arrays, _ = _job_arrays([spec], ctx.version)
+    arrays, ids = _job_arrays([spec], ctx.version)
     yield from _check_dead_letters(name, [checked])
     policy = yield from queue_policy(ctx, name)
     if policy == QueuePolicy.KEY_STRICT_FIFO and target.key is None:
@@ -167,7 +167,7 @@ def upsert(
         raise _refuse_unkeyed(name)
 
     def body(span: tracing.Producing) -> Op[UpsertResult]:
-        return _upsert(ctx, name, target, update_call, arrays, span.carrier)
+        return _upsert(ctx, name, target, update_call, arrays, ids, span.carrier)
 
     # Only an insert is a send: an edited job keeps the trace of the send that made it.
     return (yield from traced(ctx, "upsert", name, 1, body, _inserted))
@@ -183,6 +183,7 @@ def _upsert(
     target: _Target,
     update_call: Call,
     arrays: dict[str, Any],
+    ids: list[uuid.UUID],
     carrier: str | None,
 ) -> Op[UpsertResult]:
     insert = send46_sql.insert_jobs(
@@ -197,6 +198,7 @@ def _upsert(
         "node_channel": node_channel(ctx.schema),
         "all_keyed": target.key is not None,
         "trace_context": carrier,
+        "n_jobs": len(ids),
         **arrays,
     }
     for _ in range(UPSERT_ROUNDS):
@@ -209,14 +211,14 @@ def _upsert(
             # Deadlocked with another transaction (say, one upserting the same keys in
             # the other order): waiting again would deadlock again. Nothing was written.
             break
-        rows = result.all()
-        if not rows[0].found:
+        row = result.one()
+        if not row.found:
             ctx.policies.drop(ctx.schema, name)
             raise QueueNotFoundError(name, ctx.schema)
-        if rows[0].policy == QueuePolicy.KEY_STRICT_FIFO and target.key is None:
+        if row.policy == QueuePolicy.KEY_STRICT_FIFO and target.key is None:
             ctx.policies.put(ctx.schema, name, QueuePolicy.KEY_STRICT_FIFO.value)
             raise _refuse_unkeyed(name)
-        inserted = tuple(row.id for row in rows if row.id is not None)
+        inserted = tuple(i for i in sent_ids(ids, row) if i is not None)
         if inserted:
             return UpsertResult(inserted, 0, len(inserted))
         # Skipped on a unique index: a concurrent upsert or send of the key won

@@ -150,9 +150,12 @@ class Statements:
 
     # ------------------------------------------------------------------ send
 
-    def insert_jobs(self, *, notify: bool, given: frozenset[str], traced: bool) -> Executable:
-        """The insert behind ``send`` (``traced``: carries a trace context, 46 on)."""
-        return send26.insert_jobs(notify=notify, given=given)
+    def insert_jobs(
+        self, *, notify: bool, given: frozenset[str], traced: bool, conflicts: bool = True
+    ) -> Executable:
+        """The insert behind ``send`` (``traced``: carries a trace context, 46 on;
+        ``conflicts``: see :func:`alkstore_sa.sql.v26.send.insert_jobs`)."""
+        return send26.insert_jobs(notify=notify, given=given, conflicts=conflicts)
 
     # ---------------------------------------------------------------- queues
 
@@ -266,8 +269,10 @@ class Statements46(Statements):
     def get_jobs(self) -> Executable:
         return fetch46.get_jobs()
 
-    def insert_jobs(self, *, notify: bool, given: frozenset[str], traced: bool) -> Executable:
-        return send46.insert_jobs(notify=notify, given=given, traced=traced)
+    def insert_jobs(
+        self, *, notify: bool, given: frozenset[str], traced: bool, conflicts: bool = True
+    ) -> Executable:
+        return send46.insert_jobs(notify=notify, given=given, traced=traced, conflicts=conflicts)
 
     def get_queues(self, *, by_name: bool) -> Executable:
         # Also the settings pg-boss 12 added (heartbeat_seconds, notify).

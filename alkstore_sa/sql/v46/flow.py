@@ -39,13 +39,12 @@ from sqlalchemy import (
     cast,
     column,
     func,
-    null,
     select,
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from ..v26.send import ALL_INPUTS, INPUT_COLUMNS, data_array
+from ..v26.send import ALL_INPUTS, INPUT_COLUMNS, input_array
 from . import job_now
 from .send import job_values
 from .tables import JOB, JOB_DEPENDENCY, QUEUE
@@ -69,11 +68,7 @@ DEPENDENCY_INPUTS: list[tuple[str, Any]] = [
 def _source(given: frozenset[str]) -> Any:
     columns = [*INPUT_COLUMNS, *FLOW_COLUMNS]
     arrays = [
-        data_array(given="data" in given)
-        if n == "data"
-        else bindparam(f"in_{n}", type_=ARRAY(t))
-        if n in given or n.startswith("flow_")
-        else cast(null(), ARRAY(t))
+        bindparam(f"in_{n}", type_=ARRAY(t)) if n.startswith("flow_") else input_array(n, t, given)
         for n, t in columns
     ]
     return (

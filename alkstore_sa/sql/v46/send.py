@@ -47,7 +47,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from ...options import OPTION, OPTIONS, OptionSpec
 from ..common.base import seconds
-from ..v26.send import ALL_INPUTS, job_source
+from ..v26.send import ALL_INPUTS, inserted_ids, job_source, queue_header
 from . import job_now
 from .tables import JOB, QUEUE
 
@@ -116,15 +116,16 @@ def insert_jobs(
     given: frozenset[str] = ALL_INPUTS,
     upsert_by_key: bool = False,
     traced: bool = False,
+    conflicts: bool = True,
 ) -> Select[Any]:
     """Insert the jobs of ``:in_id``, ``:in_data`` ... into queue ``:qname`` at schema 46.
 
     Inputs as :func:`alkstore_sa.sql.v26.send.insert_jobs`, plus ``:all_keyed`` (every
-    job has a ``singleton_key``) and ``:node_channel``. Returns one row per
-    inserted job ``(found, policy, id)``, or a single row with a NULL id when
-    nothing was inserted; ``found`` is false when the queue does not exist and
-    ``policy`` is the queue's. Conflicts with a unique index are skipped
-    (``ON CONFLICT DO NOTHING``), never raised.
+    job has a ``singleton_key``) and ``:node_channel``. Returns ONE row ``(found,
+    policy, inserted, ids)``: ``found`` is false when the queue does not exist,
+    ``policy`` is the queue's, ``inserted`` and ``ids`` as
+    :func:`alkstore_sa.sql.v26.send.inserted_ids` has them. Conflicts with a
+    unique index are skipped (``ON CONFLICT DO NOTHING``), never raised.
 
     With ``notify`` the statement announces ready jobs on ``:channel`` (our
     workers); whatever ``notify``, it announces them on ``:node_channel`` when the
@@ -135,6 +136,9 @@ def insert_jobs(
     ``job_i13`` keeps one created job per key among them.
 
     ``traced``: every job stores ``:trace_context`` (see :func:`job_values`).
+
+    ``conflicts=False``: without ``ON CONFLICT``, as
+    :func:`alkstore_sa.sql.v26.send.insert_jobs` has it.
     """
     src = job_source(given)
     q = QUEUE.alias("q")
@@ -157,26 +161,18 @@ def insert_jobs(
             or_(all_keyed, q.c.policy != KEY_STRICT_FIFO),
         )
     )
-    ins = (
-        insert(JOB)
-        .from_select(list(values), rows)
-        .on_conflict_do_nothing()
-        .returning(JOB.c.id, JOB.c.start_after)
-        .cte("ins")
-    )
-    hq = QUEUE.alias("hq")
-    header = (
-        select(
-            exists(select(hq.c.name).where(hq.c.name == bindparam("qname", type_=Text))).label(
-                "found"
-            ),
-            select(hq.c.policy)
-            .where(hq.c.name == bindparam("qname", type_=Text))
-            .scalar_subquery()
-            .label("policy"),
-        )
-    ).subquery("hdr")
-    columns: list[ColumnElement[Any]] = [header.c.found, header.c.policy, ins.c.id]
+    statement = insert(JOB).from_select(list(values), rows)
+    if conflicts:
+        statement = statement.on_conflict_do_nothing()
+    ins = statement.returning(JOB.c.id, JOB.c.start_after).cte("ins")
+    header = queue_header(QUEUE)
+    counted = inserted_ids(ins)
+    columns: list[ColumnElement[Any]] = [
+        header.c.found,
+        header.c.policy,
+        counted.c.inserted,
+        counted.c.ids,
+    ]
     ready = exists(select(ins.c.id).where(ins.c.start_after <= job_now()))
     if notify:
         announce = (
@@ -194,4 +190,4 @@ def insert_jobs(
         .scalar_subquery()
     )
     columns.append(node_announce.label("node_notified"))
-    return select(*columns).select_from(header.outerjoin(ins, true()))
+    return select(*columns).select_from(header.join(counted, true()))
