@@ -12,17 +12,19 @@ built by the same Core builder; it runs in the same transaction, so the job
 exists if and only if that transaction commits.
 
 What the fast path keeps from SQLAlchemy's execute: the bind processors of the
-statement's types, and the error handling (a psycopg error is raised as the
-:class:`sqlalchemy.exc.DBAPIError` SQLAlchemy would raise, through the
-connection's own handler: disconnects invalidate the connection, ``handle_error``
-listeners run). What it does not run: cursor-execute events, ``echo`` logging and
-a Session's ``do_orm_execute`` listeners; when any of them is present, or the
-driver is not psycopg, the statement runs through SQLAlchemy's execute as any other.
+statement's types, and the errors (a psycopg error is raised as the
+:class:`sqlalchemy.exc.DBAPIError` subclass SQLAlchemy would raise, and a lost
+connection is invalidated). What it does not run: cursor-execute and
+``handle_error`` events, SQL logging (``echo`` or the ``sqlalchemy.engine`` logger
+at INFO) and a Session's ``do_orm_execute`` listeners; when any of them is present,
+or the driver is not psycopg, the statement runs through SQLAlchemy's execute as
+any other. Only public SQLAlchemy API is used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -34,8 +36,11 @@ from psycopg import pq
 from sqlalchemy import Connection, Executable, Result, Select
 from sqlalchemy.engine import Dialect, IteratorResult
 from sqlalchemy.engine.result import SimpleResultMetaData
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 from sqlalchemy.util import greenlet_spawn
+
+_ENGINE_LOG = logging.getLogger("sqlalchemy.engine.Engine")
 
 _OPTIONS = frozenset({"schema_translate_map"})
 """The execution options a direct statement may carry (rendered into its text)."""
@@ -81,10 +86,8 @@ def _compile(dialect: Dialect, statement: Select[Any], translate: Any) -> Plan |
         schema_translate_map=translate or None,
         render_schema_translate=bool(translate),
     )
-    processors = getattr(compiled, "_bind_processors", None)
     if (
-        processors is None
-        or compiled.positional
+        compiled.positional
         or compiled.literal_execute_params
         or compiled.post_compile_params
         or getattr(compiled, "escaped_bind_names", None)
@@ -92,8 +95,40 @@ def _compile(dialect: Dialect, statement: Select[Any], translate: Any) -> Plan |
         return None  # a statement this path does not render: SQLAlchemy runs it
     binds = compiled.bind_names.items()
     fixed = {name: bind.effective_value for bind, name in binds if not bind.required}
+    # Each bound type's processor for this dialect, as SQLAlchemy's execute applies it.
+    processors = {}
+    for bind, name in binds:
+        process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            processors[name] = process
     keys = list(statement.selected_columns.keys())
-    return Plan(compiled.string, fixed, dict(processors), SimpleResultMetaData(keys))
+    return Plan(compiled.string, fixed, processors, SimpleResultMetaData(keys))
+
+
+def _logs_sql(connection: Connection) -> bool:
+    """Whether SQLAlchemy would log this connection's statements (``echo``, or its
+    engine logger enabled at INFO)."""
+    return bool(connection.engine.echo) or _ENGINE_LOG.isEnabledFor(logging.INFO)
+
+
+def _failed(connection: Connection, exc: Any, sql: str, bound: Mapping[str, Any]) -> StatementError:
+    """The error SQLAlchemy's execute raises for the driver's ``exc``: a
+    :class:`~sqlalchemy.exc.DBAPIError` of the matching class, the connection
+    invalidated first when ``exc`` says it is gone (public API only; an engine
+    with ``handle_error`` listeners never takes this path, see :func:`plan_for`)."""
+    dialect = connection.dialect
+    gone = dialect.is_disconnect(exc, connection.connection.dbapi_connection, None)
+    if gone:
+        connection.invalidate(exc)
+    error: StatementError = DBAPIError.instance(
+        sql,
+        dict(bound),
+        exc,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=gone,
+        dialect=dialect,
+    )
+    return error
 
 
 def plan_for(
@@ -105,9 +140,10 @@ def plan_for(
     if (
         dialect.driver != "psycopg"
         or not options.keys() <= _OPTIONS
-        or getattr(connection, "_echo", True)
+        or _logs_sql(connection)
         or connection.dispatch.before_cursor_execute
         or connection.dispatch.after_cursor_execute
+        or connection.dialect.dispatch.handle_error
         or not isinstance(statement, Select)
     ):
         return None
@@ -233,8 +269,7 @@ def execute(
         else:
             rows = _rows(driver_connection, plan.sql, bound)
     except connection.dialect.loaded_dbapi.Error as exc:
-        # Raises the DBAPIError SQLAlchemy's execute would have raised.
-        connection._handle_dbapi_exception(exc, plan.sql, bound, None, None)
+        raise _failed(connection, exc, plan.sql, bound) from exc
     return plan.result(rows)
 
 
@@ -285,8 +320,8 @@ async def aexecute(
         else:
             rows = await _arows(driver_connection, plan.sql, bound)
     except sync.dialect.loaded_dbapi.Error as exc:
-        # The handler may close the connection (a disconnect): that awaits, so it
-        # runs where SQLAlchemy runs its own, in a greenlet.
-        await greenlet_spawn(sync._handle_dbapi_exception, exc, plan.sql, bound, None, None)
-        raise  # not reached: the handler raises
+        # Invalidating a lost connection closes it, which awaits: in a greenlet, where
+        # SQLAlchemy does its own.
+        error = await greenlet_spawn(_failed, sync, exc, plan.sql, bound)
+        raise error from exc
     return plan.result(rows)

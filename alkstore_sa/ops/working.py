@@ -266,7 +266,9 @@ def _claim_once(
     # still collide with a Node fetcher on job_i8: in a savepoint too.
     risky = aware or policy == QueuePolicy.KEY_STRICT_FIFO
     try:
-        result = yield Call(stmt, params, savepoint=risky)
+        # A plain claim runs on the driver's connection itself (ops/_direct.py):
+        # it is the statement a worker runs most, after the insert.
+        result = yield Call(stmt, params, savepoint=risky, direct=not risky)
     except Conflict:
         # A client that takes no key locks (Node pg-boss) activated a job of the
         # same key first, or deadlocked with us: pg-boss answers with no jobs,

@@ -129,7 +129,8 @@ class AsyncWorker(WorkerBase[AsyncEngine | async_sessionmaker[AsyncSession]]):
             if step.session is not None:
                 return await driver.arun(step.session, step.op, self._options)
             if step.autocommit:
-                async with self._autocommit.connect() as conn:
+                # begin(): still autocommit; see Worker._run.
+                async with self._autocommit.connect() as conn, conn.begin():
                     return await driver.arun(conn, step.op, self._options, autocommit=True)
             async with self.sessions.begin() as session:
                 return await driver.arun(session, step.op, self._options)

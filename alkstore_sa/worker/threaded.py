@@ -158,7 +158,10 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
             if step.session is not None:
                 return driver.run(step.session, step.op, self._options)
             if step.autocommit:
-                with self._autocommit.connect() as conn:
+                # begin(): the connection stays in autocommit (each statement commits
+                # on its own); SQLAlchemy then knows it in use, so a direct statement
+                # (ops/_direct.py) may run on its driver connection.
+                with self._autocommit.connect() as conn, conn.begin():
                     return driver.run(conn, step.op, self._options, autocommit=True)
             with self.sessions.begin() as session:
                 return driver.run(session, step.op, self._options)
