@@ -215,19 +215,7 @@ def insert_jobs(
         .select_from(src.join(q, true()))
         .where(q.c.name == bindparam("qname", type_=Text))
     )
-    target_columns = list(values)
-    statement = insert(JOB).from_select(target_columns, rows)
-    if conflicts:
-        statement = statement.on_conflict_do_nothing()
-    ins = statement.returning(JOB.c.id, JOB.c.start_after).cte("ins")
-    header = queue_header(QUEUE)
-    counted = inserted_ids(ins)
-    columns: list[ColumnElement[Any]] = [
-        header.c.found,
-        header.c.policy,
-        counted.c.inserted,
-        counted.c.ids,
-    ]
+    ins, header, counted, columns = inserted(JOB, QUEUE, list(values), rows, conflicts=conflicts)
     if notify:
         ready = exists(select(ins.c.id).where(ins.c.start_after <= func.now()))
         announce = (
@@ -243,6 +231,28 @@ CONFLICT_FREE_POLICY = "standard"
 """The policy whose queues no built-in unique index ties jobs together in: its jobs
 conflict only on their id (the primary key), or with a ``singleton_key`` or
 ``singleton_seconds`` (the throttle index), or as an upsert's."""
+
+
+def inserted(
+    job: Any, queue: Any, target: list[str], rows: Any, *, conflicts: bool
+) -> tuple[Any, Any, Any, list[ColumnElement[Any]]]:
+    """The insert of ``rows`` into ``job`` (``target`` columns; ``ON CONFLICT DO
+    NOTHING`` with ``conflicts``) as the CTE ``ins``, the queue's header
+    (:func:`queue_header`), the count (:func:`inserted_ids`), and the columns of the
+    one row every insert returns: ``(found, policy, inserted, ids)``."""
+    statement = insert(job).from_select(target, rows)
+    if conflicts:
+        statement = statement.on_conflict_do_nothing()
+    ins = statement.returning(job.c.id, job.c.start_after).cte("ins")
+    header = queue_header(queue)
+    counted = inserted_ids(ins)
+    columns: list[ColumnElement[Any]] = [
+        header.c.found,
+        header.c.policy,
+        counted.c.inserted,
+        counted.c.ids,
+    ]
+    return ins, header, counted, columns
 
 
 def queue_header(queue: Any) -> Any:

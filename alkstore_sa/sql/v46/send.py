@@ -43,11 +43,11 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB
 
 from ...options import OPTION, OPTIONS, OptionSpec
 from ..common.base import seconds
-from ..v26.send import ALL_INPUTS, inserted_ids, job_source, queue_header
+from ..v26.send import ALL_INPUTS, inserted, job_source
 from . import job_now
 from .tables import JOB, QUEUE
 
@@ -161,18 +161,7 @@ def insert_jobs(
             or_(all_keyed, q.c.policy != KEY_STRICT_FIFO),
         )
     )
-    statement = insert(JOB).from_select(list(values), rows)
-    if conflicts:
-        statement = statement.on_conflict_do_nothing()
-    ins = statement.returning(JOB.c.id, JOB.c.start_after).cte("ins")
-    header = queue_header(QUEUE)
-    counted = inserted_ids(ins)
-    columns: list[ColumnElement[Any]] = [
-        header.c.found,
-        header.c.policy,
-        counted.c.inserted,
-        counted.c.ids,
-    ]
+    ins, header, counted, columns = inserted(JOB, QUEUE, list(values), rows, conflicts=conflicts)
     ready = exists(select(ins.c.id).where(ins.c.start_after <= job_now()))
     if notify:
         announce = (
