@@ -3,7 +3,8 @@
 SQLAlchemy's execute costs tens of microseconds per statement above the driver
 (cache lookup, parameter and result processing, the execution context), more with
 ``AsyncSession``, whose every call crosses a greenlet. For a statement the hot
-paths run at every call (the insert behind ``send``), the driver instead compiles
+paths run at every call (the insert behind ``send``, a worker's claim and its
+completions), the driver instead compiles
 the statement once per dialect, statement and ``schema_translate_map`` (the
 schema's name rendered into the text) and runs that text on the psycopg
 connection SQLAlchemy hands out for the caller's transaction
@@ -33,7 +34,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
-from sqlalchemy import Connection, Executable, Result, Select
+from sqlalchemy import Connection, Executable, Result, Select, UpdateBase
 from sqlalchemy.engine import Dialect, IteratorResult
 from sqlalchemy.engine.result import SimpleResultMetaData
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -80,7 +81,7 @@ _plans: weakref.WeakKeyDictionary[Dialect, dict[tuple[Any, ...], Plan | None]] =
 _lock = threading.Lock()
 
 
-def _compile(dialect: Dialect, statement: Select[Any], translate: Any) -> Plan | None:
+def _compile(dialect: Dialect, statement: Any, translate: Any) -> Plan | None:
     compiled: Any = statement.compile(
         dialect=dialect,
         schema_translate_map=translate or None,
@@ -101,7 +102,7 @@ def _compile(dialect: Dialect, statement: Select[Any], translate: Any) -> Plan |
         process = bind.type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
             processors[name] = process
-    keys = list(statement.selected_columns.keys())
+    keys = list(statement.exported_columns.keys())
     return Plan(compiled.string, fixed, processors, SimpleResultMetaData(keys))
 
 
@@ -131,6 +132,14 @@ def _failed(connection: Connection, exc: Any, sql: str, bound: Mapping[str, Any]
     return error
 
 
+def _returns_rows(statement: Executable) -> bool:
+    """A SELECT, or an INSERT, UPDATE or DELETE with RETURNING: statements whose rows
+    the plan reads back (its result's keys are the statement's exported columns)."""
+    if isinstance(statement, Select):
+        return True
+    return isinstance(statement, UpdateBase) and bool(statement.exported_columns)
+
+
 def plan_for(
     connection: Connection, statement: Executable, options: Mapping[str, Any]
 ) -> Plan | None:
@@ -144,7 +153,7 @@ def plan_for(
         or connection.dispatch.before_cursor_execute
         or connection.dispatch.after_cursor_execute
         or connection.dialect.dispatch.handle_error
-        or not isinstance(statement, Select)
+        or not _returns_rows(statement)
     ):
         return None
     translate = options.get("schema_translate_map")

@@ -415,7 +415,9 @@ def complete_many(
     if not settled:
         return Settled(0, [], outcomes=[] if per_job else None)
     stmt = ctx.sql.complete_jobs()
-    result = yield Call(stmt, _settle_params(name, settled))
+    # On the driver's connection (ops/_direct.py): the statement a worker runs most
+    # after its claim.
+    result = yield Call(stmt, _settle_params(name, settled), direct=True)
     affected = list(result.scalars().all())
     yield from _found_or_missing(ctx, name, affected)
     if not per_job:
