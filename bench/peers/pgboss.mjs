@@ -33,18 +33,11 @@
 // burstWhenBatchFull. pg-boss's defaults (batchSize 1, polling every 2 s after each fetch, burst
 // ignored at batchSize 1) would drain at most 5 jobs/s per worker; this is the configuration its
 // documentation gives for working through a backlog, and the strongest we found for it.
-import readline from 'node:readline'
+import { describe, serve, write } from './protocol.mjs'
 import { performance } from 'node:perf_hooks'
 
 const WORK_OPTIONS = { localConcurrency: 10, batchSize: 10, burstWhenBatchFull: true }
 
-function write (message) {
-  process.stdout.write(JSON.stringify(message) + '\n')
-}
-
-function describe (err) {
-  return (err && (err.stack || err.message)) || String(err)
-}
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
 
@@ -208,22 +201,7 @@ async function main () {
     }
   }
 
-  write({ ready: true })
-  const lines = readline.createInterface({ input: process.stdin })
-  // One command at a time: the bench waits for each answer before the next.
-  for await (const line of lines) {
-    if (!line.trim()) continue
-    const request = JSON.parse(line)
-    try {
-      const fn = commands[request.cmd]
-      if (!fn) throw new Error(`no command ${request.cmd}`)
-      write(await fn(request))
-    } catch (err) {
-      write({ error: describe(err) })
-    }
-  }
-  await boss.stop({ graceful: true, timeout: 5000 })
-  process.exit(0)
+  await serve(boss, commands)
 }
 
 main()

@@ -17,16 +17,9 @@
 //           EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back: fetch's `db` option)
 //   every answer may be {"error": message} instead.
 // Closing stdin stops the instance and ends the process.
-import readline from 'node:readline'
+import { describe, serve, write } from './protocol.mjs'
 import { performance } from 'node:perf_hooks'
 
-function write (message) {
-  process.stdout.write(JSON.stringify(message) + '\n')
-}
-
-function describe (err) {
-  return (err && (err.stack || err.message)) || String(err)
-}
 
 async function main () {
   const config = JSON.parse(process.argv[2])
@@ -71,21 +64,7 @@ async function main () {
     }
   }
 
-  write({ ready: true })
-  const lines = readline.createInterface({ input: process.stdin })
-  for await (const line of lines) {
-    if (!line.trim()) continue
-    const request = JSON.parse(line)
-    try {
-      const fn = commands[request.cmd]
-      if (!fn) throw new Error(`no command ${request.cmd}`)
-      write(await fn(request))
-    } catch (err) {
-      write({ error: describe(err) })
-    }
-  }
-  await boss.stop({ graceful: true, timeout: 5000 })
-  process.exit(0)
+  await serve(boss, commands)
 }
 
 main()
