@@ -33,6 +33,13 @@ def make_queues(engine: Engine, schema: str, *names: str) -> None:
         )
 
 
+def seed_all(engine: Engine, schema: str) -> None:
+    """The queues :data:`NAMES`, each seeded as :func:`seed` seeds one."""
+    make_queues(engine, schema, *NAMES)
+    for name in NAMES:
+        seed(engine, schema, name)
+
+
 def seed(engine: Engine, schema: str, name: str) -> None:
     """Jobs of every kind retention tells apart, and dependency rows whose job is gone."""
     sql(
@@ -159,9 +166,7 @@ def test_the_statements_of_a_chunk_do_not_grow_with_its_queues(
 
 
 def test_a_queue_whose_job_cannot_be_deleted_fails_alone(engine: Engine, schema46: str) -> None:
-    make_queues(engine, schema46, *NAMES)
-    for name in NAMES:
-        seed(engine, schema46, name)
+    seed_all(engine, schema46)
     # An application's table references one old job of "b": deleting it fails, and with
     # it the statement that deletes for every queue of the chunk.
     sql(
@@ -190,9 +195,7 @@ def test_a_queue_whose_job_cannot_be_deleted_fails_alone(engine: Engine, schema4
 def test_a_queue_whose_dependency_rows_cannot_be_deleted_fails_alone(
     engine: Engine, schema46: str
 ) -> None:
-    make_queues(engine, schema46, *NAMES)
-    for name in NAMES:
-        seed(engine, schema46, name)
+    seed_all(engine, schema46)
     sql(
         engine,
         schema46,

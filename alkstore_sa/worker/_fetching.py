@@ -31,10 +31,10 @@ class Fetching(Running[B]):
         """The queue's fetch loop: claim into the buffer while it has room, start
         runners for what it claimed; it ends at shutdown."""
         spec, backoff = state.spec, Backoff()
+        groups = spec_group_limits(spec)
         while not self._stopping.is_set():
-            state.ahead_allowed = working.claims_ahead(
-                self._ctx, spec.queue, spec_group_limits(spec)
-            )
+            # The policy cache may change under a running worker: looked at every time.
+            state.ahead_allowed = working.claims_ahead(self._ctx, spec.queue, groups)
             want = state.want()
             if not want:
                 yield Wait(state.wake, spec.poll_interval)
