@@ -109,3 +109,19 @@ def queue_settings(queue: QueueInfo) -> list[Setting]:
             )
         )
     return out
+
+
+SEND_IT = "__pgboss__send-it"
+
+
+def queue_note(name: str) -> str | None:
+    """A line saying what a queue the library (or pg-boss) made for itself is,
+    for listings; ``None`` for an application's queue."""
+    if name == SEND_IT:
+        return (
+            "internal: cron files each due schedule here, and supervision sends "
+            "the job into its target queue (see the glossary)"
+        )
+    if name.startswith("__pgboss__"):
+        return "internal to pg-boss"
+    return None

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from alkstore_sa._humanize import duration, queue_settings
+from alkstore_sa._humanize import duration, queue_note, queue_settings
 from alkstore_sa.models.enums import QueuePolicy
 from alkstore_sa.records import QueueInfo
 
@@ -76,3 +76,10 @@ def test_queue_settings_show_the_heartbeat_at_46() -> None:
     shown = {s.option: s for s in queue_settings(_queue(heartbeat_seconds=30))}
     assert shown["heartbeat_seconds"].value == "30 s"
     assert shown["retention_seconds"].meaning != shown["deletion_seconds"].meaning
+
+
+def test_queue_note_names_the_internal_queues_only() -> None:
+    note = queue_note("__pgboss__send-it")
+    assert note is not None and "cron" in note
+    assert queue_note("__pgboss__other") == "internal to pg-boss"
+    assert queue_note("payments") is None
