@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .names import SEND_IT_QUEUE
+
 if TYPE_CHECKING:
     from .records import QueueInfo
 
@@ -111,13 +113,10 @@ def queue_settings(queue: QueueInfo) -> list[Setting]:
     return out
 
 
-SEND_IT = "__pgboss__send-it"
-
-
 def queue_note(name: str) -> str | None:
     """A line saying what a queue the library (or pg-boss) made for itself is,
     for listings; ``None`` for an application's queue."""
-    if name == SEND_IT:
+    if name == SEND_IT_QUEUE:
         return (
             "internal: cron files each due schedule here, and supervision sends "
             "the job into its target queue (see the glossary)"
