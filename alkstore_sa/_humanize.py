@@ -1,7 +1,7 @@
 """Values as people read them: durations in units, a queue's settings with what
 each one means. The CLI (``alkstore queue show``) and the dashboard's queue page
 show settings through :func:`queue_settings`, so both say the same thing; the
-glossary in ``docs/concepts/glossary.md`` uses the same words.
+docs' glossary uses the same words.
 """
 
 from __future__ import annotations

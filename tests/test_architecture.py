@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa.cron",
             "alkstore_sa.rrule",
             "alkstore_sa.groups",
+            "alkstore_sa._humanize",
         ),
     ),
     ("statements shared by the versions", ("alkstore_sa.sql", "alkstore_sa.sql.common")),
