@@ -6,6 +6,9 @@ formatters (the "Logging" page). Every test runs with both runtimes.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -185,3 +188,42 @@ def test_start_and_clean_stop_log_nothing_above_debug(
     ]
     assert loud == []
     assert of(records, "worker_started") and of(records, "worker_stopped")
+
+
+CONSTRUCT = """
+import sys
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+from alkstore_sa import AsyncQueueService, AsyncWorker, QueueService, Worker
+
+url = sys.argv[1]
+engine = sa.create_engine(url)
+with Session(engine) as session:
+    QueueService(session)
+Worker(engine).register("q", lambda job: None)
+
+
+async def handler(job):
+    pass
+
+
+AsyncWorker(create_async_engine(url)).register("q", handler)
+print(sorted(m for m in sys.modules if m == "alembic" or m.startswith("alembic.")))
+"""
+
+
+def test_importing_the_package_and_building_workers_and_services_does_not_import_alembic(
+    database_url: str,
+) -> None:
+    # A fresh interpreter: in this one the migration tests have imported Alembic long ago.
+    # Alembic logs at INFO as it loads its plugins, into the host app's log.
+    done = subprocess.run(
+        [sys.executable, "-c", CONSTRUCT, database_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
