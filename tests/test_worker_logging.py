@@ -175,7 +175,17 @@ def test_a_transactional_completion_is_a_debug_record_with_its_duration(
 def test_start_and_clean_stop_log_nothing_above_debug(
     harness: Harness, records: pytest.LogCaptureFixture
 ) -> None:
-    h = harness
+    start_work_and_stop(harness, records)
+
+
+def test_start_and_clean_stop_at_46_log_nothing_above_debug(
+    harness46: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    # At 46 the worker also listens on Node pg-boss's channel and supervises more turns.
+    start_work_and_stop(harness46, records)
+
+
+def start_work_and_stop(h: Harness, records: pytest.LogCaptureFixture) -> None:
     h.service_tx(lambda q: q.create_queue("q"))
     job_id = send(h, "q")
     w = h.worker(poll_interval=0.1, supervise=True)

@@ -247,7 +247,7 @@ class WorkerCore(Registry, Generic[B]):
             if self._node_subscription is not None or self._released:
                 return
             self._node_subscription = listener.subscribe(self.node_channel, self._notified)
-        log.info(
+        log.debug(
             "worker %s listens on Node pg-boss's channel %s too (schema %r at version %d)",
             self.name,
             self.node_channel,
