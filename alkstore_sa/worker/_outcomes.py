@@ -31,7 +31,9 @@ def _error(output: Any) -> tuple[str, str]:
     return "Error", str(output)
 
 
-def _next_step(p: Pending, state: JobState | None, copied: bool) -> tuple[str, float | None, str]:
+def _next_step(
+    p: Pending, state: JobState | None, *, copied: bool
+) -> tuple[str, float | None, str]:
     """``(next, retry_delay, words)`` for a failed attempt that became ``state``.
 
     ``retry_delay`` is the delay the fail statement applied when it is known here: the
@@ -51,11 +53,11 @@ def _next_step(p: Pending, state: JobState | None, copied: bool) -> tuple[str, f
     return FAILED, None, "failed for good"
 
 
-def failed(p: Pending, state: JobState | None, copied: bool, worker: str) -> None:
+def failed(p: Pending, state: JobState | None, worker: str, *, copied: bool) -> None:
     """Log one failed attempt at WARNING (with the traceback when it was the last)."""
     job = p.attempt.job
     error_type, message = _error(p.output)
-    step, delay, words = _next_step(p, state, copied)
+    step, delay, words = _next_step(p, state, copied=copied)
     attempt = job.retry_count + 1
     extra: dict[str, Any] = {
         "action": "job_failed",

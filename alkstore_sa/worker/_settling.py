@@ -138,7 +138,7 @@ class Settling(WorkerCore[B]):
             if p.kind != "complete":
                 if self._metrics is not None:
                     self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
-                _outcomes.failed(p, states.get(job.id), copied, self.name)
+                _outcomes.failed(p, states.get(job.id), self.name, copied=copied)
             elif debug:
                 _outcomes.completed(attempt, self.name, p.duration)
         for (queue, outcome), n in done.items():
