@@ -42,8 +42,8 @@ from sqlalchemy import Engine, func, select
 
 from . import names, versions
 from .errors import InvalidOptionsError, shown
-from .migrate import installed_version
 from .names import DEFAULT_SCHEMA, validate_schema
+from .ops import driver, read_version
 from .records import Job
 from .sql.statements import statements_for
 
@@ -200,7 +200,11 @@ class QueueMetricsCollector(Collector):
                         func.set_config("statement_timeout", str(self.statement_timeout_ms), True)
                     )
                 )
-                version = installed_version(conn, schema)
+                # The version row read directly, not through ``migrate``: that module
+                # imports Alembic, which a worker with metrics has no use for.
+                version = driver.run(
+                    conn, read_version(schema), {"schema_translate_map": {DEFAULT_SCHEMA: schema}}
+                )
                 if version is None:
                     raise LookupError(f"schema {shown(schema)} is not installed")
                 spoken = names.SPOKEN_SCHEMA_VERSIONS

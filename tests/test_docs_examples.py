@@ -33,6 +33,7 @@ import ast
 import asyncio
 import datetime as dt
 import inspect
+import logging
 import re
 import sys
 import textwrap
@@ -535,6 +536,31 @@ def metrics_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert [j.state for j in ctx.jobs("emails")] == ["completed"]
 
 
+def logging_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    library = logging.getLogger("alkstore_sa")
+    ctx.notes["logger"] = (library.level, list(library.handlers))
+    return {}
+
+
+def logging_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    first, last = ns["failures"]
+    assert (first["level"], first["next"], first["attempt"]) == ("WARNING", "retry", 1)
+    assert (last["level"], last["next"], last["attempt"]) == ("WARNING", "dead_letter", 2)
+    assert (last["queue"], last["dead_letter"]) == ("payments", "payments-dlq")
+    assert "traceback" not in first and "ConnectionError" in last["traceback"]
+    assert [j.state for j in ctx.jobs("payments")] == ["failed"]
+
+
+def logging_cleanup(ctx: Ctx) -> None:
+    # The page added a handler to the library's logger: put the logger back as it was.
+    if "logger" in ctx.notes:
+        library = logging.getLogger("alkstore_sa")
+        level, handlers = ctx.notes["logger"]
+        library.setLevel(level)
+        library.handlers[:] = handlers
+
+
 def dashboard_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert 'data-schema="pgboss"' in ns["overview"].text
     assert ns["page"].headers["x-frame-options"] == "DENY"
@@ -751,6 +777,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
     "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
     "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
+    "docs/how-to/logging.md": Page(logging_prelude, logging_check, cleanup=logging_cleanup),
 }
 
 

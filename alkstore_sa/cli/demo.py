@@ -296,18 +296,35 @@ def _wait_settled(engine: Engine, schema: str, jobs: int, began: float) -> float
     raise CommandError("the demo's jobs did not finish within 2 minutes")
 
 
-def _progress(shop: _Shop, jobs: int, out: TextIO, stop: threading.Event) -> None:
-    began = time.monotonic()
+PLAIN_PROGRESS_SECONDS = 2.0
+"""How often the progress is written as a plain line when the output is no terminal."""
+
+
+def _progress(
+    shop: _Shop,
+    jobs: int,
+    out: TextIO,
+    stop: threading.Event,
+    every: float = PLAIN_PROGRESS_SECONDS,
+) -> None:
+    """Draw the progress until ``stop``: a bar redrawn in place (``\\r``) on a terminal,
+    else a plain line every ``every`` seconds, so a log file gets no control frames."""
+    began = last_line = time.monotonic()
+    terminal = out.isatty()
     while True:
         last = stop.wait(0.1)  # once stopped, draw the final state, then end the line
         done = min(shop.settled, jobs)
-        width = 30
-        filled = width * done // jobs
-        rate = done / max(time.monotonic() - began, 1e-6)
-        out.write(
-            f"\r  [{'#' * filled}{'-' * (width - filled)}] {done:>5}/{jobs} settled, "
-            f"{len(shop.committed):>5} placed, {rate:7.0f} jobs/s " + ("\n" if last else "")
-        )
+        now = time.monotonic()
+        rate = done / max(now - began, 1e-6)
+        counts = f"{done:>5}/{jobs} settled, {len(shop.committed):>5} placed, {rate:7.0f} jobs/s"
+        if terminal:
+            width = 30
+            filled = width * done // jobs
+            bar = f"[{'#' * filled}{'-' * (width - filled)}]"
+            out.write(f"\r  {bar} {counts} " + ("\n" if last else ""))
+        elif last or now - last_line >= every:
+            last_line = now
+            out.write(f"  {' '.join(counts.split())}\n")
         out.flush()
         if last:
             return

@@ -189,4 +189,14 @@ def _run(args: argparse.Namespace) -> int:
         asyncio.run(worker.run())
     else:
         worker.run()
+    # The library says a clean stop at DEBUG only; this process is the app, and its
+    # operator wants to see that the worker ended (the "Logging" page).
+    logging.getLogger("alkstore_sa.cli").info(
+        "worker %s stopped: %s",
+        worker.name,
+        ", ".join(
+            f"{q} {c.completed} completed, {c.failed} failed" for q, c in worker.stats().items()
+        ),
+        extra={"action": "cli_worker_stopped", "worker": worker.name},
+    )
     return 0

@@ -42,7 +42,6 @@ from ..sql.v46 import supervision as sup_sql
 from ..sql.v46 import turns as sql
 from . import frame
 from ._core import Call, Context, Op
-from .bam_rules import bam_refusal, built_index
 from .frame import CHUNK, PassPlan, Tally, queue_tables
 from .frame import Autocommit as Autocommit  # re-exported: where it was first defined
 
@@ -158,6 +157,11 @@ def _finish(ctx: Context, plan: PassPlan, bam_id: Any, error: str | None) -> Op[
 
 
 def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: Tally) -> Turn:
+    # Imported here, not at the top: the rules are read from the migrations, which
+    # import Alembic, and an application that only enqueues and works jobs should
+    # not load Alembic (the "Logging" page, "No surprises in your app").
+    from .bam_rules import bam_refusal, built_index
+
     refused = bam_refusal(ctx.schema, row.table_name, row.command)
     if refused is not None:
         # Not one of the index builds pg-boss's migrations queue: never run

@@ -241,7 +241,9 @@ class _Core:
 
     def _log_state(self, *, started: bool) -> None:
         action = "supervisor_start" if started else "supervisor_stop"
-        logger.info(
+        # DEBUG: a worker starts and stops its supervisor; a host app's log at INFO
+        # stays quiet for a normal start and a clean stop (the "Logging" page).
+        logger.debug(
             "supervisor %s",
             "started" if started else "stopped",
             extra={"action": action, "schema": self.schema},
@@ -264,7 +266,16 @@ class _Core:
         if report.idle:
             logger.debug("supervision pass: nothing to do", extra={"action": "supervise"})
         else:
-            logger.info(
+            # Only counting and maintaining is routine (DEBUG); a pass that changed
+            # jobs (expired, deleted, fired, sent) is worth a line at INFO.
+            changed = (
+                sum(report.expired.values())
+                or sum(report.deleted.values())
+                or report.fired
+                or report.sent
+            )
+            logger.log(
+                logging.INFO if changed else logging.DEBUG,
                 "supervision pass: %d monitored, %d expired, %d maintained, %d deleted, "
                 "%d schedules fired, %d scheduled jobs sent",
                 len(report.monitored),

@@ -120,12 +120,18 @@ class Attempt:
 
 @dataclass(eq=False)
 class Pending:
-    """A settlement waiting for the completer."""
+    """A settlement waiting for the completer.
+
+    ``error``: the handler's exception, kept for the traceback of the record that
+    says the job failed for good; ``duration``: seconds the handler ran.
+    """
 
     kind: Kind
     attempt: Attempt
     output: Any
     reason: str
+    error: BaseException | None = None
+    duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

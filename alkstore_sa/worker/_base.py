@@ -71,7 +71,9 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             with self._book:  # not once a stop that raced this start has deregistered
                 if not self._deregistered:
                     self._registrar = self._spawn(self._registering(), "alkstore-registrar")
-        log.info(
+        # Start and a clean stop are DEBUG: a host app's log at INFO stays quiet
+        # unless something needs a look (the "Logging" page).
+        log.debug(
             "worker %s started on schema %r: %s",
             self.name,
             self.schema,
@@ -91,7 +93,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
     # ------------------------------------------------------------ stopping
 
     def _shutting_down(self, timeout: float) -> Steps[None]:
-        log.info(
+        log.debug(
             "worker %s stopping (up to %g s for running jobs)",
             self.name,
             timeout,
@@ -129,7 +131,9 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)
         stats = {q: dataclasses.asdict(c) for q, c in self.stats().items()}
-        log.info(
+        troubled = any(c["failed"] or c["lost"] for c in stats.values())
+        log.log(
+            logging.INFO if troubled else logging.DEBUG,
             "worker %s stopped: %s",
             self.name,
             stats,

@@ -247,7 +247,7 @@ class WorkerCore(Registry, Generic[B]):
             if self._node_subscription is not None or self._released:
                 return
             self._node_subscription = listener.subscribe(self.node_channel, self._notified)
-        log.info(
+        log.debug(
             "worker %s listens on Node pg-boss's channel %s too (schema %r at version %d)",
             self.name,
             self.node_channel,
@@ -358,15 +358,18 @@ class WorkerCore(Registry, Generic[B]):
                 output, action = timeout_output(timeout), "job_timeout"
             else:
                 output, action = shutdown_output(), "job_abandoned"
+            # A timeout is said at WARNING by the record of the fail it becomes
+            # (the "Logging" page); shutdown is said here, as the stop is not clean.
             log.log(
-                logging.WARNING if reason == "timeout" else logging.INFO,
+                logging.DEBUG if reason == "timeout" else logging.INFO,
                 "job %s of %r %s",
                 attempt.job.id,
                 attempt.job.name,
                 "timed out" if reason == "timeout" else "was still running at shutdown",
                 extra=self._extra(action, attempt),
             )
-            self._inbox.put(Pending("fail", attempt, output, reason))
+            ran = None if attempt.started is None else monotonic() - attempt.started
+            self._inbox.put(Pending("fail", attempt, output, reason, None, ran))
         if attempt.started is not None:
             self._cut_loose(attempt)
         state.wake.set()

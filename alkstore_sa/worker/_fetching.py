@@ -139,7 +139,7 @@ class Fetching(Running[B]):
             except Exception as exc:
                 self._loop_error("give_back", queue, exc, 0.0)
                 continue
-            log.info(
+            log.debug(
                 "gave %d buffered job(s) of %r back to the queue",
                 len(given),
                 queue,

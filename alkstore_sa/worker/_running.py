@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from .. import ops, tracing
 from ..steps import Invoke, Steps
+from . import _outcomes
 from ._attempt import ABANDONED, SETTLING, Attempt, Pending
 from ._core import monotonic
 from ._queue_state import QueueState
@@ -92,9 +93,8 @@ class Running(Settling[B]):
         if self._metrics is not None:
             self._metrics.completed(attempt.job.name)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "job %s completed", attempt.job.id, extra=self._extra("job_completed", attempt)
-            )
+            ran = None if attempt.started is None else monotonic() - attempt.started
+            _outcomes.completed(attempt, self.name, ran)
         return None
 
     def _in_transaction(self, attempt: Attempt) -> Any:

@@ -13,9 +13,10 @@ from ..errors import SchemaVersionError
 from ..models.enums import JobState
 from ..records import FailResult, Settled
 from ..steps import Steps, Wait
+from . import _outcomes
 from ._attempt import SETTLING, Attempt, Kind, Pending, group, prepare_output
 from ._backoff import Backoff
-from ._core import WorkerCore
+from ._core import WorkerCore, monotonic
 from .config import spec_group_limits
 
 log = logging.getLogger("alkstore_sa.worker")
@@ -41,10 +42,13 @@ class Settling(WorkerCore[B]):
             )
             return None
         self._forget(attempt)
-        if kind == "fail" and isinstance(value, BaseException):
-            self._report(value, attempt.job)
+        error = value if kind == "fail" and isinstance(value, BaseException) else None
+        if error is not None:
+            self._report(error, attempt.job)
         kind, output = prepare_output(kind, value)
-        return Pending(kind, attempt, output, "completed" if kind == "complete" else "failed")
+        ran = None if attempt.started is None else monotonic() - attempt.started
+        reason = "completed" if kind == "complete" else "failed"
+        return Pending(kind, attempt, output, reason, error, ran)
 
     def _completing(self) -> Steps[None]:
         """Settle finished attempts in batches; retry a failed batch with backoff.
@@ -108,9 +112,19 @@ class Settling(WorkerCore[B]):
         if isinstance(result, FailResult):
             states = result.states
             affected = set(states)
+            # dead_lettered counts the copies of the whole statement: every job of it
+            # that failed for good with a dead letter queue was copied when they match.
+            owed = sum(
+                1
+                for p in pendings
+                if p.attempt.job.dead_letter is not None
+                and states.get(p.attempt.job.id) == JobState.FAILED
+            )
+            copied = owed > 0 and result.dead_lettered >= owed
         else:
             states = {}
             affected = set(result.affected)
+            copied = False
         debug = log.isEnabledFor(logging.DEBUG)
         done: dict[tuple[str, str], int] = {}
         for p in pendings:
@@ -121,20 +135,12 @@ class Settling(WorkerCore[B]):
                 continue
             counted = (job.name, "completed" if p.kind == "complete" else "failed")
             done[counted] = done.get(counted, 0) + 1
-            if self._metrics is not None and p.kind != "complete":
-                self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
-            if not debug:
-                continue
-            if p.kind == "complete":
-                log.debug("job %s completed", job.id, extra=self._extra("job_completed", attempt))
-            else:
-                log.debug(
-                    "job %s failed (%s) -> %s",
-                    job.id,
-                    p.reason,
-                    states.get(job.id),
-                    extra=self._extra("job_failed", attempt, state=states.get(job.id)),
-                )
+            if p.kind != "complete":
+                if self._metrics is not None:
+                    self._metrics.failed(job.name, states.get(job.id) == JobState.RETRY)
+                _outcomes.failed(p, states.get(job.id), self.name, copied=copied)
+            elif debug:
+                _outcomes.completed(attempt, self.name, p.duration)
         for (queue, outcome), n in done.items():
             self._count(queue, outcome, n)
             if self._metrics is not None and outcome == "completed":

@@ -184,7 +184,8 @@ class Listener:
         self._conn = conn
         self.connects += 1
         reconnected = self.connects > 1
-        log.info(
+        log.log(
+            logging.INFO if reconnected else logging.DEBUG,
             "listener connected (backend %s)",
             conn.info.backend_pid,
             extra={"action": "listener_connected", "reconnect": reconnected},

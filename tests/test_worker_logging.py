@@ -1,0 +1,239 @@
+"""What the workers log: each failed attempt at WARNING with what happens next, the
+last one with its traceback, completions at DEBUG, and fields in ``extra`` for JSON
+formatters (the "Logging" page). Every test runs with both runtimes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+from support.worker import Harness, send, state_of, wait_for
+
+from alkstore_sa.records import Job
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture
+def records(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    with caplog.at_level(logging.DEBUG, logger="alkstore_sa"):
+        yield caplog
+
+
+def of(caplog: pytest.LogCaptureFixture, action: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == action]
+
+
+def boom(job: Job) -> None:
+    raise ValueError("no stock\nsecond line")
+
+
+def test_a_failed_attempt_with_retries_left_is_a_warning_saying_when_it_runs_again(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("payments", retry_limit=2, retry_delay=30))
+    job_id = send(h, "payments")
+    w = h.worker(poll_interval=0.1)
+    w.register("payments", h.handler(boom))
+    h.start(w)
+    wait_for(lambda: state_of(h, "payments", job_id) == "retry")
+    h.stop(w)
+    [record] = of(records, "job_failed")
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"job {job_id} of 'payments' failed (attempt 1 of 3): ValueError: no stock; retry in 30 s"
+    )
+    assert record.exc_info is None
+    fields = {k: getattr(record, k) for k in ("queue", "job_id", "attempt", "retry_limit")}
+    assert fields == {"queue": "payments", "job_id": str(job_id), "attempt": 1, "retry_limit": 2}
+    assert (record.next, record.retry_delay, record.state) == ("retry", 30.0, "retry")  # type: ignore[attr-defined]
+    assert (record.error_type, record.error) == ("ValueError", "no stock")  # type: ignore[attr-defined]
+    assert record.duration_ms >= 0 and record.worker == w.name  # type: ignore[attr-defined]
+
+
+def test_with_backoff_the_warning_gives_the_delay_the_backoff_starts_from(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q", retry_limit=3, retry_delay=4, retry_backoff=True))
+    job_id = send(h, "q")
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(boom))
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "retry")
+    h.stop(w)
+    [record] = of(records, "job_failed")
+    assert record.getMessage().endswith(
+        "(attempt 1 of 4): ValueError: no stock; retry with backoff from 4 s"
+    )
+    assert (record.next, record.retry_delay) == ("retry", None)  # type: ignore[attr-defined]
+
+
+def test_the_last_failed_attempt_says_failed_for_good_with_the_traceback(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q", retry_limit=0))
+    job_id = send(h, "q")
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(boom))
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "failed")
+    h.stop(w)
+    [record] = of(records, "job_failed")
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().endswith("(attempt 1 of 1): ValueError: no stock; failed for good")
+    assert record.next == "failed" and record.exc_info is not None  # type: ignore[attr-defined]
+    assert record.exc_info[0] is ValueError and "in boom" in records.text
+
+
+def test_a_job_failed_for_good_names_the_dead_letter_queue_it_was_copied_to(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("payments-dlq"))
+    h.service_tx(lambda q: q.create_queue("payments", retry_limit=1, dead_letter="payments-dlq"))
+    job_id = send(h, "payments")
+    w = h.worker(poll_interval=0.1)
+    w.register("payments", h.handler(boom))
+    h.start(w)
+    wait_for(lambda: state_of(h, "payments", job_id) == "failed")
+    h.stop(w)
+    first, last = of(records, "job_failed")
+    assert first.getMessage().endswith("(attempt 1 of 2): ValueError: no stock; retry in 0 s")
+    assert first.exc_info is None
+    assert last.getMessage().endswith(
+        "(attempt 2 of 2): ValueError: no stock; failed for good, copied to 'payments-dlq'"
+    )
+    assert (last.next, last.dead_letter) == ("dead_letter", "payments-dlq")  # type: ignore[attr-defined]
+    assert last.exc_info is not None
+
+
+def test_a_handler_past_its_timeout_is_a_warning_naming_the_timeout(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q", retry_limit=1, retry_delay=60))
+    job_id = send(h, "q")
+    release = threading.Event()
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(block=release), timeout=1)
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "retry")
+    release.set()
+    h.stop(w)
+    [record] = of(records, "job_failed")
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().endswith(
+        "(attempt 1 of 2): JobTimeout: handler ran longer than its 1 s timeout; retry in 1 min"
+    )
+    assert (record.reason, record.error_type) == ("timeout", "JobTimeout")  # type: ignore[attr-defined]
+    assert record.duration_ms >= 900  # type: ignore[attr-defined]
+    assert all(r.levelno <= logging.DEBUG for r in of(records, "job_timeout"))
+
+
+def test_a_completed_job_is_a_debug_record_with_its_duration(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q"))
+    job_id = send(h, "q")
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(sleep=0.05))
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "completed")
+    h.stop(w)
+    [record] = of(records, "job_completed")
+    assert record.levelno == logging.DEBUG
+    assert record.getMessage().startswith(f"job {job_id} of 'q' completed (attempt 1 of 3) in ")
+    assert (record.queue, record.job_id, record.attempt) == ("q", str(job_id), 1)  # type: ignore[attr-defined]
+    assert record.duration_ms >= 40  # type: ignore[attr-defined]
+
+
+def test_a_transactional_completion_is_a_debug_record_with_its_duration(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    h.service_tx(lambda q: q.create_queue("q"))
+    job_id = send(h, "q")
+    w = h.worker(poll_interval=0.1)
+    w.register("q", h.handler(), transactional=True)
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "completed")
+    h.stop(w)
+    [record] = of(records, "job_completed")
+    assert record.levelno == logging.DEBUG and record.duration_ms >= 0  # type: ignore[attr-defined]
+
+
+def test_start_and_clean_stop_log_nothing_above_debug(
+    harness: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    start_work_and_stop(harness, records)
+
+
+def test_start_and_clean_stop_at_46_log_nothing_above_debug(
+    harness46: Harness, records: pytest.LogCaptureFixture
+) -> None:
+    # At 46 the worker also listens on Node pg-boss's channel and supervises more turns.
+    start_work_and_stop(harness46, records)
+
+
+def start_work_and_stop(h: Harness, records: pytest.LogCaptureFixture) -> None:
+    h.service_tx(lambda q: q.create_queue("q"))
+    job_id = send(h, "q")
+    w = h.worker(poll_interval=0.1, supervise=True)
+    w.register("q", h.handler())
+    h.start(w)
+    wait_for(lambda: state_of(h, "q", job_id) == "completed")
+    h.stop(w)
+    loud = [
+        (r.name, r.levelname, r.getMessage()) for r in records.records if r.levelno > logging.DEBUG
+    ]
+    assert loud == []
+    assert of(records, "worker_started") and of(records, "worker_stopped")
+
+
+CONSTRUCT = """
+import sys
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+from alkstore_sa import AsyncQueueService, AsyncWorker, QueueService, Worker
+
+url = sys.argv[1]
+engine = sa.create_engine(url)
+with Session(engine) as session:
+    QueueService(session)
+Worker(engine).register("q", lambda job: None)
+
+
+async def handler(job):
+    pass
+
+
+AsyncWorker(create_async_engine(url)).register("q", handler)
+print(sorted(m for m in sys.modules if m == "alembic" or m.startswith("alembic.")))
+"""
+
+
+def test_importing_the_package_and_building_workers_and_services_does_not_import_alembic(
+    database_url: str,
+) -> None:
+    # A fresh interpreter: in this one the migration tests have imported Alembic long ago.
+    # Alembic logs at INFO as it loads its plugins, into the host app's log.
+    done = subprocess.run(
+        [sys.executable, "-c", CONSTRUCT, database_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
