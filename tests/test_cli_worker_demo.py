@@ -383,3 +383,61 @@ def test_demo_with_dashboard_serves_the_demo_queues_until_interrupted(
 def test_demo_rejects_a_job_count_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--jobs", "0", "--database-url", "postgresql://unused/x"]) == 2
     assert "--jobs must be between 1 and 10000" in capsys.readouterr().err
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        yield taken.getsockname()[1]
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("alkstore: error: "), err
+    return lines[0]
+
+
+def test_dashboard_on_a_busy_port_is_one_error_line_and_announces_nothing(
+    busy_port: int, capsys: pytest.CaptureFixture[str], database_url: str, schema: str
+) -> None:
+    code = main(
+        ["dashboard", "--database-url", database_url, "--schema", schema, "--port", str(busy_port)]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    line = _one_error_line(captured.err)
+    assert f"port {busy_port} is in use" in line and "--port" in line
+    assert "dashboard on" not in captured.err + captured.out
+
+
+def test_demo_dashboard_port_is_checked_before_the_demo_runs(
+    busy_port: int, capsys: pytest.CaptureFixture[str], database_url: str
+) -> None:
+    began = time.monotonic()
+    code = main(
+        ["demo", "--database-url", database_url, "--dashboard", "--dashboard-port", str(busy_port)]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "--dashboard-port" in _one_error_line(captured.err)
+    assert captured.out == "" and time.monotonic() - began < 5  # no demo ran
+
+
+def test_worker_metrics_on_a_busy_port_is_one_error_line(
+    app_dir: Path,
+    busy_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    database_url: str,
+    schema: str,
+    queue: str,
+) -> None:
+    monkeypatch.chdir(app_dir)
+    monkeypatch.setenv("APP_DATABASE_URL", database_url)
+    monkeypatch.setenv("APP_SCHEMA", schema)
+    monkeypatch.syspath_prepend(str(app_dir))
+    argv = ["worker", "--app", "demo_app:build", "--metrics-port", f"127.0.0.1:{busy_port}"]
+    assert main([*argv, "--log-level", "ERROR"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"port {busy_port} is in use" in line and "--metrics-port" in line

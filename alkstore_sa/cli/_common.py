@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -135,6 +136,16 @@ def leaf(
         name, help=help, parents=[parent], aliases=list(aliases)
     )
     return parser
+
+
+def cannot_listen(exc: OSError, host: str, port: int, option: str) -> CommandError:
+    """The one-line error for a server that could not bind ``host:port``, naming
+    the option that chooses another port (exit 1)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return CommandError(f"port {port} is in use on {where}: choose another with {option}")
+    reason = exc.strerror or str(exc)
+    return CommandError(f"cannot listen on {where} ({option}): {reason}")
 
 
 def describe_url(url: str | None) -> str | None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+from types import ModuleType
 from typing import Any
 
 from sqlalchemy import Engine
 
 from ..names import validate_schema
-from ._common import BadInput, CommandError, add_global_options, engine_from
+from ._common import BadInput, CommandError, add_global_options, cannot_listen, engine_from
 
 USER_ENV = "ALKSTORE_DASHBOARD_USER"
 PASSWORD_ENV = "ALKSTORE_DASHBOARD_PASSWORD"
@@ -54,6 +56,17 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_run)
 
 
+def dashboard_package() -> ModuleType:
+    """``alkstore_sa.dashboard``, or a :class:`CommandError` naming the extra it needs."""
+    try:
+        from .. import dashboard
+    except ImportError as exc:
+        raise CommandError(
+            f"the dashboard needs its extra: pip install 'alkstore_sa[dashboard]' ({exc})"
+        ) from None
+    return dashboard
+
+
 def basic_auth_from_env() -> tuple[str, str] | None:
     """``(user, password)`` from the environment, or ``None``.
 
@@ -73,19 +86,19 @@ def serve_dashboard(
     read_only: bool = False,
     allowed_hosts: list[str] | None = None,
     out: Any = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Check the bind, print the URL, and serve the dashboard until interrupted."""
-    try:
-        from ..dashboard import check_bind, create_app, serve
-    except ImportError as exc:
-        raise CommandError(
-            f"the dashboard needs its extra: pip install 'alkstore_sa[dashboard]' ({exc})"
-        ) from None
+    """Check the bind, bind (unless ``sock`` is bound already), print the URL, and
+    serve the dashboard until interrupted.
+
+    A port that cannot be bound is a :class:`CommandError` naming ``--port``,
+    before anything is printed."""
+    board = dashboard_package()
     if not 1 <= port <= 65535:
         raise BadInput("--port must be between 1 and 65535")
     auth = basic_auth_from_env()
-    check_bind(host, auth is not None)
-    app = create_app(
+    board.check_bind(host, auth is not None)
+    app = board.create_app(
         engine,
         schemas=schemas,
         read_only=read_only,
@@ -93,22 +106,21 @@ def serve_dashboard(
         allowed_hosts=allowed_hosts,
     )
     bare = host.strip().strip("[]")
+    if sock is None:
+        try:
+            sock = board.listen(bare, port)
+        except OSError as exc:
+            raise cannot_listen(exc, bare, port, "--port") from None
     shown = f"[{bare}]" if ":" in bare else bare
     print(f"dashboard on http://{shown}:{port}/ (Ctrl-C to stop)", file=out or sys.stderr)
-    serve(app, host=host, port=port, has_auth=auth is not None)
+    board.serve(app, host=host, port=port, has_auth=auth is not None, sock=sock)
 
 
 def _run(args: argparse.Namespace) -> int:
     schemas = [validate_schema(s) for s in (args.schemas or [args.schema])]
     # Before connecting: an unauthenticated public bind is refused at once.
     auth = basic_auth_from_env()
-    try:
-        from ..dashboard import check_bind
-    except ImportError as exc:
-        raise CommandError(
-            f"the dashboard needs its extra: pip install 'alkstore_sa[dashboard]' ({exc})"
-        ) from None
-    check_bind(args.host, auth is not None)
+    dashboard_package().check_bind(args.host, auth is not None)
     with engine_from(args) as engine:
         serve_dashboard(
             engine,

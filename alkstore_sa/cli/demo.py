@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -42,7 +43,7 @@ from ..errors import shown
 from ..records import Job
 from ..service import QueueService
 from ..worker import Worker
-from ._common import BadInput, CommandError, emit, engine_from, leaf
+from ._common import BadInput, CommandError, cannot_listen, emit, engine_from, leaf
 
 QUEUE, DLQ = "orders", "orders_dlq"
 PRODUCERS = 2
@@ -80,13 +81,21 @@ def _run(args: argparse.Namespace) -> int:
     if not 1 <= args.concurrency <= 100:
         raise BadInput("--concurrency must be between 1 and 100")
     progress = sys.stderr
-    with _interrupt_once(), _database(args, progress) as (engine, where):
+    # The dashboard's port is bound before the demo runs, so a busy one is said at
+    # once, as one error line, not after the demo.
+    sock = _dashboard_socket(args.dashboard_port) if args.dashboard else None
+    with (
+        sock if sock is not None else contextlib.nullcontext(),
+        _interrupt_once(),
+        _database(args, progress) as (engine, where),
+    ):
         schema = f"alkstore_demo_{uuid.uuid4().hex[:8]}"
         try:
             report = run_demo(engine, schema, args.jobs, args.concurrency, progress)
             if args.dashboard:
                 _show(args, {"database": where, **report})
-                _serve_until_interrupted(engine, schema, args.dashboard_port)
+                assert sock is not None
+                _serve_until_interrupted(engine, schema, args.dashboard_port, sock)
                 return 0
         finally:
             with contextlib.suppress(Exception), engine.begin() as conn:
@@ -107,13 +116,30 @@ def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _serve_until_interrupted(engine: Engine, schema: str, port: int) -> None:
+def _dashboard_socket(port: int) -> socket.socket:
+    from .dashboard import dashboard_package
+
+    try:
+        sock: socket.socket = dashboard_package().listen("127.0.0.1", port)
+    except OSError as exc:
+        raise cannot_listen(exc, "127.0.0.1", port, "--dashboard-port") from None
+    return sock
+
+
+def _serve_until_interrupted(engine: Engine, schema: str, port: int, sock: socket.socket) -> None:
     """The dashboard on the demo's schema, on this machine only, until Ctrl-C
     (the schema is dropped afterwards, as always)."""
     from .dashboard import serve_dashboard
 
     with contextlib.suppress(KeyboardInterrupt):
-        serve_dashboard(engine, [schema], host="127.0.0.1", port=port, out=sys.stderr)
+        serve_dashboard(
+            engine,
+            [schema],
+            host="127.0.0.1",
+            port=port,
+            out=sys.stderr,
+            sock=sock,
+        )
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import shown
 from ..worker import AsyncWorker, Worker
-from ._common import BadInput, CommandError, describe_url, leaf
+from ._common import BadInput, CommandError, cannot_listen, describe_url, leaf
 
 
 def register(sub: Any) -> None:
@@ -132,7 +132,7 @@ def _serve_metrics(worker: Worker | AsyncWorker, address: tuple[str, int]) -> No
     try:
         serve(port, host, registry)
     except OSError as exc:
-        raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from None
+        raise cannot_listen(exc, host, port, "--metrics-port") from None
     logging.getLogger("alkstore_sa.worker").info(
         "metrics at http://%s:%d/metrics",
         host,

@@ -7,12 +7,13 @@ Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, python-multipart);
 * :func:`create_app` returns a Starlette application: serve it with uvicorn, or
   mount it in your own Starlette or FastAPI application.
 * :func:`check_bind` refuses to expose an unauthenticated dashboard beyond the
-  local machine; :func:`serve` checks, then runs uvicorn.
+  local machine; :func:`serve` checks, then runs uvicorn on a socket bound by
+  :func:`listen` (bind first, so a busy port is an error before anything is announced).
 """
 
 from __future__ import annotations
 
 from ._app import create_app
-from ._serve import check_bind, serve
+from ._serve import check_bind, listen, serve
 
-__all__ = ["check_bind", "create_app", "serve"]
+__all__ = ["check_bind", "create_app", "listen", "serve"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Any
 
 from ..errors import InvalidOptionsError, shown
@@ -39,17 +40,39 @@ def check_bind(host: str, has_auth: bool) -> None:
         )
 
 
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8765, has_auth: bool = False) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening, for :func:`serve`.
+
+    Binding before anything is announced lets a caller say "port in use" as its own
+    error instead of uvicorn's log line after a success message.
+
+    :raises OSError: the address cannot be bound (``errno.EADDRINUSE`` for a busy port).
+    """
+    address = bind_address(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    return socket.create_server((address, port), family=family, backlog=2048)
+
+
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    has_auth: bool = False,
+    sock: socket.socket | None = None,
+) -> None:
     """Check the bind (:func:`check_bind`), then run ``app`` with uvicorn until
-    interrupted.
+    interrupted, on ``sock`` (from :func:`listen`) or on a socket bound here.
 
     :raises InvalidOptionsError: as :func:`check_bind`, before listening.
+    :raises OSError: as :func:`listen`.
     """
     check_bind(host, has_auth)
     import uvicorn
 
-    # "[::1]" is how a URL writes an IPv6 address; the socket wants "::1".
-    uvicorn.run(app, host=bind_address(host), port=port, log_level="warning")
+    bound = sock if sock is not None else listen(host, port)
+    with bound:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[bound])
 
 
 def bind_address(host: str) -> str:
