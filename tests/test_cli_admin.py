@@ -263,6 +263,61 @@ def test_queue_list_of_no_queues_says_none(cli: Cli) -> None:
     assert cli("queue", "list").out.strip() == "(none)"
 
 
+def test_queue_list_says_what_an_internal_queue_is(cli: Cli) -> None:
+    cli.json("queue", "create", "__pgboss__send-it")
+    cli.json("queue", "create", "orders")
+    rows = {r.split()[0]: r for r in cli("queue", "list").out.strip().splitlines()[1:]}
+    assert "internal: cron files each due schedule here" in rows["__pgboss__send-it"]
+    assert rows["orders"].rstrip().endswith("-")
+
+
+def test_queue_show_gives_settings_in_plain_units_counts_and_schedules(cli: Cli) -> None:
+    cli.json("queue", "create", "dlq")
+    cli.json(
+        "queue", "create", "payments", "--retry-limit", "2", "--dead-letter", "dlq",
+        "--expire-seconds", "900", "--retention-seconds", "1209600",
+    )  # fmt: skip
+    cli.json("send", "payments", "--data", '{"n": 1}')
+    cli.json("schedule", "add", "payments", "*/5 * * * *", "--key", "nightly")
+    ran = cli("queue", "show", "payments")
+    assert ran.code == 0, ran.err
+    lines = {line.split()[0]: line for line in ran.out.splitlines() if line.strip()}
+    assert "2 retries (3 attempts)" in lines["retry_limit"]
+    assert "14 days" in lines["retention_seconds"] and "1209600" not in ran.out
+    assert "15 min" in lines["expire_seconds"]
+    assert "dlq" in lines["dead_letter"]
+    assert "created 1" in ran.out and "failed 0" in ran.out
+    assert "nightly" in lines and "*/5 * * * *" in lines["nightly"]
+    shown = cli.json("queue", "show", "payments")
+    assert shown["queue"]["retention_seconds"] == 1_209_600
+    assert shown["counts"]["counts"]["created"] == 1
+    assert [s["key"] for s in shown["schedules"]] == ["nightly"]
+
+
+def test_queue_show_of_an_unknown_queue_is_a_one_line_error(cli: Cli) -> None:
+    _one_line_error(cli("queue", "show", "nope"), "'nope' does not exist")
+
+
+# ------------------------------------------------------------ parser rules
+
+
+def test_options_are_never_abbreviated_and_a_near_miss_is_suggested(cli: Cli) -> None:
+    cli.json("queue", "create", "invoices")
+    ran = cli("send", "invoices", "--prio", "5")
+    assert ran.code == 2
+    _one_line_error(ran, "unrecognized option '--prio'", "did you mean '--priority'?")
+    assert cli.sql("SELECT count(*) FROM {s}.job") == [(0,)]
+
+
+def test_a_misspelt_command_or_choice_gets_a_suggestion(cli: Cli) -> None:
+    _one_line_error(cli("queu", "list"), "invalid choice: 'queu'", "did you mean 'queue'?")
+    _one_line_error(cli("queue", "lst"), "did you mean 'list'?")
+    _one_line_error(cli("jobs", "list", "q", "--state", "actve"), "did you mean 'active'?")
+    far = cli("queue", "zzzz")
+    _one_line_error(far, "choose from")
+    assert "did you mean" not in far.err
+
+
 def test_queue_subscriptions_lists_events_of_all_or_one_queue(cli: Cli) -> None:
     cli.json("queue", "create", "alpha")
     cli.json("queue", "create", "beta")
@@ -374,6 +429,18 @@ def test_jobs_list_shows_the_newest_first(cli: Cli) -> None:
     assert [j["id"] for j in cli.json("jobs", "list", "q")] == ids[::-1]
     header = cli("jobs", "list", "q").out.splitlines()[0]
     assert header.split()[:3] == ["ID", "STATE", "PRIORITY"]
+
+
+def test_jobs_list_shows_the_data_cut_to_the_cell_width(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    cli.json("send", "q", "--data", '{"order": 17}')
+    cli.json("send", "q", "--data", json.dumps({"note": "x" * 200}))
+    header, long_row, short_row = cli("jobs", "list", "q").out.splitlines()
+    assert header.split()[-1] == "DATA"
+    assert short_row.endswith('{"order": 17}')
+    cell = long_row[header.index("DATA") :]
+    assert cell.endswith("…") and len(cell) == 60
+    assert cli.json("jobs", "list", "q")[0]["data"] == {"note": "x" * 200}
 
 
 def test_jobs_list_filters_by_state_and_limit(cli: Cli) -> None:

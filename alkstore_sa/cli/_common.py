@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -94,11 +96,42 @@ class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are exceptions, not ``sys.exit``.
 
     ``main`` turns them into one line on stderr and exit code 2, like every other
-    error of the command line (``--help`` shows the usage).
+    error of the command line (``--help`` shows the usage). Options are never
+    abbreviated (``--prio`` is not ``--priority``: a later option could make it
+    mean something else), and a misspelt option, command or choice gets the
+    nearest right one as a suggestion.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # A command's own parser knows its options: an unknown one is said here,
+        # with a suggestion, not as the top parser's "unrecognized arguments".
+        unknown = [a for a in extras if a.startswith("-") and len(a) > 1 and a != "--"]
+        if unknown and self._subparsers is None:
+            name = unknown[0].split("=", 1)[0]
+            known = [o for a in self._actions for o in a.option_strings]
+            self.error(f"unrecognized option {shown(name)}{_did_you_mean(name, known)}")
+        return parsed, extras
+
     def error(self, message: str) -> NoReturn:
+        bad = re.search(r"invalid choice: '([^']*)'", message)
+        if bad is not None:
+            choices = [str(c) for a in self._actions for c in (a.choices or ())]
+            hint = _did_you_mean(bad.group(1), choices)
+            if hint:  # the suggestion instead of the whole list
+                message = re.sub(r" \(choose from .*\)$", "", message) + hint
         raise BadInput(f"{message} (see '{self.prog} --help')")
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    near = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {shown(near[0])}?)" if near else ""
 
 
 def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
@@ -214,11 +247,19 @@ def emit(args: argparse.Namespace, value: Any, *, columns: Sequence[str] | None 
     sys.stdout.flush()
 
 
-def _cell(value: Any) -> str:
+JSON_CELL_WIDTH = 60
+"""Characters of a JSON value (a job's data) a table cell shows, ``…`` marking a cut;
+``key: value`` lines and ``--json`` show it whole."""
+
+
+def _cell(value: Any, *, cut: bool = False) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict | list):
-        return json.dumps(value, default=str)
+        text = json.dumps(value, default=str, ensure_ascii=False)
+        if cut and len(text) > JSON_CELL_WIDTH:
+            return text[: JSON_CELL_WIDTH - 1] + "…"
+        return text
     return str(value)
 
 
@@ -231,7 +272,7 @@ def print_table(rows: list[Any], columns: Sequence[str] | None) -> None:
             print(_cell(row))
         return
     cols = list(columns or rows[0].keys())
-    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    cells = [[_cell(r.get(c), cut=True) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
     for row in cells:

@@ -25,8 +25,10 @@ JOB_COLUMNS = (
     "created_on",
     "start_after",
     "completed_on",
+    "data",
 )
-"""Columns of the job tables printed by ``jobs list`` (``--json`` prints every field)."""
+"""Columns of the job tables printed by ``jobs list`` (``--json`` prints every field;
+a table cuts ``data``, as any JSON cell, to ``_common.JSON_CELL_WIDTH`` characters)."""
 
 
 def in_transaction(args: argparse.Namespace, work: Callable[[QueueService], T]) -> T:

@@ -1,11 +1,14 @@
-"""``alkstore queue create|update|list|stats|blocked-keys|delete``."""
+"""``alkstore queue create|update|list|show|stats|blocked-keys|subscriptions|delete``."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from typing import Any
 
+from .._humanize import duration, queue_note, queue_settings
 from ..errors import QueueNotFoundError
+from ..records import JobCounts, QueueInfo, ScheduleInfo
 from ..service import QueueService
 from ._common import BadInput, emit, leaf
 from ._options import QUEUE_CREATE, QUEUE_UPDATE, add_options, given_options
@@ -20,6 +23,7 @@ LIST_COLUMNS = (
     "queued_count",
     "active_count",
     "total_count",
+    "note",
 )
 STATS_COLUMNS = ("name", "deferred_count", "queued_count", "active_count", "total_count")
 
@@ -42,6 +46,10 @@ def register(sub: Any) -> None:
     update.set_defaults(handler=_update)
 
     leaf(actions, "list", "all queues with their cached counters").set_defaults(handler=_list)
+
+    show = leaf(actions, "show", "one queue: its settings in plain units, job counts, schedules")
+    show.add_argument("name")
+    show.set_defaults(handler=_show)
 
     stats = leaf(actions, "stats", "live job counts of one queue or of all")
     stats.add_argument("name", nargs="?")
@@ -89,7 +97,41 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    emit(args, in_transaction(args, lambda q: q.get_queues()), columns=LIST_COLUMNS)
+    queues = in_transaction(args, lambda q: q.get_queues())
+    if args.json:
+        emit(args, queues)
+    else:
+        rows = [{**asdict(info), "note": queue_note(info.name)} for info in queues]
+        emit(args, rows, columns=LIST_COLUMNS)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    def read(q: QueueService) -> tuple[QueueInfo, JobCounts, list[ScheduleInfo]]:
+        info = q.get_queue(args.name)
+        if info is None:
+            raise QueueNotFoundError(args.name, q.schema)
+        (counts,) = q.count_jobs([args.name])
+        return info, counts, q.get_schedules(args.name)
+
+    info, counts, schedules = in_transaction(args, read)
+    if args.json:
+        emit(args, {"queue": info, "counts": counts, "schedules": schedules})
+        return 0
+    note = queue_note(info.name)
+    print(f"queue {info.name}" + (f"  ({note})" if note else ""))
+    settings = queue_settings(info)
+    width = max(len(s.option) for s in settings)
+    for s in settings:
+        print(f"  {s.option:<{width}}  {s.value:<24}  {s.meaning}")
+    print("jobs")
+    ready = duration(counts.oldest_ready_seconds)
+    states = "  ".join(f"{state} {n}" for state, n in counts.counts.items())
+    print(f"  {states}  (oldest ready job waiting {ready})")
+    print("schedules" + ("" if schedules else "  (none)"))
+    for sched in schedules:
+        zone = f" {sched.timezone}" if sched.timezone else ""
+        print(f"  {sched.key or '(no key)'}  {sched.kind} {sched.cron!r}{zone}")
     return 0
 
 
