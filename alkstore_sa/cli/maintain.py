@@ -17,21 +17,22 @@ from ..supervision import Supervisor
 from ._common import CommandError, emit, engine_from, leaf, log_to_stderr, schema_of
 
 _TUNING = (
-    ("supervise_interval", float),
-    ("monitor_interval", float),
-    ("maintenance_interval", float),
-    ("cron_monitor_interval", float),
-    ("cron_worker_interval", float),
-    ("clock_monitor_interval", float),
-    ("flow_interval", float),
-    ("bam_interval", float),
-    ("reindex_interval", float),
-    ("warning_queue_size", int),
-    ("delete_batch_size", int),
-    ("expire_batch_size", int),
-    ("queue_stats_retention_days", int),
-    ("warning_retention_days", int),
+    ("supervise_interval", float, "how often this process tries the supervise turn (60)"),
+    ("monitor_interval", float, "per queue: counters, warnings and expiry, cluster-wide (60)"),
+    ("maintenance_interval", float, "per queue: deletion of old jobs, cluster-wide (86400)"),
+    ("cron_monitor_interval", float, "how often due schedules are filed into send-it (30)"),
+    ("cron_worker_interval", float, "how often send-it jobs become their queues' jobs (5)"),
+    ("clock_monitor_interval", float, "how often the database clock's skew is measured (600)"),
+    ("flow_interval", float, "schema 46: how often flow children are released (5)"),
+    ("bam_interval", float, "schema 46: how often queued index builds are run (60)"),
+    ("reindex_interval", float, "schema 46: how often bloated job indexes are rebuilt (86400)"),
+    ("warning_queue_size", int, "queued jobs above which a queue is warned about (10000)"),
+    ("delete_batch_size", int, "jobs deleted per statement (10000)"),
+    ("expire_batch_size", int, "jobs expired per statement (1000)"),
+    ("queue_stats_retention_days", int, "with --persist-queue-stats: days kept (7)"),
+    ("warning_retention_days", int, "with --persist-warnings: days kept (365)"),
 )
+"""The supervisor's settings as options: name, type, help (with pg-boss's default)."""
 
 
 def register(sub: Any) -> None:
@@ -74,9 +75,11 @@ def register(sub: Any) -> None:
         ("reindex", "rebuild bloated job indexes"),
     ):
         parser.add_argument(f"--no-{turn}", action="store_true", help=f"schema 46: do not {what}")
-    for name, kind in _TUNING:
+    for name, kind, what in _TUNING:
         unit = "days" if name.endswith("_days") else "seconds" if kind is float else "count"
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=unit.upper())
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, metavar=unit.upper(), help=what
+        )
     parser.set_defaults(handler=_maintain)
 
 
@@ -93,7 +96,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["persist_queue_stats"] = True
     if args.persist_warnings:
         settings["persist_warnings"] = True
-    for name, _ in _TUNING:
+    for name, *_ in _TUNING:
         value = getattr(args, name)
         if value is not None:
             settings[name] = value
