@@ -348,6 +348,12 @@ def supervision_prelude(ctx: Ctx) -> dict[str, Any]:
 
 
 def supervision_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [stored] = ctx.service(lambda jobs: jobs.get_schedules("nightly-report"))
+    assert (stored.cron, stored.timezone, stored.data) == (
+        "30 2 * * *",
+        "Europe/Berlin",
+        {"format": "pdf"},
+    )
     [report] = ctx.jobs("reports")
     assert report.state == "retry" and report.output == {"value": {"message": "job timed out"}}
     assert ctx.jobs("emails") == []  # deleted by the fake-clock pass
