@@ -37,9 +37,11 @@ class SystemClock:
     """Wall-clock time; statements use the database clock."""
 
     def now(self) -> dt.datetime:
+        """The current time, in UTC."""
         return dt.datetime.now(dt.UTC)
 
     def database_now(self) -> dt.datetime | None:
+        """``None``: statements use the database's own ``now()``."""
         return None
 
 
@@ -61,10 +63,12 @@ class FakeClock:
         self.drives_database = drives_database
 
     def now(self) -> dt.datetime:
+        """The clock's time, as set and advanced."""
         with self._lock:
             return self._now
 
     def database_now(self) -> dt.datetime | None:
+        """The clock's time when it ``drives_database``, else ``None``."""
         return self.now() if self.drives_database else None
 
     def advance(self, seconds: float | dt.timedelta) -> dt.datetime:

@@ -66,6 +66,7 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
+        """From a row of the job table (every column of :class:`Job`)."""
         values = dict(row)
         values["state"] = JobState(values["state"])
         return cls(**values)
@@ -228,6 +229,8 @@ class QueueInfo:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:
+        """From a row of the queue table; a policy this release does not know is kept
+        as its text."""
         values = dict(row)
         if values["policy"] in QueuePolicy.__members__.values():
             values["policy"] = QueuePolicy(values["policy"])
