@@ -186,12 +186,27 @@ class QueueService:
         ``retry_limit`` (2), ``retry_delay`` (0 s), ``retry_backoff`` (False),
         ``retry_delay_max``, ``expire_seconds`` (900), ``retention_seconds``
         (14 days), ``deletion_seconds`` (7 days), ``warning_queued`` (0 = global).
-        An existing queue is returned unchanged, as pg-boss does.
+        An existing queue is returned unchanged, as pg-boss does; when options given
+        here differ from its own, a WARNING (logger ``alkstore_sa.ops.queues``) names
+        each one, old -> new. To create a queue or make it match, call
+        :meth:`ensure_queue`.
 
         :raises QueueExistsError: if ``exist_ok`` is false and the queue exists.
         :raises InvalidOptionsError: for a bad option, before any write.
         """
         return self._run(ops.create_queue(self._ctx, name, exist_ok=exist_ok, options=options))
+
+    def ensure_queue(self, name: str, **options: Unpack[QueueOptions]) -> QueueInfo:
+        """Create the queue, or change the options given here on the existing queue to
+        match; return it. Options not given keep the queue's values. Meant for the
+        "declare the queues at start-up" pattern::
+
+            queues.ensure_queue("payments", retry_limit=7)
+
+        :raises InvalidOptionsError: for a bad option, or a ``policy`` or ``partition``
+            other than the existing queue's (those cannot change), before any write.
+        """
+        return self._run(ops.ensure_queue(self._ctx, name, options))
 
     def update_queue(self, name: str, **options: Unpack[QueueOptions]) -> QueueInfo:
         """Change a queue's options (all but ``policy`` and ``partition``).

@@ -65,6 +65,7 @@ def scenario(env: Env) -> Recorder:
     q("create_queue", "other")
     q("create_queue", "fifo", policy="key_strict_fifo")
     note("update_queue", q("update_queue", "smoke", dead_letter="dlq").dead_letter)
+    note("ensure_queue", q("ensure_queue", "other", retry_delay=3).retry_delay)
     note("get_queue", q("get_queue", "smoke").retry_limit)
     note("get_queues", [info.name for info in q("get_queues")])
 

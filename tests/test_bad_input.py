@@ -103,6 +103,7 @@ def refuses_each(
 
 EVERY_NAMED_CALL: dict[str, Call] = {
     "create_queue": lambda q, n: q.create_queue(n),
+    "ensure_queue": lambda q, n: q.ensure_queue(n, retry_limit=1),
     "update_queue": lambda q, n: q.update_queue(n, retry_limit=1),
     "delete_queue": lambda q, n: q.delete_queue(n),
     "get_queue": lambda q, n: q.get_queue(n),
@@ -167,10 +168,14 @@ NOT_OURS: list[str] = [
 client wrote can hold: every other call addresses them, as bound parameters."""
 
 
+CREATING = ("create_queue", "ensure_queue")
+"""The calls that may create a queue, so refuse a name ``create_queue`` refuses."""
+
+
 def test_invalid_queue_name_is_refused_before_any_sql(env: Any, ready: str) -> None:
     svc = env.service()
     for method, call in EVERY_NAMED_CALL.items():
-        for name in BAD_NAMES + (NOT_OURS if method == "create_queue" else []):
+        for name in BAD_NAMES + (NOT_OURS if method in CREATING else []):
             if name is None and method in ("get_schedules", "get_subscriptions"):
                 continue  # None there means "every queue"
             with statements(env) as seen:
@@ -187,7 +192,7 @@ def test_invalid_queue_name_is_refused_before_any_sql(env: Any, ready: str) -> N
 def test_a_name_we_would_not_create_is_addressed_as_a_missing_queue(env: Any, ready: str) -> None:
     svc = env.service()
     for method, call in EVERY_NAMED_CALL.items():
-        if method == "create_queue":
+        if method in CREATING:
             continue
         for name in NOT_OURS:
             try:
@@ -269,7 +274,7 @@ SCHEMA46_ONLY = ("touch", "update", "upsert", "get_blocked_keys")
 UNKNOWN_QUEUE_CALLS = {
     k: v
     for k, v in EVERY_NAMED_CALL.items()
-    if k not in ("create_queue", "delete_queue", "get_queue", "get_queues", "get_schedules")
+    if k not in (*CREATING, "delete_queue", "get_queue", "get_queues", "get_schedules")
     and k != "get_subscriptions"
     and k not in ("unschedule", "unsubscribe")
     # At schema 26 (this module's schema) these are refused for the version first

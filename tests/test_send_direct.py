@@ -392,10 +392,10 @@ class _nothing:
 # ------------------------------------------------------------------ without a database
 
 
-def test_fresh_ids_are_ascending_random_version_4_uuids_and_their_text() -> None:
+def test_fresh_ids_are_ascending_version_7_uuids_and_their_text() -> None:
     ids, literal = _fresh_ids(200)
     assert ids == sorted(ids) and len(set(ids)) == 200
-    assert all(isinstance(i, uuid.UUID) and i.version == 4 for i in ids)
+    assert all(isinstance(i, uuid.UUID) and i.version == 7 for i in ids)
     assert all(i.variant == uuid.RFC_4122 for i in ids)
     assert all(i == uuid.UUID(str(i)) and hash(i) == hash(uuid.UUID(str(i))) for i in ids)
     assert literal == "{" + ",".join(i.hex for i in ids) + "}"

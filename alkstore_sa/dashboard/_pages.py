@@ -18,15 +18,19 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from .. import cron, rrule, versions
+from .._humanize import duration, queue_note, queue_settings
 from ..errors import QueueNotFoundError, shown
 from ..models.enums import JobState
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
-from ._render import trace_id
+from ._render import failure, trace_id
 from ._state import HERE, STATES, BadRequest, Dashboard, parse_uuid, parse_when
 
+FAILURE_STATES = frozenset(s.value for s in (JobState.FAILED, JobState.RETRY))
+"""States in which a job's output is its last attempt's error."""
 UNFINISHED = frozenset(s.value for s in (JobState.CREATED, JobState.RETRY, JobState.ACTIVE))
 PAGE_SIZE = 50
+STALE_READY = 300  # seconds a ready job may wait before its queue is marked
 FLOW_LINKS = 100  # parents and children shown on a job page, each
 HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 HISTORY = "queue-stats history"  # what the sparklines read (a feature of versions.FEATURES)
@@ -58,6 +62,20 @@ def cached_counts(info: QueueInfo) -> JobCounts:
     per["created"] = info.queued_count
     per["active"] = info.active_count
     return JobCounts(info.name, per, None)
+
+
+def problems(failed: int, queued: int, warning_queued: int, oldest: float | None) -> list[str]:
+    """Why the overview marks a queue as a problem, one phrase per reason (none: fine):
+    failed jobs kept, a backlog at or over ``warning_queued``, a job ready for over
+    :data:`STALE_READY` seconds."""
+    out = []
+    if failed > 0:
+        out.append(f"{failed} failed job{'s' if failed != 1 else ''}")
+    if warning_queued > 0 and queued >= warning_queued:
+        out.append(f"{queued} queued, over warning_queued {warning_queued}")
+    if (oldest or 0) > STALE_READY:
+        out.append(f"a job ready for {duration(oldest)}, unclaimed")
+    return out
 
 
 async def overview(request: Request) -> Response:
@@ -98,12 +116,17 @@ async def overview(request: Request) -> Response:
             info = queues.get(c.name)
             queued = c.counts["created"] + c.counts["retry"]
             threshold = info.warning_queued if info is not None else 0
-            problem = (
-                c.counts["failed"] > 0
-                or (threshold > 0 and queued >= threshold)
-                or (c.oldest_ready_seconds or 0) > 300
+            reasons = problems(c.counts["failed"], queued, threshold, c.oldest_ready_seconds)
+            rows.append(
+                {
+                    "counts": c,
+                    "info": info,
+                    "problem": bool(reasons),
+                    "reasons": reasons,
+                    "note": queue_note(c.name),
+                    "history": None,
+                }
             )
-            rows.append({"counts": c, "info": info, "problem": problem, "history": None})
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
         history_since = None if versions.has(version, HISTORY) else versions.since(HISTORY)
         if history_since is None and rows:
@@ -161,6 +184,8 @@ async def queue_detail(request: Request) -> Response:
         counts=counts,
         schedules=fires,
         subscriptions=subscriptions,
+        settings=queue_settings(info),
+        note=queue_note(info.name),
         policies=("standard", "short", "singleton", "stately", "exclusive", "key_strict_fifo"),
     )
 
@@ -263,6 +288,7 @@ async def job_detail(request: Request) -> Response:
         job_actions=job_actions(str(job.state)),
         flow_links=FLOW_LINKS,
         trace_id=trace_id(job.trace_context),
+        failure=failure(job.output) if str(job.state) in FAILURE_STATES else None,
         unreadable=getattr(job, "unreadable", None),
     )
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,60 @@ def sparkline(values: Sequence[int]) -> str:
     top = max(values) or 1
     step = 120 / max(len(values) - 1, 1)
     return " ".join(f"{i * step:.1f},{24 - 22 * v / top:.1f}" for i, v in enumerate(values))
+
+
+@dataclass(frozen=True, slots=True)
+class TracePart:
+    """A run of a traceback's lines: ``library`` frames (this package's, or an
+    installed package's) are shown collapsed, the rest as they are."""
+
+    library: bool
+    text: str
+    frames: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed job's output as stored (``{name, message, stack}``, see
+    :func:`alkstore_sa.options.error_output`), ready to show."""
+
+    name: str
+    message: str
+    parts: list[TracePart]
+
+
+# A frame's first line in a Python traceback, and the paths that are not the user's.
+_FRAME = re.compile(r'^  File "([^"]*)", line \d+')
+_LIBRARY_PATH = re.compile(r"[/\\](alkstore_sa|site-packages|dist-packages)[/\\]|^<frozen ")
+
+
+def failure(output: Any) -> Failure | None:
+    """``output`` as a failure to show, when it has the error shape (a text ``stack``
+    beside ``name``/``message``, as our worker and pg-boss store it); else ``None``.
+
+    Consecutive library frames become one collapsed part, so the user's own frames
+    stand out."""
+    if not isinstance(output, dict) or not isinstance(output.get("stack"), str):
+        return None
+    parts: list[TracePart] = []
+    lines = output["stack"].splitlines()
+    i = 0
+    while i < len(lines):
+        match = _FRAME.match(lines[i])
+        # A frame is its File line and the indented source lines under it.
+        end = i + 1
+        if match:
+            while end < len(lines) and lines[end].startswith("    "):
+                end += 1
+        library = bool(match and _LIBRARY_PATH.search(match.group(1)))
+        text = "\n".join(lines[i:end]) + "\n"
+        if parts and parts[-1].library == library:
+            last = parts[-1]
+            parts[-1] = TracePart(library, last.text + text, last.frames + (1 if match else 0))
+        else:
+            parts.append(TracePart(library, text, 1 if match else 0))
+        i = end
+    return Failure(str(output.get("name") or ""), str(output.get("message") or ""), parts)
 
 
 def trace_id(context: Any) -> str | None:

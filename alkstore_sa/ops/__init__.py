@@ -20,6 +20,7 @@ from ._core import (
 from .queues import (
     create_queue,
     delete_queue,
+    ensure_queue,
     get_queue,
     get_queue_stats,
     get_queues,
@@ -67,6 +68,7 @@ __all__ = [
     "delete_by_state",
     "delete_jobs",
     "delete_queue",
+    "ensure_queue",
     "extend_leases",
     "fail_many",
     "fetch",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from ..records import QueueInfo, QueueStats
 from ..sql.common import locks
 from ..sql.v26 import queues as queue_sql
 from ._core import Call, Conflict, Context, Op
+
+logger = logging.getLogger(__name__)
 
 _DEAD_LETTER_FKEY = frozenset({"dlq_fkey"})
 """The foreign key of ``job.dead_letter`` (on ``job`` and every partition, at 26 and 46)."""
@@ -107,7 +110,12 @@ def create_queue(
     if before is not None:
         if not exist_ok:
             raise QueueExistsError(name)
+        _warn_unchanged(name, differences(before, checked))
         return before
+    return (yield from _insert_queue(ctx, name, checked))
+
+
+def _insert_queue(ctx: Context, name: str, checked: Mapping[str, Any]) -> Op[QueueInfo]:
     yield Call(
         queue_sql.create_queue(),
         {
@@ -118,6 +126,56 @@ def create_queue(
     created = yield from require_queue(ctx, name)
     ctx.policies.put(ctx.schema, name, str(created.policy))
     return created
+
+
+def differences(current: QueueInfo, wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The options in ``wanted`` (checked, as :func:`~alkstore_sa.options.queue_options`
+    returns them) whose value differs from ``current``'s: ``{option: (old, new)}``."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for option, new in wanted.items():
+        old = getattr(current, str(opt.OPTION[option].queue_column))
+        # A policy is a QueuePolicy on one side and may be its text on the other.
+        if getattr(old, "value", old) != getattr(new, "value", new):
+            out[option] = (getattr(old, "value", old), getattr(new, "value", new))
+    return out
+
+
+def _warn_unchanged(name: str, changed: Mapping[str, tuple[Any, Any]]) -> None:
+    if not changed:
+        return
+    said = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+    # A warning, not an error: pg-boss returns an existing queue unchanged, and an
+    # application that creates its queues at start-up must keep starting.
+    logger.warning(
+        "create_queue(%r): the queue exists with other options, kept unchanged: %s; "
+        "ensure_queue() makes it match",
+        name,
+        said,
+        extra={"action": "queue_options_ignored", "queue": name, "ignored": dict(changed)},
+    )
+
+
+def ensure_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
+    """Create queue ``name`` with ``options``, or change the existing queue's options
+    given here to match (the others stay as they are)."""
+    validate_queue(name)
+    checked = opt.queue_options(name, options, version=ctx.version)
+    yield _lock(ctx, locks.CREATE_QUEUE)
+    before = yield from get_queue(ctx, name)
+    if before is None:
+        return (yield from create_queue(ctx, name, exist_ok=True, options=options))
+    changed = differences(before, checked)
+    fixed = sorted(k for k in changed if not opt.OPTION[k].updatable)
+    if fixed:
+        old, new = changed[fixed[0]]
+        raise InvalidOptionsError(
+            fixed[0],
+            f"queue {shown(name)} has {old!r}, which cannot be changed to {new!r}; "
+            "delete and create the queue to change it",
+        )
+    if not changed:
+        return before
+    return (yield from update_queue(ctx, name, {k: checked[k] for k in changed}))
 
 
 def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:

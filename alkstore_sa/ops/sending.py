@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import struct
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -40,8 +43,8 @@ def _job_arrays(
     :func:`alkstore_sa.sql.v26.send.id_array` and ``data_array``).
     """
     n = len(specs)
-    # The jobs of one statement share created_on, and fetch breaks that tie by
-    # id: ascending ids keep a batch first-in, first-out.
+    # The jobs of one transaction share created_on, and fetch breaks that tie by
+    # id: ascending ids keep them first-in, first-out.
     fresh, fresh_text = _fresh_ids(n)
     datas = _data_only(specs)
     if datas is not None:
@@ -82,29 +85,66 @@ def _job_arrays(
     return arrays, ids
 
 
-# A version-4 UUID (RFC 4122): 122 random bits, then the version (4) in the high
-# nibble of byte 6 and the variant (0b10) in the top bits of byte 8.
-_V4_CLEAR = bytes.fromhex("ffffffffffff0fff3fffffffffffffff")
+# A version-4 UUID (RFC 4122): the version (4) in the high nibble of byte 6 and the
+# variant (0b10) in the top bits of byte 8 (only _checked_uuid_of's probe makes one).
 _V4_SET = bytes.fromhex("00000000000040008000000000000000")
+
+# Job ids are version-7 UUIDs (RFC 9562): 48 bits of Unix time in milliseconds, the
+# version (7), a 12-bit counter (rand_a, the RFC's "fixed bit-length dedicated counter"),
+# the variant (0b10) and 62 random bits. Jobs sent in one transaction share created_on
+# (now()), and listings and fetch break that tie by id: time-ordered ids keep them in the
+# order they were sent, across statements (the "Send jobs" page). Any UUID is a valid
+# pg-boss job id; Node never reads its bits.
+_LOW_CLEAR = bytes.fromhex("3fffffffffffffff")
+_LOW_SET = bytes.fromhex("8000000000000000")
+_tick_lock = threading.Lock()
+_last_tick = 0
+"""The last (milliseconds << 12 | counter) handed out by this process."""
+
+
+def _ticks(n: int) -> int:
+    """The first of ``n`` consecutive ticks (milliseconds << 12 | counter), each later
+    than any handed out before in this process, even if the clock steps back."""
+    global _last_tick
+    now = (time.time_ns() // 1_000_000) << 12
+    with _tick_lock:
+        first = max(now, _last_tick + 1)
+        _last_tick = first + n - 1
+    return first
 
 
 def _fresh_ids(n: int) -> tuple[list[uuid.UUID], str]:
-    """``n`` random version-4 UUIDs, ascending, and the ``:in_id`` text of them (see
-    :func:`alkstore_sa.sql.v26.send.id_array`).
+    """``n`` version-7 UUIDs, ascending, later than any this process minted before, and
+    the ``:in_id`` text of them (see :func:`alkstore_sa.sql.v26.send.id_array`).
 
     One ``os.urandom`` call and a few whole-buffer operations for all of them, where
     ``uuid.uuid4()`` makes one system call and several Python calls per id.
     """
-    size = 16 * n
-    random = int.from_bytes(os.urandom(size), "big")
-    clear = int.from_bytes(_V4_CLEAR * n, "big")
-    marks = int.from_bytes(_V4_SET * n, "big")
-    buffer = ((random & clear) | marks).to_bytes(size, "big")
-    # Bytes compare as the UUIDs' ints do (big-endian): sorted ids, sorted text.
-    chunks = sorted([buffer[i : i + 16] for i in range(0, size, 16)])
-    text = "{" + b"".join(chunks).hex(",", 16) + "}" if n else "{}"
+    if not n:
+        return [], "{}"
+    first = _ticks(n)
+    if (first & 0xFFF) + n <= 0x1000:
+        # The counter does not carry into the milliseconds: the high halves are
+        # consecutive integers.
+        top = ((first >> 12) << 16) | 0x7000 | (first & 0xFFF)
+        highs = struct.pack(f">{n}Q", *range(top, top + n))
+    else:
+        highs = struct.pack(
+            f">{n}Q",
+            *[((t >> 12) << 16) | 0x7000 | (t & 0xFFF) for t in range(first, first + n)],
+        )
+    random = int.from_bytes(os.urandom(8 * n), "big")
+    clear = int.from_bytes(_LOW_CLEAR * n, "big")
+    marks = int.from_bytes(_LOW_SET * n, "big")
+    lows = ((random & clear) | marks).to_bytes(8 * n, "big")
+    # Interleave the 8-byte halves, one strided copy per byte position.
+    buffer = bytearray(16 * n)
+    for k in range(8):
+        buffer[k::16] = highs[k::8]
+        buffer[8 + k :: 16] = lows[k::8]
+    text = "{" + buffer.hex(",", 16) + "}"
     make, from_bytes = _make_uuid, int.from_bytes
-    return [make(from_bytes(chunk, "big")) for chunk in chunks], text
+    return [make(from_bytes(buffer[i : i + 16], "big")) for i in range(0, 16 * n, 16)], text
 
 
 def _uuid_of(value: int) -> uuid.UUID:
@@ -180,7 +220,7 @@ def _checked_row(
     checked = opt.send_options(options, version=version)
     when: opt.StartAfter = checked.pop("start_after", opt.StartAfter(None, None))
     row = {name: checked.get(name) for name in send_sql.OPTION_INPUTS}
-    row["id"] = checked.get("id") or fresh_id or uuid.uuid4()
+    row["id"] = checked.get("id") or fresh_id or _fresh_ids(1)[0][0]
     row["data"] = opt.encode_json("data", data)
     row["start_at"] = when.absolute
     row["start_in"] = when.relative

@@ -25,7 +25,11 @@ def list_jobs(state: JobState | None = None) -> Select[Any]:
     stmt = select(*readable_columns(JOB.c)).where(JOB.c.name == bindparam("qname", type_=Text))
     if state is not None:
         stmt = stmt.where(JOB.c.state == state_text(state))
-    return stmt.order_by(JOB.c.created_on.desc(), JOB.c.id).limit(bindparam("limit", type_=Integer))
+    # Jobs of one transaction share created_on; their ids are time-ordered (see
+    # ops/sending.py), so id DESC lists them newest first too, as find_jobs does.
+    return stmt.order_by(JOB.c.created_on.desc(), JOB.c.id.desc()).limit(
+        bindparam("limit", type_=Integer)
+    )
 
 
 def find_jobs(

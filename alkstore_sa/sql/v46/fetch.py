@@ -359,4 +359,7 @@ def list_jobs(state_filter: JobState | None = None) -> Select[Any]:
     stmt = select(*readable_columns(JOB.c, JOB)).where(JOB.c.name == qname())
     if state_filter is not None:
         stmt = stmt.where(JOB.c.state == state_text(state_filter))
-    return stmt.order_by(JOB.c.created_on.desc(), JOB.c.id).limit(bindparam("limit", type_=Integer))
+    # id DESC: newest first within one transaction too (see sql/v26/inspect.py).
+    return stmt.order_by(JOB.c.created_on.desc(), JOB.c.id.desc()).limit(
+        bindparam("limit", type_=Integer)
+    )
