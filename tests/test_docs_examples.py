@@ -51,6 +51,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
+from support.skips import require_module
 
 from alkstore_sa import AsyncWorker, QueueService, Worker, migrate
 
@@ -118,8 +119,14 @@ def with_database(code: str, url: str) -> str:
 def compiled(block: Block, url: str) -> types.CodeType:
     # Padding with newlines makes tracebacks point at the markdown's own line numbers.
     source = "\n" * (block.line - 1) + with_database(block.code, url)
+    # dont_inherit: a page runs as the reader's module would, without this module's
+    # ``from __future__ import annotations`` (a mapped class's annotations stay objects).
     code: types.CodeType = compile(
-        source, str(ROOT / block.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        source,
+        str(ROOT / block.page),
+        "exec",
+        flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+        dont_inherit=True,
     )
     return code
 
@@ -196,6 +203,37 @@ class Invoice(AppBase):
     id: Mapped[int] = mapped_column(primary_key=True)
     customer: Mapped[str] = mapped_column(default="")
     order_id: Mapped[int | None] = mapped_column(default=None)
+
+
+class Signup(AppBase):
+    __tablename__ = "signups"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(default="")
+
+
+class FakeMailer:
+    """A test's fake mailer: records the addresses it sent to, from any thread or loop."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self._changed = threading.Condition()
+
+    def _record(self, to: str) -> None:
+        with self._changed:
+            self.sent.append(to)
+            self._changed.notify_all()
+
+    def send(self, to: str, subject: str) -> None:
+        self._record(to)
+
+    def wait_for(self, to: str, timeout: float = 20) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: to in self.sent, timeout), self.sent
+
+
+class AsyncFakeMailer(FakeMailer):
+    async def send(self, to: str, subject: str) -> None:  # type: ignore[override]
+        self._record(to)
 
 
 class Recorder:
@@ -708,6 +746,36 @@ def dead_letters_prelude(ctx: Ctx) -> dict[str, Any]:
     return {}
 
 
+def fastapi_prelude(ctx: Ctx) -> dict[str, Any]:
+    require_module("fastapi", "the FastAPI page (the examples extra)")
+    install_schema(ctx)
+    ctx.notes["mailer"] = mailer = AsyncFakeMailer()
+    return {"Signup": Signup, "mailer": mailer}
+
+
+def fastapi_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert [row.email for row in ctx.sql("SELECT email FROM signups")] == ["ada@example.com"]
+    [job] = ctx.jobs("welcome-emails")
+    assert (job.state, job.data, job.retry_limit) == ("completed", {"email": "ada@example.com"}, 5)
+    assert ctx.notes["mailer"].sent == ["ada@example.com"]
+    assert ns["worker"].stats()["welcome-emails"].completed == 1
+
+
+def flask_prelude(ctx: Ctx) -> dict[str, Any]:
+    require_module("flask_sqlalchemy", "the Flask-SQLAlchemy page (the examples extra)")
+    install_schema(ctx)
+    ctx.notes["mailer"] = mailer = FakeMailer()
+    return {"mailer": mailer}
+
+
+def flask_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    assert [row.email for row in ctx.sql("SELECT email FROM signup")] == ["ada@example.com"]
+    [job] = ctx.jobs("welcome-emails")
+    assert (job.state, job.data, job.retry_limit) == ("completed", {"email": "ada@example.com"}, 5)
+    with ns["app"].app_context():
+        ns["db"].engine.dispose()
+
+
 def keys_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
@@ -784,6 +852,8 @@ PAGES: dict[str, Page] = {
     "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
     "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
     "docs/how-to/logging.md": Page(logging_prelude, logging_check, cleanup=logging_cleanup),
+    "docs/how-to/fastapi.md": Page(fastapi_prelude, fastapi_check),
+    "docs/how-to/flask.md": Page(flask_prelude, flask_check),
 }
 
 
