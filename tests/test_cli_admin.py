@@ -229,9 +229,25 @@ def test_queue_create_with_partition_gives_a_dedicated_table(cli: Cli) -> None:
     assert info["partition"] is True and info["table_name"].startswith("j")
 
 
-def test_queue_create_of_an_existing_queue_leaves_it_unchanged(cli: Cli) -> None:
+def test_queue_create_of_an_existing_queue_leaves_it_unchanged_and_says_so(
+    cli: Cli, caplog: pytest.LogCaptureFixture
+) -> None:
     cli.json("queue", "create", "q", "--retry-limit", "1")
-    assert cli.json("queue", "create", "q", "--retry-limit", "9")["retry_limit"] == 1
+    ran = cli("queue", "create", "q", "--retry-limit", "9", json_output=True)
+    assert ran.code == 0 and ran.data["retry_limit"] == 1
+    # In-process, pytest's handler takes the record that a shell sees as one
+    # `alkstore: warning:` line (log_to_stderr; tests/test_cli_unix.py runs the CLI).
+    [record] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "retry_limit 1 -> 9" in record.getMessage()
+    assert "alkstore queue ensure" in record.getMessage()
+
+
+def test_queue_ensure_creates_or_makes_the_queue_match(cli: Cli) -> None:
+    assert cli.json("queue", "ensure", "q", "--retry-limit", "1")["retry_limit"] == 1
+    changed = cli.json("queue", "ensure", "q", "--retry-limit", "9", "--expire-seconds", "60")
+    assert (changed["retry_limit"], changed["expire_seconds"]) == (9, 60)
+    _one_line_error(cli("queue", "ensure", "q", "--policy", "short"), "cannot be changed")
+    assert cli.json("queue", "show", "q")["queue"]["policy"] == "standard"
 
 
 def test_queue_create_with_fail_if_exists_refuses_an_existing_queue(cli: Cli) -> None:

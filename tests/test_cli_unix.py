@@ -514,3 +514,13 @@ def test_maintain_pass_with_a_failing_step_logs_one_line_each_and_exits_1(
         for line in lines[:-1]
     ), err
     assert "errors" in out  # the pass's report still printed
+
+
+@pytest.mark.subprocess
+def test_queue_create_with_other_options_warns_on_one_line(database_url: str, schema: str) -> None:
+    common = ("--database-url", database_url, "--schema", schema)
+    assert run("queue", "create", "q", "--retry-limit", "1", *common).code == 0
+    ran = run("queue", "create", "q", "--retry-limit", "9", *common)
+    assert ran.code == 0
+    [line] = ran.err.strip().splitlines()
+    assert line.startswith("alkstore: warning: ") and "retry_limit 1 -> 9" in line

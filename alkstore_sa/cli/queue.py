@@ -1,4 +1,4 @@
-"""``alkstore queue create|update|list|show|stats|blocked-keys|subscriptions|delete``."""
+"""``alkstore queue create|ensure|update|list|show|stats|blocked-keys|subscriptions|delete``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .._humanize import duration, queue_note, queue_settings
 from ..errors import QueueNotFoundError
 from ..records import JobCounts, QueueInfo, ScheduleInfo
 from ..service import QueueService
-from ._common import BadInput, emit, leaf
+from ._common import BadInput, emit, leaf, log_to_stderr
 from ._options import QUEUE_CREATE, QUEUE_UPDATE, add_options, given_options
 from ._service import in_transaction
 
@@ -32,13 +32,25 @@ def register(sub: Any) -> None:
     queue = sub.add_parser("queue", help="create, inspect and delete queues")
     actions = queue.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    create = leaf(actions, "create", "create a queue (an existing one is left unchanged)")
+    create = leaf(
+        actions,
+        "create",
+        "create a queue (an existing one is left unchanged, with a warning if its options "
+        "differ)",
+    )
     create.add_argument("name")
     add_options(create, QUEUE_CREATE)
     create.add_argument(
         "--fail-if-exists", action="store_true", help="exit 1 if the queue already exists"
     )
     create.set_defaults(handler=_create)
+
+    ensure = leaf(
+        actions, "ensure", "create a queue, or change the options given to match, and print it"
+    )
+    ensure.add_argument("name")
+    add_options(ensure, QUEUE_CREATE)
+    ensure.set_defaults(handler=_ensure)
 
     update = leaf(actions, "update", "change a queue's options (not policy or partition)")
     update.add_argument("name")
@@ -80,11 +92,18 @@ def register(sub: Any) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
+    log_to_stderr()  # options an existing queue does not have: one warning line
     options = given_options(args, QUEUE_CREATE)
     info = in_transaction(
         args, lambda q: q.create_queue(args.name, exist_ok=not args.fail_if_exists, **options)
     )
     emit(args, info)
+    return 0
+
+
+def _ensure(args: argparse.Namespace) -> int:
+    options = given_options(args, QUEUE_CREATE)
+    emit(args, in_transaction(args, lambda q: q.ensure_queue(args.name, **options)))
     return 0
 
 

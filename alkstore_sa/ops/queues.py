@@ -148,7 +148,7 @@ def _warn_unchanged(name: str, changed: Mapping[str, tuple[Any, Any]]) -> None:
     # application that creates its queues at start-up must keep starting.
     logger.warning(
         "create_queue(%r): the queue exists with other options, kept unchanged: %s; "
-        "ensure_queue() makes it match",
+        "ensure_queue() (alkstore queue ensure) makes it match",
         name,
         said,
         extra={"action": "queue_options_ignored", "queue": name, "ignored": dict(changed)},
