@@ -162,7 +162,7 @@ def _driver_connection(target: Target, call: Call) -> Any:
 class _unprepared:
     """Our statements are never prepared server-side: behind a transaction-pooling
     PgBouncer each transaction may run on another server connection, where a statement
-    psycopg prepared earlier does not exist (docs/how-to/pgbouncer.md). psycopg reads
+    psycopg prepared earlier does not exist (the "Behind PgBouncer" how-to). psycopg reads
     the connection's ``prepare_threshold`` at each execute; the user's own statements
     keep theirs."""
 
