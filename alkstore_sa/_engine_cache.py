@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from . import names
+from ._pooler import watch
 from .errors import SchemaVersionError
 from .names import DEFAULT_SCHEMA, validate_schema
 from .ops import Call, Context, Op, PolicyCache, check_schema
@@ -99,6 +100,7 @@ def engine_state(engine: Engine) -> _EngineState:
     if state is None:
         with _lock:
             state = _states.setdefault(engine, _EngineState())
+        watch(engine)  # a pooler in front of it? (the "Behind PgBouncer" page)
     return state
 
 

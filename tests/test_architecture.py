@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa.tracing",
             "alkstore_sa.errors",
             "alkstore_sa.versions",
+            "alkstore_sa._pooler",
         ),
     ),
     ("models", ("alkstore_sa.models",)),

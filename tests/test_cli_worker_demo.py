@@ -448,3 +448,12 @@ def test_worker_metrics_on_a_busy_port_is_one_error_line(
     assert main([*argv, "--log-level", "ERROR"]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert f"port {busy_port} is in use" in line and "--metrics-port" in line
+
+
+def test_listen_url_is_given_to_the_worker_in_libpq_form() -> None:
+    from alkstore_sa.cli.worker import normalise_listen_url
+
+    assert (
+        normalise_listen_url("postgresql+psycopg://u@db:5432/app") == "postgresql://u@db:5432/app"
+    )
+    assert normalise_listen_url("host=db dbname=app") == "host=db dbname=app"

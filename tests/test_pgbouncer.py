@@ -6,16 +6,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from support.pgbouncer import pgbouncer
 from support.worker import wait_for
 
 from alkstore_sa import AsyncQueueService, AsyncWorker, QueueService, Worker
+from alkstore_sa._pooler import is_pooled
+from alkstore_sa.supervision import Supervisor
+from alkstore_sa.worker import _base
 
 
 @pytest.fixture(scope="session")
@@ -119,3 +123,135 @@ def test_an_async_worker_through_pgbouncer(
     finally:
         asyncio.run(async_engine.dispose())
         engine.dispose()
+
+
+# ------------------------------------------------ the engine a user has, and wake-ups
+
+
+def _sqlalchemy(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://")
+
+
+@pytest.fixture
+def pooled(transaction_pooled_url: str) -> Iterator[Engine]:
+    """A plain engine through PgBouncer in transaction mode, as a user makes one."""
+    engine = create_engine(_sqlalchemy(transaction_pooled_url))
+    yield engine
+    engine.dispose()
+
+
+def _send(engine: Engine, schema: str, queue: str, count: int) -> None:
+    for n in range(count):
+        with Session(engine) as session, session.begin():
+            QueueService(session, schema=schema).send(queue, {"n": n})
+
+
+def test_the_first_checkout_of_a_pooled_engine_turns_prepared_statements_off_once(
+    pooled: Engine, schema46: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "alkstore_sa")
+    for _ in range(3):
+        with Session(pooled) as session, session.begin():
+            QueueService(session, schema=schema46).get_queues()
+    with pooled.connect() as conn:
+        assert conn.connection.dbapi_connection.prepare_threshold is None  # type: ignore[union-attr]
+    told = [r for r in caplog.records if getattr(r, "action", None) == "pooler_detected"]
+    assert len(told) == 1 and "Behind PgBouncer" in told[0].getMessage()
+
+
+def test_a_pooled_connection_is_told_from_a_direct_one(pooled: Engine, engine: Engine) -> None:
+    with pooled.connect() as conn:
+        assert is_pooled(conn.connection.dbapi_connection) is True
+    with engine.connect() as conn:
+        assert is_pooled(conn.connection.dbapi_connection) is False
+
+
+def test_a_prepare_threshold_the_application_chose_is_kept(
+    transaction_pooled_url: str, schema46: str
+) -> None:
+    chosen = create_engine(
+        _sqlalchemy(transaction_pooled_url), connect_args={"prepare_threshold": 2}
+    )
+    try:
+        with Session(chosen) as session, session.begin():
+            QueueService(session, schema=schema46).get_queues()
+        with chosen.connect() as conn:
+            assert conn.connection.dbapi_connection.prepare_threshold == 2  # type: ignore[union-attr]
+    finally:
+        chosen.dispose()
+
+
+def test_a_worker_listening_through_transaction_pooling_warns_once_that_wakeups_miss(
+    pooled: Engine, schema46: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_base, "WAKEUP_PROBE_SECONDS", 1.0)
+    caplog.set_level(logging.WARNING, "alkstore_sa")
+    with Session(pooled) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    worker = Worker(pooled, schema=schema46, supervise=False, poll_interval=0.5)
+    worker.register("q", lambda job: None)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not _warned(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    [warning] = [r for r in caplog.records if getattr(r, "action", None) == "wakeups_missing"]
+    assert "listen_dsn" in warning.getMessage() and "--listen-url" in warning.getMessage()
+
+
+def _warned(caplog: pytest.LogCaptureFixture) -> bool:
+    return any(getattr(r, "action", None) == "wakeups_missing" for r in caplog.records)
+
+
+@pytest.mark.parametrize("listen", ["direct", "session pooling"])
+def test_a_worker_listening_elsewhere_wakes_at_once(
+    listen: str,
+    pooled: Engine,
+    session_pooled_url: str,
+    database_url: str,
+    schema46: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_base, "WAKEUP_PROBE_SECONDS", 1.0)
+    caplog.set_level(logging.WARNING, "alkstore_sa")
+    url = database_url if listen == "direct" else session_pooled_url
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    with Session(pooled) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    ran = threading.Event()
+    worker = Worker(pooled, schema=schema46, supervise=False, poll_interval=60, listen_dsn=dsn)
+    worker.register("q", lambda job: ran.set())
+    worker.start()
+    try:
+        time.sleep(1.5)  # past the first (empty) fetch and the wake-up probe
+        _send(pooled, schema46, "q", 1)
+        # Polls are a minute apart: only the notification can have woken it.
+        assert ran.wait(5)
+    finally:
+        worker.stop()
+    assert not _warned(caplog)
+
+
+@pytest.mark.slow  # supervision and the dashboard behind PgBouncer: a few seconds
+def test_supervision_and_the_dashboard_work_through_transaction_pooling(
+    pooled: Engine, schema46: str
+) -> None:
+    from starlette.testclient import TestClient
+
+    from alkstore_sa.dashboard import create_app
+
+    with Session(pooled) as session, session.begin():
+        jobs = QueueService(session, schema=schema46)
+        jobs.create_queue("q")
+        jobs.schedule("q", "* * * * *", {"n": 1})
+        jobs.send("q", {"n": 2})
+    for _ in range(2):
+        report = Supervisor(pooled, schema=schema46).run_once()
+        assert not report.errors, report.errors
+    app = create_app(pooled, schemas=[schema46])
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        page = client.get("/")
+        assert page.status_code == 200 and "q" in page.text

@@ -35,8 +35,7 @@ def register(sub: Any) -> None:
     create = leaf(
         actions,
         "create",
-        "create a queue (an existing one is left unchanged, with a warning if its options "
-        "differ)",
+        "create a queue (an existing one is left unchanged, with a warning if its options differ)",
     )
     create.add_argument("name")
     add_options(create, QUEUE_CREATE)

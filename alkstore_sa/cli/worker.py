@@ -57,6 +57,14 @@ def register(sub: Any) -> None:
         "the concurrency) (env ALKSTORE_PREFETCH)",
     )
     p.add_argument(
+        "--listen-url",
+        default=env("ALKSTORE_LISTEN_URL"),
+        metavar="URL",
+        help="connection string the worker LISTENs on, when its engine goes through a "
+        "transaction-pooling PgBouncer: a direct or session-pooled URL (env "
+        "ALKSTORE_LISTEN_URL)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=_seconds,
         default=env("ALKSTORE_SHUTDOWN_TIMEOUT"),
@@ -92,6 +100,14 @@ def _log_level(text: str) -> str:
             f"invalid choice: {shown(text)} (choose from {', '.join(LOG_LEVELS)}, in any case)"
         )
     return level
+
+
+def normalise_listen_url(url: str) -> str:
+    """``--listen-url`` as libpq takes it: a SQLAlchemy URL's driver suffix dropped."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.startswith("postgresql+"):
+        return "postgresql://" + rest
+    return url
 
 
 def _seconds(text: str) -> float:
@@ -183,6 +199,9 @@ def _run(args: argparse.Namespace) -> int:
     worker.configure(queues=queues, concurrency=args.concurrency, prefetch=args.prefetch)
     if args.shutdown_timeout is not None:
         worker.shutdown_timeout = args.shutdown_timeout
+    if args.listen_url:
+        # libpq's form: the listener connects with psycopg, not through SQLAlchemy.
+        worker.listen_dsn = normalise_listen_url(args.listen_url)
     if args.metrics_port is not None:
         _serve_metrics(worker, args.metrics_port)
     if isinstance(worker, AsyncWorker):

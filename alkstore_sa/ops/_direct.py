@@ -225,7 +225,7 @@ _ROLLBACK = "ROLLBACK TO SAVEPOINT alkstore_direct"
 
 def _rows(driver_connection: Any, sql: str, bound: Mapping[str, Any]) -> list[Any]:
     with driver_connection.cursor() as cursor:
-        cursor.execute(sql, bound, prepare=False)
+        cursor.execute(sql, bound)
         rows: list[Any] = cursor.fetchall()
         return rows
 
@@ -238,15 +238,15 @@ def _rows_in_savepoint(driver_connection: Any, sql: str, bound: Mapping[str, Any
         return _rows(driver_connection, sql, bound)
     try:
         if not psycopg.Pipeline.is_supported():
-            driver_connection.execute(_SAVEPOINT, prepare=False)
+            driver_connection.execute(_SAVEPOINT)
             rows = _rows(driver_connection, sql, bound)
-            driver_connection.execute(_RELEASE, prepare=False)
+            driver_connection.execute(_RELEASE)
             return rows
         with driver_connection.cursor() as cursor:
             with driver_connection.pipeline():
-                driver_connection.execute(_SAVEPOINT, prepare=False)
-                cursor.execute(sql, bound, prepare=False)
-                driver_connection.execute(_RELEASE, prepare=False)
+                driver_connection.execute(_SAVEPOINT)
+                cursor.execute(sql, bound)
+                driver_connection.execute(_RELEASE)
             # The pipeline's sync has brought the statement's rows.
             fetched: list[Any] = cursor.fetchall()
         return fetched
@@ -255,8 +255,8 @@ def _rows_in_savepoint(driver_connection: Any, sql: str, bound: Mapping[str, Any
             # Not if the transaction had failed before (then there is no savepoint,
             # and the error to raise is the one SAVEPOINT met).
             with contextlib.suppress(psycopg.Error):
-                driver_connection.execute(_ROLLBACK, prepare=False)
-                driver_connection.execute(_RELEASE, prepare=False)
+                driver_connection.execute(_ROLLBACK)
+                driver_connection.execute(_RELEASE)
         raise
 
 
@@ -284,7 +284,7 @@ def execute(
 
 async def _arows(driver_connection: Any, sql: str, bound: Mapping[str, Any]) -> list[Any]:
     async with driver_connection.cursor() as cursor:
-        await cursor.execute(sql, bound, prepare=False)
+        await cursor.execute(sql, bound)
         rows: list[Any] = await cursor.fetchall()
         return rows
 
@@ -297,22 +297,22 @@ async def _arows_in_savepoint(
         return await _arows(driver_connection, sql, bound)
     try:
         if not psycopg.AsyncPipeline.is_supported():
-            await driver_connection.execute(_SAVEPOINT, prepare=False)
+            await driver_connection.execute(_SAVEPOINT)
             rows = await _arows(driver_connection, sql, bound)
-            await driver_connection.execute(_RELEASE, prepare=False)
+            await driver_connection.execute(_RELEASE)
             return rows
         async with driver_connection.cursor() as cursor:
             async with driver_connection.pipeline():
-                await driver_connection.execute(_SAVEPOINT, prepare=False)
-                await cursor.execute(sql, bound, prepare=False)
-                await driver_connection.execute(_RELEASE, prepare=False)
+                await driver_connection.execute(_SAVEPOINT)
+                await cursor.execute(sql, bound)
+                await driver_connection.execute(_RELEASE)
             fetched: list[Any] = await cursor.fetchall()
         return fetched
     except psycopg.Error:
         if driver_connection.info.transaction_status == _FAILED:
             with contextlib.suppress(psycopg.Error):
-                await driver_connection.execute(_ROLLBACK, prepare=False)
-                await driver_connection.execute(_RELEASE, prepare=False)
+                await driver_connection.execute(_ROLLBACK)
+                await driver_connection.execute(_RELEASE)
         raise
 
 

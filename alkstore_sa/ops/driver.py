@@ -126,57 +126,11 @@ def _settled(result: Result[Any]) -> Result[Any]:
 
 
 def _execute(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:
-    driver_connection = _driver_connection(target, call)
-    if driver_connection is None:
-        return target.execute(call.statement, call.params, execution_options=options)
-    with _unprepared(driver_connection):
-        return target.execute(call.statement, call.params, execution_options=options)
+    return target.execute(call.statement, call.params, execution_options=options)
 
 
 async def _aexecute(target: AsyncTarget, call: Call, options: Mapping[str, Any]) -> Result[Any]:
-    sync_target = (
-        target.sync_session if isinstance(target, AsyncSession) else target.sync_connection
-    )
-    driver_connection = (
-        None if sync_target is None else await greenlet_spawn(_driver_connection, sync_target, call)
-    )
-    if driver_connection is None:
-        return await target.execute(call.statement, call.params, execution_options=options)
-    with _unprepared(driver_connection):
-        return await target.execute(call.statement, call.params, execution_options=options)
-
-
-def _driver_connection(target: Target, call: Call) -> Any:
-    """The psycopg connection ``call`` will run on, or ``None`` (another driver, or a
-    Connection not in a transaction: its statement begins one)."""
-    if isinstance(target, Session):
-        connection = target.connection(bind_arguments={"clause": call.statement})
-    elif target.in_transaction():
-        connection = target
-    else:
-        return None
-    driver_connection = connection.connection.driver_connection
-    return driver_connection if hasattr(driver_connection, "prepare_threshold") else None
-
-
-class _unprepared:
-    """Our statements are never prepared server-side: behind a transaction-pooling
-    PgBouncer each transaction may run on another server connection, where a statement
-    psycopg prepared earlier does not exist (the "Behind PgBouncer" how-to). psycopg reads
-    the connection's ``prepare_threshold`` at each execute; the user's own statements
-    keep theirs."""
-
-    __slots__ = ("_connection", "_saved")
-
-    def __init__(self, driver_connection: Any) -> None:
-        self._connection = driver_connection
-        self._saved = driver_connection.prepare_threshold
-
-    def __enter__(self) -> None:
-        self._connection.prepare_threshold = None
-
-    def __exit__(self, *exc: object) -> None:
-        self._connection.prepare_threshold = self._saved
+    return await target.execute(call.statement, call.params, execution_options=options)
 
 
 def _direct(target: Target, call: Call, options: Mapping[str, Any]) -> Result[Any]:

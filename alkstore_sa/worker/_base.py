@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import TypeVar
 
 from ..errors import InvalidOptionsError
@@ -27,6 +28,9 @@ __all__ = ["QueueState", "WorkerBase", "WorkerCore", "listen_conninfo", "monoton
 log = logging.getLogger("alkstore_sa.worker")
 
 B = TypeVar("B")
+
+WAKEUP_PROBE_SECONDS = 5.0
+"""How long a worker waits, once at start, for its own probe notification."""
 
 FETCH_JOIN_SECONDS = 10.0
 """How long shutdown waits for a fetch loop. A fetch never waits on row locks
@@ -61,6 +65,12 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
                     "not listening yet; relying on polling until the listener connects",
                     extra={"action": "listener_pending", "worker": self.name},
                 )
+            threading.Thread(
+                target=self._probe_wakeups,
+                args=(self._listener, conninfo),
+                name="alkstore-wakeup-probe",
+                daemon=True,
+            ).start()
         for spec in self._specs.values():
             state = self._queues[spec.queue] = QueueState(spec, self._event())
             state.runner = self._spawn(self._fetching(state), f"alkstore-fetch-{spec.queue}")
@@ -89,6 +99,29 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
         else:
             log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
             self._stop_requested.set()
+
+    def _probe_wakeups(self, listener: Listener, listening_on: str) -> None:
+        """Say once, at WARNING, when a notification sent the way senders send it
+        does not reach the listener (the "Behind PgBouncer" page): new jobs are then
+        found by polling only, up to ``poll_interval`` late."""
+        sending_on = listen_conninfo(self.engine.url)
+        heard = listener.probe(sending_on, WAKEUP_PROBE_SECONDS)
+        if heard is not False or self._stop_requested.is_set() or self._stopping.is_set():
+            return  # heard, cannot tell, or the worker is stopping anyway
+        same = listening_on == sending_on
+        log.warning(
+            "worker %s: wake-ups do not reach it: a notification sent through its engine "
+            "was not heard within %g s on its listening connection%s; new jobs are found "
+            "by polling only, up to %g s late. Give it a direct or session-pooled "
+            "connection string to listen on: listen_dsn=... (alkstore worker --listen-url)",
+            self.name,
+            WAKEUP_PROBE_SECONDS,
+            " (the engine's own URL: behind a pooler in transaction mode, LISTEN does not last)"
+            if same
+            else "",
+            min((s.poll_interval for s in self._specs.values()), default=0.0),
+            extra={"action": "wakeups_missing", "worker": self.name},
+        )
 
     # ------------------------------------------------------------ stopping
 

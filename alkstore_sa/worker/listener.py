@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -137,6 +138,31 @@ class Listener:
         """Wait until ``LISTEN channel`` is in effect; ``False`` on timeout."""
         with self._ready:
             return self._ready.wait_for(lambda: channel in self._listening, timeout)
+
+    def probe(self, conninfo: str, timeout: float) -> bool | None:
+        """Whether a ``NOTIFY`` sent over ``conninfo`` (how senders reach the database)
+        reaches this listener within ``timeout`` seconds; ``None`` when it cannot tell
+        (not listening yet, or ``conninfo`` does not connect).
+
+        A listening connection behind a pooler in transaction mode hears nothing: its
+        ``LISTEN`` was made on a server connection that is someone else's after it.
+        """
+        channel = f"alkstore_probe_{uuid.uuid4().hex}"
+        heard = threading.Event()
+        sub = self.subscribe(channel, lambda payload: heard.set())
+        try:
+            if not self.wait_listening(channel, timeout):
+                return None
+            try:
+                with psycopg.connect(
+                    conninfo, autocommit=True, application_name=APPLICATION_NAME
+                ) as conn:
+                    conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(channel)))
+            except psycopg.Error:
+                return None
+            return heard.wait(timeout)
+        finally:
+            self.unsubscribe(sub)
 
     @property
     def backend_pid(self) -> int | None:
