@@ -105,7 +105,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
         does not reach the listener (the "Behind PgBouncer" page): new jobs are then
         found by polling only, up to ``poll_interval`` late."""
         sending_on = listen_conninfo(self.engine.url)
-        heard = listener.probe(sending_on, WAKEUP_PROBE_SECONDS)
+        heard = listener.probe(self.channel, sending_on, WAKEUP_PROBE_SECONDS)
         if heard is not False or self._stop_requested.is_set() or self._stopping.is_set():
             return  # heard, cannot tell, or the worker is stopping anyway
         same = listening_on == sending_on

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 APPLICATION_NAME = "alkstore-listener"
 """``application_name`` of the listening connection (find it in ``pg_stat_activity``)."""
 
+PROBE_APPLICATION_NAME = "alkstore-probe"
+"""``application_name`` of the short connection a worker sends its wake-up probe on."""
+
 Callback = Callable[[str | None], None]
 
 
@@ -139,25 +142,32 @@ class Listener:
         with self._ready:
             return self._ready.wait_for(lambda: channel in self._listening, timeout)
 
-    def probe(self, conninfo: str, timeout: float) -> bool | None:
-        """Whether a ``NOTIFY`` sent over ``conninfo`` (how senders reach the database)
-        reaches this listener within ``timeout`` seconds; ``None`` when it cannot tell
-        (not listening yet, or ``conninfo`` does not connect).
+    def probe(self, channel: str, conninfo: str, timeout: float) -> bool | None:
+        """Whether a notification on ``channel`` sent over ``conninfo`` (how senders
+        reach the database) reaches this listener within ``timeout`` seconds; ``None``
+        when it cannot tell (not listening yet, or ``conninfo`` does not connect).
 
-        A listening connection behind a pooler in transaction mode hears nothing: its
-        ``LISTEN`` was made on a server connection that is someone else's after it.
+        The payload is a token no queue name can be (it holds spaces), so the other
+        subscribers of ``channel`` find no queue to wake for it. A listening
+        connection behind a pooler in transaction mode hears nothing: its ``LISTEN``
+        was made on a server connection that is someone else's after it.
         """
-        channel = f"alkstore_probe_{uuid.uuid4().hex}"
+        token = f"alkstore probe {uuid.uuid4()}"
         heard = threading.Event()
-        sub = self.subscribe(channel, lambda payload: heard.set())
+
+        def hear(payload: str | None) -> None:
+            if payload == token:
+                heard.set()
+
+        sub = self.subscribe(channel, hear)
         try:
             if not self.wait_listening(channel, timeout):
                 return None
             try:
                 with psycopg.connect(
-                    conninfo, autocommit=True, application_name=APPLICATION_NAME
+                    conninfo, autocommit=True, application_name=PROBE_APPLICATION_NAME
                 ) as conn:
-                    conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(channel)))
+                    conn.execute("SELECT pg_notify(%s, %s)", (channel, token), prepare=False)
             except psycopg.Error:
                 return None
             return heard.wait(timeout)
