@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from support.worker import Harness, send, state_of, wait_for
@@ -34,17 +36,26 @@ def boom(job: Job) -> None:
     raise ValueError("no stock\nsecond line")
 
 
+def run_until(
+    h: Harness, queue: str, state: str, handler: Any, **register: Any
+) -> tuple[uuid.UUID, Any]:
+    """Send one job to ``queue``, work it with ``handler`` until it is in ``state``,
+    stop; the job's id and the (stopped) worker."""
+    job_id = send(h, queue)
+    w = h.worker(poll_interval=0.1)
+    w.register(queue, handler, **register)
+    h.start(w)
+    wait_for(lambda: state_of(h, queue, job_id) == state)
+    h.stop(w)
+    return job_id, w
+
+
 def test_a_failed_attempt_with_retries_left_is_a_warning_saying_when_it_runs_again(
     harness: Harness, records: pytest.LogCaptureFixture
 ) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("payments", retry_limit=2, retry_delay=30))
-    job_id = send(h, "payments")
-    w = h.worker(poll_interval=0.1)
-    w.register("payments", h.handler(boom))
-    h.start(w)
-    wait_for(lambda: state_of(h, "payments", job_id) == "retry")
-    h.stop(w)
+    job_id, w = run_until(h, "payments", "retry", h.handler(boom))
     [record] = of(records, "job_failed")
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
@@ -63,12 +74,7 @@ def test_with_backoff_the_warning_gives_the_delay_the_backoff_starts_from(
 ) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("q", retry_limit=3, retry_delay=4, retry_backoff=True))
-    job_id = send(h, "q")
-    w = h.worker(poll_interval=0.1)
-    w.register("q", h.handler(boom))
-    h.start(w)
-    wait_for(lambda: state_of(h, "q", job_id) == "retry")
-    h.stop(w)
+    run_until(h, "q", "retry", h.handler(boom))
     [record] = of(records, "job_failed")
     assert record.getMessage().endswith(
         "(attempt 1 of 4): ValueError: no stock; retry with backoff from 4 s"
@@ -81,12 +87,7 @@ def test_the_last_failed_attempt_says_failed_for_good_with_the_traceback(
 ) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("q", retry_limit=0))
-    job_id = send(h, "q")
-    w = h.worker(poll_interval=0.1)
-    w.register("q", h.handler(boom))
-    h.start(w)
-    wait_for(lambda: state_of(h, "q", job_id) == "failed")
-    h.stop(w)
+    run_until(h, "q", "failed", h.handler(boom))
     [record] = of(records, "job_failed")
     assert record.levelno == logging.WARNING
     assert record.getMessage().endswith("(attempt 1 of 1): ValueError: no stock; failed for good")
@@ -100,12 +101,7 @@ def test_a_job_failed_for_good_names_the_dead_letter_queue_it_was_copied_to(
     h = harness
     h.service_tx(lambda q: q.create_queue("payments-dlq"))
     h.service_tx(lambda q: q.create_queue("payments", retry_limit=1, dead_letter="payments-dlq"))
-    job_id = send(h, "payments")
-    w = h.worker(poll_interval=0.1)
-    w.register("payments", h.handler(boom))
-    h.start(w)
-    wait_for(lambda: state_of(h, "payments", job_id) == "failed")
-    h.stop(w)
+    run_until(h, "payments", "failed", h.handler(boom))
     first, last = of(records, "job_failed")
     assert first.getMessage().endswith("(attempt 1 of 2): ValueError: no stock; retry in 0 s")
     assert first.exc_info is None
@@ -144,12 +140,7 @@ def test_a_completed_job_is_a_debug_record_with_its_duration(
 ) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("q"))
-    job_id = send(h, "q")
-    w = h.worker(poll_interval=0.1)
-    w.register("q", h.handler(sleep=0.05))
-    h.start(w)
-    wait_for(lambda: state_of(h, "q", job_id) == "completed")
-    h.stop(w)
+    job_id, _w = run_until(h, "q", "completed", h.handler(sleep=0.05))
     [record] = of(records, "job_completed")
     assert record.levelno == logging.DEBUG
     assert record.getMessage().startswith(f"job {job_id} of 'q' completed (attempt 1 of 3) in ")
@@ -162,12 +153,7 @@ def test_a_transactional_completion_is_a_debug_record_with_its_duration(
 ) -> None:
     h = harness
     h.service_tx(lambda q: q.create_queue("q"))
-    job_id = send(h, "q")
-    w = h.worker(poll_interval=0.1)
-    w.register("q", h.handler(), transactional=True)
-    h.start(w)
-    wait_for(lambda: state_of(h, "q", job_id) == "completed")
-    h.stop(w)
+    run_until(h, "q", "completed", h.handler(), transactional=True)
     [record] = of(records, "job_completed")
     assert record.levelno == logging.DEBUG and record.duration_ms >= 0  # type: ignore[attr-defined]
 
