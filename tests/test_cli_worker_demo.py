@@ -85,6 +85,16 @@ def app_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def in_app(app_dir: Path, monkeypatch: pytest.MonkeyPatch, database_url: str, schema: str) -> Path:
+    """In-process, as ``alkstore worker --app demo_app:build`` run in the app's folder."""
+    monkeypatch.chdir(app_dir)
+    monkeypatch.setenv("APP_DATABASE_URL", database_url)
+    monkeypatch.setenv("APP_SCHEMA", schema)
+    monkeypatch.syspath_prepend(str(app_dir))
+    return app_dir
+
+
+@pytest.fixture
 def queue(engine: Engine, schema: str) -> Iterator[str]:
     with Session(engine) as s, s.begin():
         QueueService(s, schema=schema).create_queue("q")
@@ -201,16 +211,8 @@ def test_worker_command_rejects_an_app_that_is_not_a_worker(
 
 
 def test_worker_command_rejects_a_queue_the_app_has_no_handler_for(
-    app_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    database_url: str,
-    schema: str,
+    in_app: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(app_dir)
-    monkeypatch.setenv("APP_DATABASE_URL", database_url)
-    monkeypatch.setenv("APP_SCHEMA", schema)
-    monkeypatch.syspath_prepend(str(app_dir))
     code = main(["worker", "--app", "demo_app:build", "--queue", "nope", "--log-level", "ERROR"])
     assert code == 2
     assert "no handler registered for 'nope'" in capsys.readouterr().err
@@ -261,15 +263,9 @@ def test_worker_command_rejects_a_bad_metrics_port(capsys: pytest.CaptureFixture
     assert "must be 1 to 65535" in capsys.readouterr().err
 
 
-def test_load_worker_applies_queue_and_concurrency_overrides(
-    app_dir: Path, monkeypatch: pytest.MonkeyPatch, database_url: str, schema: str
-) -> None:
+def test_load_worker_applies_queue_and_concurrency_overrides(in_app: Path) -> None:
     from alkstore_sa.cli.worker import load_worker
 
-    monkeypatch.chdir(app_dir)
-    monkeypatch.setenv("APP_DATABASE_URL", database_url)
-    monkeypatch.setenv("APP_SCHEMA", schema)
-    monkeypatch.syspath_prepend(str(app_dir))
     worker = load_worker("demo_app:build")
     assert sorted(worker.specs) == ["other", "q"]
     worker.configure(queues=["q"], concurrency=7, prefetch=3)
@@ -432,18 +428,8 @@ def test_demo_dashboard_port_is_checked_before_the_demo_runs(
 
 
 def test_worker_metrics_on_a_busy_port_is_one_error_line(
-    app_dir: Path,
-    busy_port: int,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    database_url: str,
-    schema: str,
-    queue: str,
+    in_app: Path, busy_port: int, capsys: pytest.CaptureFixture[str], queue: str
 ) -> None:
-    monkeypatch.chdir(app_dir)
-    monkeypatch.setenv("APP_DATABASE_URL", database_url)
-    monkeypatch.setenv("APP_SCHEMA", schema)
-    monkeypatch.syspath_prepend(str(app_dir))
     argv = ["worker", "--app", "demo_app:build", "--metrics-port", f"127.0.0.1:{busy_port}"]
     assert main([*argv, "--log-level", "ERROR"]) == 1
     line = _one_error_line(capsys.readouterr().err)
