@@ -40,8 +40,13 @@ from ..common.base import (
 from ..common.reading import readable_schedules
 
 LOCK_TIMEOUT_MS = 30_000
-"""``lock_timeout`` and ``idle_in_transaction_session_timeout`` of a supervisor
-transaction, as pg-boss sets them around its locked commands."""
+"""``lock_timeout`` of a supervisor transaction, as pg-boss sets it around its
+locked commands."""
+
+IDLE_TIMEOUT_MS = 30_000
+"""``idle_in_transaction_session_timeout`` of a supervisor transaction (pg-boss
+sets it to the same value as the lock timeout; a separate name lets a test
+shorten the wait for a lock without killing a slow step's connection)."""
 
 
 def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -55,10 +60,9 @@ def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
 @functools.cache
 def local_timeouts() -> Select[Any]:
     """``SET LOCAL lock_timeout`` and the idle timeout, as Core (``set_config(..., true)``)."""
-    value = str(LOCK_TIMEOUT_MS)
     return select(
-        func.set_config("lock_timeout", value, true()),
-        func.set_config("idle_in_transaction_session_timeout", value, true()),
+        func.set_config("lock_timeout", str(LOCK_TIMEOUT_MS), true()),
+        func.set_config("idle_in_transaction_session_timeout", str(IDLE_TIMEOUT_MS), true()),
     )
 
 
