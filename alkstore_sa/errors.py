@@ -312,6 +312,30 @@ class SchemaFeatureError(AlkstoreError):
         )
 
 
+class PooledConnectionError(AlkstoreError):
+    """A schema change was given a connection that goes through a connection pooler.
+
+    An upgrade holds pg-boss's migration lock as a session advisory lock and may build
+    indexes ``CONCURRENTLY`` between transactions: both need one server session from
+    start to end, which a pooler in transaction mode does not keep (the lock would be
+    taken on one server connection and released on another, and stay held). The
+    library cannot tell a pooler's transaction mode from its session mode, so it
+    refuses both, before anything is written; give the upgrade a URL that reaches
+    PostgreSQL directly (the "Behind PgBouncer" page).
+
+    :ivar schema: the schema to be changed.
+    """
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        super().__init__(
+            f"schema {shown(schema)}: this connection goes through a connection pooler "
+            "(PgBouncer or another), and a schema upgrade needs one server session "
+            "throughout (a session advisory lock, CONCURRENTLY index builds); run it "
+            "with a URL that reaches PostgreSQL directly (the 'Behind PgBouncer' page)"
+        )
+
+
 class FlowConflictError(AlkstoreError):
     """A job of a :meth:`~alkstore_sa.QueueService.flow` was refused by a unique
     index: its ``id`` is taken in its queue, or the queue's policy or a throttle

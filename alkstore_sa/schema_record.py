@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, text
 
-from .errors import InvalidOptionsError, shown
+from ._pooler import is_pooled
+from .errors import InvalidOptionsError, PooledConnectionError, shown
 from .migrations import VERSION_TABLE
 from .names import DEFAULT_SCHEMA, validate_schema
 from .ops import driver, read_version
@@ -189,6 +190,9 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
     would deadlock). A transaction still open at the end is committed, or rolled back on
     an exception, before the lock is released. Without ``own`` (the caller's connection)
     the lock is a transaction lock, released when the caller's transaction ends.
+
+    :raises PooledConnectionError: with ``own``, when ``conn`` goes through a connection
+        pooler, before the lock is taken.
     """
     key = lock_key_sql(schema)
     if not own:
@@ -197,6 +201,7 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
         return
     if conn.in_transaction():
         conn.commit()
+    refuse_pooled(conn, schema)
     with autocommit(conn):
         waited = False
         while not conn.execute(text(f"SELECT pg_try_advisory_lock({key})")).scalar_one():
@@ -228,6 +233,13 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
             # The session is unusable: closing it is what releases the lock.
             conn.invalidate()
             raise
+
+
+def refuse_pooled(conn: Connection, schema: str) -> None:
+    """Raise :class:`PooledConnectionError` when ``conn`` reaches the server through a
+    connection pooler (a session lock taken on it could outlive the upgrade)."""
+    if is_pooled(conn.connection.dbapi_connection):
+        raise PooledConnectionError(schema)
 
 
 @contextmanager

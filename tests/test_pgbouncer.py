@@ -13,19 +13,22 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from support.pgbouncer import pgbouncer
+from support.schemas import random_schema, schema_exists, throwaway
 from support.worker import wait_for
 
-from alkstore_sa import AsyncQueueService, AsyncWorker, QueueService, Worker
+from alkstore_sa import (
+    AsyncQueueService,
+    AsyncWorker,
+    PooledConnectionError,
+    QueueService,
+    Worker,
+    migrate,
+)
 from alkstore_sa._pooler import is_pooled
+from alkstore_sa.cli import main
+from alkstore_sa.schema_record import lock_key_sql
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import _base
-
-
-@pytest.fixture(scope="session")
-def transaction_pooled_url(database_url: str) -> Iterator[str]:
-    with pgbouncer(database_url, "transaction") as url:
-        yield url
 
 
 # Slow tier (runs once per CI, not also on the floors): it hung once, in one floors run of
@@ -78,12 +81,6 @@ def test_senders_and_a_worker_through_transaction_pooling(
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     finally:
         engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def session_pooled_url(database_url: str) -> Iterator[str]:
-    with pgbouncer(database_url, "session") as url:
-        yield url
 
 
 @pytest.mark.parametrize("mode", ["transaction", "session"])
@@ -258,3 +255,40 @@ def test_supervision_and_the_dashboard_work_through_transaction_pooling(
     with TestClient(app, base_url="http://127.0.0.1:8765") as client:
         page = client.get("/")
         assert page.status_code == 200 and "q" in page.text
+
+
+# ------------------------------------------------------------- schema upgrades refuse
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_an_upgrade_through_a_pooler_is_refused_before_anything_is_written(
+    mode: str, request: pytest.FixtureRequest, engine: Engine
+) -> None:
+    url = request.getfixturevalue(f"{mode}_pooled_url")
+    through = create_engine(_sqlalchemy(url))
+    name = random_schema()
+    try:
+        with throwaway(engine, name), pytest.raises(PooledConnectionError) as refused:
+            migrate.upgrade(through, name)
+        assert refused.value.schema == name
+        assert "directly" in str(refused.value) and "Behind PgBouncer" in str(refused.value)
+        assert not schema_exists(engine, name)
+        # No server session was left holding pg-boss's migration lock on the schema.
+        with engine.connect() as conn:
+            free = conn.execute(text(f"SELECT pg_try_advisory_xact_lock({lock_key_sql(name)})"))
+            assert free.scalar_one() is True
+    finally:
+        through.dispose()
+
+
+def test_alkstore_db_upgrade_through_a_pooler_says_so_in_one_line(
+    transaction_pooled_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = random_schema()
+    with throwaway(engine, name):
+        code = main(["db", "upgrade", "--database-url", transaction_pooled_url, "--schema", name])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1
+        assert len(err) == 1 and err[0].startswith("alkstore: error: schema ")
+        assert "connection pooler" in err[0]
+        assert not schema_exists(engine, name)
