@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.pgbouncer import pgbouncer
 from support.schemas import install
 from support.skips import unavailable, under_ci
 from support.tiers import mark_tiers, unexpected_skips
@@ -133,6 +134,20 @@ def engine(database_url: str) -> Iterator[Engine]:
     eng = create_engine(database_url, pool_size=10, max_overflow=20)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def transaction_pooled_url(database_url: str) -> Iterator[str]:
+    """The test database through a PgBouncer in transaction pooling (docs/how-to/pgbouncer.md)."""
+    with pgbouncer(database_url, "transaction") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def session_pooled_url(database_url: str) -> Iterator[str]:
+    """The test database through a PgBouncer in session pooling."""
+    with pgbouncer(database_url, "session") as url:
+        yield url
 
 
 def new_schema_name() -> str:

@@ -7,14 +7,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, text
+from chaos_app import application_name
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 import alkstore_sa
+from alkstore_sa import QueueService
 
 HERE = Path(__file__).resolve().parent
 ROOT = Path(alkstore_sa.__file__).resolve().parent.parent
@@ -52,6 +58,41 @@ class Deadline:
                 seen = f" (last: {show()!r})" if show is not None else ""
                 raise AssertionError(f"timed out waiting for {what}{seen}")
             time.sleep(interval)
+
+
+class Sender:
+    """Sends a job every few milliseconds in its own transactions, counting failures."""
+
+    def __init__(self, database_url: str, schema: str) -> None:
+        self.engine = create_engine(
+            database_url,
+            pool_pre_ping=True,
+            connect_args={"application_name": application_name(schema, "sender")},
+        )
+        self.schema = schema
+        self.sent: list[uuid.UUID] = []
+        self.errors = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                with Session(self.engine) as s, s.begin():
+                    job_id = QueueService(s, schema=self.schema).send("chaos", {"n": n})
+                assert job_id is not None
+                self.sent.append(job_id)
+                n += 1
+            except DBAPIError:
+                self.errors += 1  # the connection was terminated: send again
+            self.stop.wait(0.01)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(10)
+        self.engine.dispose()
 
 
 class Child:

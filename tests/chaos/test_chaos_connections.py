@@ -6,17 +6,14 @@ within a poll interval plus the reconnection backoff.
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 from functools import partial
 from pathlib import Path
 
 import pytest
-from chaos_app import application_name, create_tables
-from chaos_support import Children, Deadline, listeners, rows, states, terminate
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import DBAPIError
+from chaos_app import create_tables
+from chaos_support import Children, Deadline, Sender, listeners, rows, states, terminate
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService
@@ -28,41 +25,6 @@ POLL = 0.5
 BOUND = POLL + 2.5
 """Seconds from a kill to the completion of a job sent after it: one poll interval, the
 first reconnection backoffs (0.1 s, 0.2 s, jittered) and a margin for a busy 2-core machine."""
-
-
-class Sender:
-    """Sends a job every few milliseconds in its own transactions, counting failures."""
-
-    def __init__(self, database_url: str, schema: str) -> None:
-        self.engine = create_engine(
-            database_url,
-            pool_pre_ping=True,
-            connect_args={"application_name": application_name(schema, "sender")},
-        )
-        self.schema = schema
-        self.sent: list[uuid.UUID] = []
-        self.errors = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            try:
-                with Session(self.engine) as s, s.begin():
-                    job_id = QueueService(s, schema=self.schema).send("chaos", {"n": n})
-                assert job_id is not None
-                self.sent.append(job_id)
-                n += 1
-            except DBAPIError:
-                self.errors += 1  # the connection was terminated: send again
-            self.stop.wait(0.01)
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join(10)
-        self.engine.dispose()
 
 
 def _first_completion_after(engine: Engine, schema: str, at: float) -> float | None:
