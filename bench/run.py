@@ -28,10 +28,16 @@ from .common import (
     percentile,
     spread,
 )
-from .scenarios import Variant, drain, latency, mixed, scale, scale26, send
+from .scenarios import Variant, drain, latency, mixed, pgbouncer, scale, scale26, send
 from .scenarios import peers as peer_scenarios
 
-SCENARIO_MODULES = {"send": send, "drain": drain, "latency": latency, "mixed": mixed}
+SCENARIO_MODULES = {
+    "send": send,
+    "drain": drain,
+    "latency": latency,
+    "pgbouncer": pgbouncer,
+    "mixed": mixed,
+}
 # Run only when an --only names them: they load up to a million jobs.
 OPT_IN_MODULES = {"scale": scale, "scale26": scale26}
 

@@ -698,6 +698,18 @@ def heartbeats_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert (seconds, beat_after_start) == (30, True)  # touched after the fetch
 
 
+def pgbouncer_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    return {}
+
+
+def pgbouncer_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [job] = ctx.jobs("emails")
+    assert (job.state, job.data) == ("created", {"to": "ada@example.com"})
+    # The URL it gave went through PgBouncer, on a port of its own.
+    assert make_url(ns["pooled_url"]).port != make_url(ctx.url).port
+
+
 def rrule_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
@@ -854,6 +866,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/logging.md": Page(logging_prelude, logging_check, cleanup=logging_cleanup),
     "docs/how-to/fastapi.md": Page(fastapi_prelude, fastapi_check),
     "docs/how-to/flask.md": Page(flask_prelude, flask_check),
+    "docs/how-to/pgbouncer.md": Page(pgbouncer_prelude, pgbouncer_check),
 }
 
 

@@ -31,9 +31,6 @@ from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import _base
 
 
-# Slow tier (runs once per CI, not also on the floors): it hung once, in one floors run of
-# four, with senders waiting inside their transactions; the cause is not found yet.
-@pytest.mark.slow
 def test_senders_and_a_worker_through_transaction_pooling(
     transaction_pooled_url: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -68,7 +68,7 @@ def ceiling_sender(cfg: Config, clock: Clock) -> None:
             time.sleep(GAP)
 
 
-def _samples(scenario: str, variant: str, clock: Clock) -> list[Sample]:
+def samples(scenario: str, variant: str, clock: Clock) -> list[Sample]:
     lat = clock.latencies_ms()
     if len(lat) < clock.n:
         raise RuntimeError(f"{variant}: only {len(lat)} of {clock.n} jobs were picked up")
@@ -78,11 +78,15 @@ def _samples(scenario: str, variant: str, clock: Clock) -> list[Sample]:
     ]
 
 
-def run_worker(cfg: Config, n: int, concurrency: int | None = None) -> Clock:
+def run_worker(
+    cfg: Config, n: int, concurrency: int | None = None, settings: dict[str, Any] | None = None
+) -> Clock:
     from alkstore_sa.worker import Worker
 
     clock = Clock(n)
-    settings: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
+    settings = dict(settings or {})
+    if concurrency is not None:
+        settings["concurrency"] = concurrency
     worker = Worker(cfg.engine, schema=cfg.schema, **settings)
     worker.register(QUEUE, lambda job: clock.start(job.data))
     worker.start()
@@ -162,7 +166,7 @@ def _variant(name: str, body: Callable[[Config, int], Clock], n: int, base: str 
 
     def run(cfg: Config) -> list[Sample]:
         reset(cfg)
-        return _samples(scenario, name, body(cfg, n))
+        return samples(scenario, name, body(cfg, n))
 
     return Variant(scenario, name, run, base, target=("<=", 2.0) if base else None)
 
