@@ -4,7 +4,9 @@ may land on a different server connection (docs/how-to/pgbouncer.md)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from support.worker import wait_for
 from alkstore_sa import (
     AsyncQueueService,
     AsyncWorker,
+    InvalidOptionsError,
     PooledConnectionError,
     QueueService,
     Worker,
@@ -26,8 +29,11 @@ from alkstore_sa import (
 )
 from alkstore_sa._pooler import is_pooled
 from alkstore_sa.cli import main
+from alkstore_sa.clock import FakeClock
+from alkstore_sa.names import SEND_IT_QUEUE
 from alkstore_sa.schema_record import lock_key_sql
 from alkstore_sa.supervision import Supervisor
+from alkstore_sa.testing.pgbouncer import PgBouncerUnavailableError, run_pgbouncer
 from alkstore_sa.worker import _base
 
 
@@ -232,26 +238,55 @@ def test_a_worker_listening_elsewhere_wakes_at_once(
     assert not _warned(caplog)
 
 
-@pytest.mark.slow  # supervision and the dashboard behind PgBouncer: a few seconds
-def test_supervision_and_the_dashboard_work_through_transaction_pooling(
-    pooled: Engine, schema46: str
+@pytest.mark.slow  # supervision, cron and the dashboard behind PgBouncer: a few seconds
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_supervision_cron_and_the_dashboard_work_through_pgbouncer(
+    mode: str, request: pytest.FixtureRequest, schema46: str
 ) -> None:
     from starlette.testclient import TestClient
 
     from alkstore_sa.dashboard import create_app
 
-    with Session(pooled) as session, session.begin():
-        jobs = QueueService(session, schema=schema46)
-        jobs.create_queue("q")
-        jobs.schedule("q", "* * * * *", {"n": 1})
-        jobs.send("q", {"n": 2})
-    for _ in range(2):
-        report = Supervisor(pooled, schema=schema46).run_once()
-        assert not report.errors, report.errors
-    app = create_app(pooled, schemas=[schema46])
-    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
-        page = client.get("/")
-        assert page.status_code == 200 and "q" in page.text
+    through = create_engine(_sqlalchemy(request.getfixturevalue(f"{mode}_pooled_url")))
+    try:
+        with Session(through) as session, session.begin():
+            jobs = QueueService(session, schema=schema46)
+            jobs.create_queue("q")
+            jobs.schedule("q", "* * * * *", {"n": 1})
+            sent = jobs.send("q", {"n": 2})
+        # Three minutes of cron in nine passes, on a clock of the test's own that starts
+        # at the database's time.
+        with through.connect() as conn:
+            start = conn.execute(text("SELECT now()")).scalar_one()
+        clock = FakeClock(start)
+        supervisor = Supervisor(through, schema=schema46, clock=clock)
+        minutes: set[dt.datetime] = set()
+        for _ in range(9):
+            minutes.add(clock.now().replace(second=0, microsecond=0))
+            report = supervisor.run_once(force=True)
+            assert not report.errors, report.errors
+            clock.advance(20)
+        with through.connect() as conn:
+            slots = conn.execute(
+                text(f'SELECT singleton_on FROM "{schema46}".job WHERE name = :q'),
+                {"q": SEND_IT_QUEUE},
+            ).scalars()
+            fired = {slot.replace(tzinfo=dt.UTC) for slot in slots}
+        # The schedule fired once in each minute the passes saw (filed for the minute of
+        # the fake clock); the first minute's job, due at the database's time, was sent.
+        assert fired == minutes
+        with Session(through) as session, session.begin():
+            found = QueueService(session, schema=schema46).find_jobs("q")
+        assert sorted(j.data["n"] for j in found.jobs) == [1, 2]
+        app = create_app(through, schemas=[schema46])
+        with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+            assert client.get("/").status_code == 200
+            queue_page = client.get(f"/s/{schema46}/queues/q")
+            assert queue_page.status_code == 200 and "* * * * *" in queue_page.text
+            job_page = client.get(f"/s/{schema46}/jobs/{sent}", params={"queue": "q"})
+            assert job_page.status_code == 200 and str(sent) in job_page.text
+    finally:
+        through.dispose()
 
 
 # ------------------------------------------------------------- schema upgrades refuse
@@ -289,3 +324,27 @@ def test_alkstore_db_upgrade_through_a_pooler_says_so_in_one_line(
         assert len(err) == 1 and err[0].startswith("alkstore: error: schema ")
         assert "connection pooler" in err[0]
         assert not schema_exists(engine, name)
+
+
+# ------------------------------------------------------- the testing helper's own errors
+
+
+def test_run_pgbouncer_refuses_an_unknown_pool_mode_before_starting_anything(
+    database_url: str,
+) -> None:
+    with (
+        pytest.raises(InvalidOptionsError, match=r"pool_mode.*'statement'"),
+        run_pgbouncer(database_url, "statement"),
+    ):
+        pass  # pragma: no cover
+
+
+def test_run_pgbouncer_without_the_program_says_it_is_not_installed(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
+    with (
+        pytest.raises(PgBouncerUnavailableError, match="not installed"),
+        run_pgbouncer(database_url),
+    ):
+        pass  # pragma: no cover

@@ -79,6 +79,10 @@ def test_four_processes_through_transaction_pooling_complete_each_job_exactly_on
         assert _problems(out) == []
 
 
+def _completed_more_than(engine: Engine, schema: str, n: int) -> bool:
+    return states(engine, schema, "chaos").get("completed", 0) > n
+
+
 def _completed_after(engine: Engine, schema: str, at: float) -> bool:
     found = rows(
         engine,
@@ -116,8 +120,7 @@ def test_server_connections_terminated_behind_pgbouncer_lose_no_job(
             for round_ in range(ROUNDS):
                 deadline.wait_for(
                     "work in progress",
-                    lambda n=round_: states(engine, schema, "chaos").get("completed", 0)
-                    > 20 * (n + 1),
+                    partial(_completed_more_than, engine, schema, 20 * (round_ + 1)),
                     30,
                     show=lambda: (states(engine, schema, "chaos"), len(sender.sent)),
                 )
