@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import shutil
 import threading
@@ -348,3 +349,21 @@ def test_run_pgbouncer_without_the_program_says_it_is_not_installed(
         run_pgbouncer(database_url),
     ):
         pass  # pragma: no cover
+
+
+def test_the_cli_sends_lists_and_shows_through_transaction_pooling(
+    transaction_pooled_url: str, schema46: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--database-url", transaction_pooled_url, "--schema", schema46]
+    # More calls than psycopg's prepare threshold (5): each a new process in real life,
+    # and each on whichever server connection PgBouncer lends.
+    assert main(["queue", "ensure", "q", *where]) == 0
+    for n in range(7):
+        assert main(["send", "q", "--data", f'{{"n": {n}}}', "--json", *where]) == 0
+    capsys.readouterr()
+    assert main(["jobs", "list", "q", "--json", *where]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(job["data"]["n"] for job in listed) == list(range(7))
+    assert main(["queue", "show", "q", *where]) == 0
+    shown = capsys.readouterr()
+    assert "created" in shown.out and shown.err == ""
