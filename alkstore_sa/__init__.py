@@ -8,6 +8,7 @@
 """
 
 from ._version import __version__ as __version__
+from .backends import Backend
 from .errors import (
     AlkstoreError,
     FlowConflictError,
@@ -66,6 +67,7 @@ __all__ = [
     "AlkstoreError",
     "AsyncQueueService",
     "AsyncWorker",
+    "Backend",
     "EventSubscription",
     "FailResult",
     "FlowConflictError",

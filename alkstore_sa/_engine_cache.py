@@ -12,8 +12,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from . import names
+from . import names, versions
 from ._pooler import watch
+from .backends import Backend
+from .backends import resolve as resolve_backend
 from .errors import SchemaVersionError
 from .names import DEFAULT_SCHEMA, validate_schema
 from .ops import Call, Context, Op, PolicyCache, check_schema
@@ -110,15 +112,24 @@ def execution_options(schema: str) -> dict[str, Any]:
 
 
 def make_context(
-    schema: str, *, notify: bool, engine: Engine | None
+    schema: str,
+    *,
+    notify: bool,
+    engine: Engine | None,
+    backend: str | Backend | None = None,
 ) -> tuple[Context, _EngineState | None]:
-    """The operations' Context for ``schema``, with the engine's caches when there is one."""
+    """The operations' Context for ``schema``, with the engine's caches when there is one,
+    and the backend profile ``backend`` names (:func:`alkstore_sa.backends.resolve`, which
+    the engine's dialect may settle)."""
     validate_schema(schema)
+    profile = resolve_backend(backend, dialect=engine.dialect.name if engine is not None else None)
     state = engine_state(engine) if engine is not None else None
     ctx = Context(
         schema=schema,
-        notify=notify,
+        # No LISTEN/NOTIFY on the backend: nothing to announce a job on.
+        notify=notify and not profile.has("noListenNotify"),
         policies=state.policies if state is not None else PolicyCache(),
+        backend=profile,
     )
     return ctx, state
 
@@ -134,11 +145,20 @@ def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
         cached = state.version(ctx.schema)
         if cached is not None:
             ctx.version = cached
+            _require_profile(ctx)
             return cached
     version = yield from check_schema(ctx)
+    _require_profile(ctx)
     if state is not None:
         state.remember(ctx.schema, version)
     return version
+
+
+def _require_profile(ctx: Context) -> None:
+    # Backend profiles came with pg-boss 12.27: a schema at 26 has none.
+    if ctx.backend.flags:
+        what = f"backend {str(ctx.backend)!r}"
+        versions.require(ctx.schema, ctx.version, "a backend profile's flags", what)
 
 
 def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
@@ -149,6 +169,7 @@ def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
     if cached is None:
         return ensure_version(ctx, state)
     ctx.version = cached
+    _require_profile(ctx)
     return None
 
 

@@ -32,6 +32,7 @@ from ._engine_cache import (
     passing_through,
     version_unlocked,
 )
+from .backends import Backend
 from .errors import SchemaVersionChangedError, SchemaVersionError
 from .groups import GroupConcurrencyConfig
 from .names import DEFAULT_SCHEMA
@@ -73,6 +74,9 @@ class QueueService:
     :param schema: the queue schema (default ``pgboss``, as Node pg-boss).
     :param notify: announce new jobs with ``pg_notify`` (delivered on commit), so
         that listening workers wake at once.
+    :param backend: the database backend profile, as pg-boss's ``backend`` option
+        (``"postgres"``, ``"citus"``...; the "Database backends" page); by default the
+        one the engine's dialect settles, else ``"postgres"``.
 
     Results, one type per family (the "API reference" page, "Results"): calls that
     change jobs named by id or Job return :class:`~alkstore_sa.Settled`
@@ -81,12 +85,19 @@ class QueueService:
     :class:`~alkstore_sa.SupervisionReport`.
     """
 
-    def __init__(self, session: Session, *, schema: str = DEFAULT_SCHEMA, notify: bool = True):
+    def __init__(
+        self,
+        session: Session,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        notify: bool = True,
+        backend: str | Backend | None = None,
+    ):
         self.session = session
         bind = session.get_bind()
         engine: Engine | None = getattr(bind, "engine", None)
         self._engine = engine
-        self._ctx, self._state = make_context(schema, notify=notify, engine=engine)
+        self._ctx, self._state = make_context(schema, notify=notify, engine=engine, backend=backend)
         self._options = execution_options(schema)
         self._savepoint_reads = True
 

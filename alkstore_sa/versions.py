@@ -47,6 +47,8 @@ FEATURES: Mapping[str, int] = MappingProxyType(
         "ready, blocked and failed counts": 46,
         "deletion_seconds 0 (keep forever)": 46,
         "a trace context on jobs": 46,
+        # Database backend profiles other than plain PostgreSQL (pg-boss 12.27 on).
+        "a backend profile's flags": 46,
     }
 )
 """Each feature, by name, and the first pg-boss schema version that has it.

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa.errors",
             "alkstore_sa.versions",
             "alkstore_sa._pooler",
+            "alkstore_sa.backends",
         ),
     ),
     ("models", ("alkstore_sa.models",)),

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
+from ..backends import PROFILES
 from ..errors import shown
 from ..migrate import normalise_url
 from ..names import DEFAULT_SCHEMA, validate_schema
@@ -150,6 +151,13 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool = Fals
         "--schema",
         default=default(os.environ.get("ALKSTORE_SCHEMA", DEFAULT_SCHEMA)),
         help="queue schema (env ALKSTORE_SCHEMA; default pgboss)",
+    )
+    parser.add_argument(
+        "--backend",
+        default=default(os.environ.get("ALKSTORE_BACKEND") or None),
+        choices=list(PROFILES),
+        help="database backend profile, as pg-boss's backend option (env ALKSTORE_BACKEND; "
+        "default: the engine's dialect settles it, else postgres)",
     )
     parser.add_argument(
         "--json",

@@ -39,4 +39,4 @@ def in_transaction(args: argparse.Namespace, work: Callable[[QueueService], T]) 
     """
     schema = schema_of(args)
     with engine_from(args) as engine, Session(engine) as session, session.begin():
-        return work(QueueService(session, schema=schema))
+        return work(QueueService(session, schema=schema, backend=args.backend))

@@ -87,6 +87,7 @@ def serve_dashboard(
     allowed_hosts: list[str] | None = None,
     out: Any = None,
     sock: socket.socket | None = None,
+    backend: str | None = None,
 ) -> None:
     """Check the bind, bind (unless ``sock`` is bound already), print the URL, and
     serve the dashboard until interrupted.
@@ -104,6 +105,7 @@ def serve_dashboard(
         read_only=read_only,
         basic_auth=auth,
         allowed_hosts=allowed_hosts,
+        backend=backend,
     )
     bare = host.strip().strip("[]")
     if sock is None:
@@ -129,5 +131,6 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             read_only=args.read_only,
             allowed_hosts=args.allowed_hosts,
+            backend=args.backend,
         )
     return 0

@@ -107,7 +107,7 @@ def _maintain(args: argparse.Namespace) -> int:
     schema = schema_of(args)
     log_to_stderr()
     with engine_from(args) as engine:
-        supervisor = Supervisor(engine, schema=schema, **_settings(args))
+        supervisor = Supervisor(engine, schema=schema, backend=args.backend, **_settings(args))
         stop = threading.Event()
         # Installed before the first pass: a SIGTERM that arrives while it runs
         # must end the loop cleanly, not kill the process.

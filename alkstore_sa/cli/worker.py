@@ -199,6 +199,12 @@ def _run(args: argparse.Namespace) -> int:
     worker.configure(queues=queues, concurrency=args.concurrency, prefetch=args.prefetch)
     if args.shutdown_timeout is not None:
         worker.shutdown_timeout = args.shutdown_timeout
+    if args.backend is not None and args.backend != worker.backend.name:
+        # The profile chose the worker's statements when the app made it.
+        raise BadInput(
+            f"--backend {args.backend}, but the app's worker was made for backend "
+            f"{worker.backend.name!r}: give backend={args.backend!r} to the Worker in the app"
+        )
     if args.listen_url:
         # libpq's form: the listener connects with psycopg, not through SQLAlchemy.
         worker.listen_dsn = normalise_listen_url(args.listen_url)

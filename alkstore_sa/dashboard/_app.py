@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..backends import Backend
 from ..errors import AlkstoreError, QueueNotFoundError, SchemaFeatureError
 from ._actions import action, save_queue, send_job
 from ._auth import AuthHook
@@ -86,6 +87,7 @@ def create_app(
     secret_key: str | bytes | None = None,
     title: str = "alkstore",
     allowed_hosts: Sequence[str] | None = None,
+    backend: str | Backend | None = None,
 ) -> Starlette:
     """The dashboard as a Starlette application (the "Browse and act in the dashboard" page).
 
@@ -105,6 +107,8 @@ def create_app(
         Not given: without authentication loopback names only, which keeps out a
         page on another site whose name was rebound to 127.0.0.1; with
         authentication, any.
+    :param backend: the database backend profile (the "Database backends" page), as
+        :class:`~alkstore_sa.QueueService` takes it.
     :raises InvalidOptionsError: for a bad argument.
     """
     dashboard = Dashboard(
@@ -117,6 +121,7 @@ def create_app(
         secret_key=secret_key,
         title=title,
         allowed_hosts=allowed_hosts,
+        backend=backend,
     )
     routes = [
         Route("/", overview),

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from .. import migrate
+from ..backends import Backend
+from ..backends import resolve as resolve_backend
 from ..errors import InvalidOptionsError, shown
 from ..models.enums import JobState
 from ..names import validate_schema
@@ -55,6 +57,7 @@ class Dashboard(RequestAuth):
         secret_key: str | bytes | None,
         title: str,
         allowed_hosts: Sequence[str] | None = None,
+        backend: str | Backend | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidOptionsError(
@@ -65,6 +68,7 @@ class Dashboard(RequestAuth):
         if not schemas:
             raise InvalidOptionsError("schemas", "name at least one schema")
         self.schemas = tuple(validate_schema(s) for s in schemas)
+        self.backend = resolve_backend(backend, dialect=engine.dialect.name)
         if isinstance(statement_timeout_ms, bool) or not isinstance(statement_timeout_ms, int):
             raise InvalidOptionsError("statement_timeout_ms", "must be an integer")
         if statement_timeout_ms < 0:
@@ -102,7 +106,7 @@ class Dashboard(RequestAuth):
                 text("SELECT set_config('statement_timeout', :ms, true)"),
                 {"ms": str(self.timeout_ms)},
             )
-            return work(QueueService(session, schema=schema, notify=True))
+            return work(QueueService(session, schema=schema, backend=self.backend))
 
     async def read(self, schema: str, work: Callable[[QueueService], T]) -> T:
         """Run ``work`` in a read-only transaction of its own, in the thread pool."""

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Executable, Result
 
 from .. import versions
+from ..backends import POSTGRES, Backend
 from ..names import SCHEMA_VERSION, notify_channel
 from ..schema_versions import NO_VERSION_ROW
 from ..sql.common.base import version_row, version_table_exists
@@ -75,7 +76,9 @@ class Context:
     """What every operation needs to know about its service.
 
     ``version`` is the pg-boss schema version the operations speak (26 or 46):
-    :func:`check_schema` sets it from the installed schema. Operations never
+    :func:`check_schema` sets it from the installed schema. ``backend`` is the
+    database backend profile (:mod:`alkstore_sa.backends`), whose flags choose among
+    the version's statements. Operations never
     compare it: they build statements through :attr:`sql`, that version's
     statement set, and ask :meth:`has` or :meth:`require` for what only some
     versions have (the table of :mod:`alkstore_sa.versions`).
@@ -85,6 +88,7 @@ class Context:
     notify: bool = True
     policies: PolicyCache = field(default_factory=PolicyCache)
     version: int = SCHEMA_VERSION
+    backend: Backend = POSTGRES
 
     @property
     def channel(self) -> str:
@@ -92,8 +96,9 @@ class Context:
 
     @property
     def sql(self) -> Statements:
-        """The statement set of the schema's version."""
-        return statements_for(self.version)
+        """The statement set of the schema's version, as the backend profile's flags
+        choose among its statements."""
+        return statements_for(self.version, self.backend.flags)
 
     def has(self, feature: str) -> bool:
         """Whether the schema's version has ``feature`` (a key of

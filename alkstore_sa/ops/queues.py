@@ -92,6 +92,7 @@ def create_queue(
     validate_queue(name)
     opt.check_bool("exist_ok", exist_ok)
     checked = opt.queue_options(name, options, version=ctx.version)
+    _refuse_for_backend(ctx, checked)
     if checked.get("policy") == QueuePolicy.KEY_STRICT_FIFO and not ctx.has("key_strict_fifo"):
         # Schema 26 has neither the index nor the check this policy relies on.
         raise InvalidOptionsError(
@@ -113,6 +114,16 @@ def create_queue(
         _warn_unchanged(name, differences(before, checked))
         return before
     return (yield from _insert_queue(ctx, name, checked))
+
+
+def _refuse_for_backend(ctx: Context, checked: Mapping[str, Any]) -> None:
+    """Refuse, before any SQL, a queue option the backend profile cannot honour."""
+    if checked.get("notify") and ctx.backend.has("noListenNotify"):
+        raise InvalidOptionsError(
+            "notify",
+            f"backend {str(ctx.backend)!r} has no LISTEN/NOTIFY (noListenNotify): nothing "
+            "would hear the queue's notifications; workers there poll",
+        )
 
 
 def _insert_queue(ctx: Context, name: str, checked: Mapping[str, Any]) -> Op[QueueInfo]:
@@ -181,6 +192,7 @@ def ensure_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
 def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[QueueInfo]:
     queue_ref(name)
     checked = opt.queue_options(name, options, update=True, version=ctx.version)
+    _refuse_for_backend(ctx, checked)
     current = yield from require_queue(ctx, name)
     # An option not given keeps the queue's value, which the rules between options see.
     opt.check_requirements(

@@ -52,6 +52,11 @@ class Statements:
     version: ClassVar[int] = 26
     """The schema version this set was written for."""
 
+    def __init__(self, flags: frozenset[str] = frozenset()) -> None:
+        self.flags = flags
+        """The backend profile's compatibility flags (:mod:`alkstore_sa.backends`) that
+        choose among this version's statements, as the version chooses the set."""
+
     job: ClassVar[Table] = base.JOB
     """The job table as this version has it (for reads that name its columns)."""
 
@@ -214,7 +219,11 @@ class Statements46(Statements):
         # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
         # is not an option there.
         return fetch46.fetch_jobs(
-            policy=policy, ignore_start_after=ignore_start_after, relaxed=relaxed, groups=groups
+            policy=policy,
+            ignore_start_after=ignore_start_after,
+            relaxed=relaxed,
+            groups=groups,
+            skip_locked="noSkipLocked" not in self.flags,
         )
 
     def lock_keys(self, *, policy: str, priority: bool, ignore_start_after: bool) -> Executable:
@@ -294,7 +303,7 @@ class Statements46(Statements):
         return metrics46.queue_metrics()
 
 
-_SETS: dict[int, Statements] = {}
+_SETS: dict[int, type[Statements]] = {}
 
 
 def register_statements(cls: S) -> S:
@@ -302,17 +311,18 @@ def register_statements(cls: S) -> S:
 
     A schema at that version, or above it with no newer set registered, speaks it.
     """
-    _SETS[cls.version] = cls()
+    _SETS[cls.version] = cls
     statements_for.cache_clear()
     return cls
 
 
 @functools.cache
-def statements_for(version: int) -> Statements:
+def statements_for(version: int, flags: frozenset[str] = frozenset()) -> Statements:
     """The statement set of a schema at ``version``: the newest registered at or
-    below it (the oldest set for a version below every one)."""
+    below it (the oldest set for a version below every one), choosing by the
+    backend profile's ``flags``."""
     fitting = [v for v in _SETS if v <= version]
-    return _SETS[max(fitting) if fitting else min(_SETS)]
+    return _SETS[max(fitting) if fitting else min(_SETS)](flags)
 
 
 register_statements(Statements)

@@ -55,6 +55,8 @@ from .._engine_cache import (
     execution_options,
     version_due,
 )
+from ..backends import Backend
+from ..backends import resolve as resolve_backend
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, validate_schema
@@ -98,6 +100,7 @@ class _Core:
         *,
         notify: bool,
         settings: dict[str, Any],
+        backend: str | Backend | None = None,
     ) -> None:
         self.schema = validate_schema(schema)
         self.settings = Settings.from_options(settings)
@@ -108,7 +111,13 @@ class _Core:
             raise InvalidOptionsError("on_warning", f"must be callable, not {shown(on_warning)}")
         self.on_warning = on_warning
         self._state = engine_state(engine)
-        self._ctx = Context(schema=schema, notify=notify, policies=self._state.policies)
+        profile = resolve_backend(backend, dialect=engine.dialect.name)
+        self._ctx = Context(
+            schema=schema,
+            notify=notify and not profile.has("noListenNotify"),
+            policies=self._state.policies,
+            backend=profile,
+        )
         self._options = execution_options(schema)
         self._next: dict[str, dt.datetime] = {}
         self._refusals = Refusals(logger, "supervisor", "paused")
@@ -298,6 +307,8 @@ class Supervisor(_Core):
     :param on_warning: called with a :class:`QueueWarning` for each queue over its
         threshold (after the WARNING log record).
     :param notify: announce jobs created by cron schedules with ``pg_notify``.
+    :param backend: the database backend profile (the "Database backends" page), as
+        :class:`~alkstore_sa.QueueService` takes it.
     :param settings: ``supervise`` / ``schedule`` (switch the monitor+deletion and
         cron halves), ``supervise_interval``, ``monitor_interval``,
         ``maintenance_interval``, ``cron_monitor_interval``, ``cron_worker_interval``,
@@ -321,9 +332,12 @@ class Supervisor(_Core):
         clock: Clock | None = None,
         on_warning: Callable[[QueueWarning], object] | None = None,
         notify: bool = True,
+        backend: str | Backend | None = None,
         **settings: Any,
     ) -> None:
-        super().__init__(engine, schema, clock, on_warning, notify=notify, settings=settings)
+        super().__init__(
+            engine, schema, clock, on_warning, notify=notify, settings=settings, backend=backend
+        )
         self.engine = engine
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -401,10 +415,17 @@ class AsyncSupervisor(_Core):
         clock: Clock | None = None,
         on_warning: Callable[[QueueWarning], object] | None = None,
         notify: bool = True,
+        backend: str | Backend | None = None,
         **settings: Any,
     ) -> None:
         super().__init__(
-            engine.sync_engine, schema, clock, on_warning, notify=notify, settings=settings
+            engine.sync_engine,
+            schema,
+            clock,
+            on_warning,
+            notify=notify,
+            settings=settings,
+            backend=backend,
         )
         self.engine = engine
         self._lock = asyncio.Lock()

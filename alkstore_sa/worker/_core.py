@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL
 
 from .. import ops
 from .._engine_cache import Refusals, execution_options, make_context, version_due
+from ..backends import Backend
 from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, node_channel, notify_channel, validate_schema
 from ..ops._core import may_be_schema_change
@@ -88,6 +89,7 @@ class WorkerCore(Registry, Generic[B]):
         register_instance: bool = True,
         instance_heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
         metrics: object = None,
+        backend: str | Backend | None = None,
     ) -> None:
         self.engine, self.sessions = self._bind(bind)
         super().__init__(
@@ -123,7 +125,12 @@ class WorkerCore(Registry, Generic[B]):
         self._registrar: Any = None
         self._deregistered = False
         sync_engine = getattr(self.engine, "sync_engine", self.engine)
-        self._ctx, engine_state = make_context(self.schema, notify=False, engine=sync_engine)
+        self._ctx, engine_state = make_context(
+            self.schema, notify=False, engine=sync_engine, backend=backend
+        )
+        self.backend = self._ctx.backend
+        if self.backend.has("noListenNotify"):
+            self.listen = False  # nothing would ever be heard: poll
         assert engine_state is not None  # an engine was given
         self._engine_state = engine_state
         self._options = execution_options(self.schema)
@@ -151,7 +158,11 @@ class WorkerCore(Registry, Generic[B]):
         self._helpers: list[Any] = []  # the completer's and the keeper's thread or task
         # Built now, so that a bad supervisor option is refused with the worker.
         self._supervisor = (
-            self._supervisor_class(self.engine, schema=self.schema, **self.supervisor_options)
+            self._supervisor_class(
+                self.engine,
+                schema=self.schema,
+                **{"backend": self.backend, **self.supervisor_options},
+            )
             if self.supervise
             else None
         )

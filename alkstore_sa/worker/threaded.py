@@ -83,6 +83,9 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         an error without it; ``False``: nothing counted; a
         ``prometheus_client.CollectorRegistry``: counted there. Every worker of
         a process shares the same metric objects (labels ``schema`` and ``queue``).
+    :param backend: the database backend profile (the "Database backends" page), as
+        :class:`~alkstore_sa.QueueService` takes it; also the supervisor's. Under a
+        profile without ``LISTEN``/``NOTIFY`` the worker polls (``listen`` is off).
     """
 
     _supervisor_class = Supervisor

@@ -9,7 +9,9 @@ Configured by environment variables (set by ``chaos_support.Children``):
 - ``CHAOS_QUEUES`` (comma-separated, default ``chaos``), ``CHAOS_CONCURRENCY``,
   ``CHAOS_POLL``, ``CHAOS_SLEEP`` (seconds each handler sleeps),
   ``CHAOS_FIRST_SLEEP`` (seconds on a job's first attempt instead, when set),
-  ``CHAOS_TRANSACTIONAL`` (``1``: the effect commits with the completion).
+  ``CHAOS_TRANSACTIONAL`` (``1``: the effect commits with the completion),
+  ``CHAOS_BACKEND_FLAGS`` (comma-separated compatibility flags forced on the worker,
+  see :class:`alkstore_sa.Backend`).
 
 Every attempt is written to ``chaos_attempt`` in its own transaction *before* the
 handler's work, so an attempt killed midway is still on record. The handler's effect
@@ -27,7 +29,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from alkstore_sa import Worker
+from alkstore_sa import Backend, Worker
 from alkstore_sa.records import Job
 
 TABLES = """
@@ -98,9 +100,11 @@ def build() -> Worker:
     def output() -> dict[str, Any]:
         return {"label": label, "pid": pid}
 
+    flags = frozenset(f for f in env.get("CHAOS_BACKEND_FLAGS", "").split(",") if f)
     worker = Worker(
         engine,
         schema=schema,
+        backend=Backend("postgres", flags) if flags else None,
         concurrency=int(env.get("CHAOS_CONCURRENCY", "4")),
         poll_interval=float(env.get("CHAOS_POLL", "0.5")),
         shutdown_timeout=2.0,

@@ -132,17 +132,21 @@ def lock_keys(j: Any, conditions: Sequence[ColumnElement[Any]], order: list[Any]
 
 
 def locked_rows(
-    columns: Sequence[Any], conditions: Sequence[ColumnElement[Any]], order: list[Any]
+    columns: Sequence[Any],
+    conditions: Sequence[ColumnElement[Any]],
+    order: list[Any],
+    *,
+    lock: bool = True,
 ) -> Select[Any]:
     """``columns`` of the first ``:limit`` rows matching ``conditions`` in
-    ``order``, row-locked ``FOR UPDATE SKIP LOCKED``."""
-    return (
+    ``order``, row-locked ``FOR UPDATE SKIP LOCKED`` (without ``lock``: not locked)."""
+    rows = (
         select(*columns)
         .where(*conditions)
         .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
-        .with_for_update(skip_locked=True)
     )
+    return rows.with_for_update(skip_locked=True) if lock else rows
 
 
 HEAD_ROOM = 2
@@ -207,12 +211,16 @@ def one_per_key(candidates: CTE, order: list[Any]) -> CTE:
     return select(ranked.c.id).where(ranked.c.rn == 1).cte("chosen")
 
 
-def activate(j: Table, chosen: CTE, now: ColumnElement[Any], **stamps: Any) -> CTE:
+def activate(
+    j: Table, chosen: CTE, now: ColumnElement[Any], *, recheck: bool = False, **stamps: Any
+) -> CTE:
     """``UPDATE`` the jobs ``chosen`` to ``active`` at ``now`` (plus ``stamps``),
-    returning every column, as the CTE ``claimed``."""
+    returning every column, as the CTE ``claimed``. With ``recheck``, only those still
+    queued (``state < 'active'``): for candidates read without row locks."""
+    still_queued = [j.c.state < state(JobState.ACTIVE)] if recheck else []
     return (
         j.update()
-        .where(j.c.name == qname(), j.c.id == chosen.c.id)
+        .where(j.c.name == qname(), j.c.id == chosen.c.id, *still_queued)
         .values(
             state=state(JobState.ACTIVE),
             started_on=now,

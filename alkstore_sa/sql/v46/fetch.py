@@ -274,7 +274,12 @@ def _within_group_limits(candidates: Any, counts: ColumnElement[Any], *, one_per
 
 @functools.cache
 def fetch_jobs(
-    *, policy: str, ignore_start_after: bool, relaxed: bool = False, groups: str | None = None
+    *,
+    policy: str,
+    ignore_start_after: bool,
+    relaxed: bool = False,
+    groups: str | None = None,
+    skip_locked: bool = True,
 ) -> Select[Any]:
     """Claim up to ``:limit`` jobs of queue ``:qname`` (policy ``policy``, also
     bound as ``:cached_policy``) and return them activated, every schema-46 column
@@ -291,6 +296,12 @@ def fetch_jobs(
     ``:group_default`` and ``:group_tiers``, and ``:groups`` (the groups whose
     locks :func:`lock_groups` took) or ``:group_counts`` (a JSON object of group
     to the caller's running jobs).
+
+    Without ``skip_locked`` (the ``noSkipLocked`` flag of a backend profile) the
+    candidates are read without row locks, and the ``UPDATE`` that activates them
+    checks again that each is still queued: of two claims that picked the same job,
+    the second waits for the first and then skips it, so a fetch may come back short
+    or empty under contention, and no job is claimed twice.
     """
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
@@ -314,11 +325,10 @@ def fetch_jobs(
             room = and_(locked, room)
         conditions.append(or_(j.c.group_id.is_(None), room))
         columns += [j.c.group_id, j.c.group_tier]
-    candidates = (
-        _claim.locked_rows(columns, conditions, _order(j.c))
-        .with_for_update(skip_locked=True, of=j)
-        .cte("next")
-    )
+    rows = _claim.locked_rows(columns, conditions, _order(j.c), lock=skip_locked)
+    if skip_locked:
+        rows = rows.with_for_update(skip_locked=True, of=j)
+    candidates = rows.cte("next")
     chosen = candidates
     if counts is not None:
         chosen = _within_group_limits(candidates, counts, one_per_key=policy in SINGLETON_POLICIES)
@@ -326,7 +336,7 @@ def fetch_jobs(
         chosen = _claim.one_per_key(candidates, _order(candidates.c))
     # Activation also stamps heartbeat_on: Node's monitor measures a job's
     # heartbeat from it.
-    claimed = _claim.activate(j, chosen, job_now(), heartbeat_on=job_now())
+    claimed = _claim.activate(j, chosen, job_now(), recheck=not skip_locked, heartbeat_on=job_now())
     stmt = select(*readable_columns(claimed.c, JOB)).order_by(*_order(claimed.c), claimed.c.id)
     return _claim.commit_without_flush(stmt) if relaxed else stmt
 

@@ -1,0 +1,231 @@
+"""Database backend profiles (docs/how-to/backends.md): pg-boss 12.38's names and flag sets,
+their refusals, and each followed runtime flag forced on stock PostgreSQL, as pg-boss's own
+suite forces them with its ``__test__`` options."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, Select
+from sqlalchemy.orm import Session
+from support.direct import in_tx, rows
+from support.node import INTEROP46_DIR, node46_modules
+from support.schemas import libpq_url
+
+from alkstore_sa import (
+    Backend,
+    InvalidOptionsError,
+    QueueService,
+    SchemaFeatureError,
+    Worker,
+    backends,
+)
+from alkstore_sa.cli import main
+from alkstore_sa.sql.statements import statements_for
+
+__all__ = ["node46_modules"]  # a fixture used below
+
+NO_SKIP_LOCKED = Backend("postgres", frozenset({"noSkipLocked"}))
+NO_LISTEN = Backend("postgres", frozenset({"noListenNotify"}))
+
+
+# ------------------------------------------------------------ the profiles are pg-boss's
+
+
+def _pgboss_profiles() -> tuple[tuple[str, ...], dict[str, frozenset[str]]]:
+    """``COMPATIBILITY_FLAGS`` and ``BACKEND_PROFILES`` as pg-boss 12.38 ships them."""
+    source = (INTEROP46_DIR / "node_modules" / "pg-boss" / "dist" / "attorney.js").read_text()
+    source = re.sub(r"//[^\n]*", "", source)
+    flags_block = source.split("const COMPATIBILITY_FLAGS = [", 1)[1].split("]", 1)[0]
+    flags = tuple(re.findall(r"'(\w+)'", flags_block))
+    block = source.split("const BACKEND_PROFILES = {", 1)[1].split("\n};", 1)[0]
+    profiles = {
+        name: frozenset(re.findall(r"(\w+): true", body))
+        for name, body in re.findall(r"(\w+): \{\s*kind: '\w+',\s*flags: \{([^}]*)\}", block)
+    }
+    return flags, profiles
+
+
+def test_every_profile_and_flag_is_pg_boss_12_38s(node46_modules: None) -> None:
+    flags, profiles = _pgboss_profiles()
+    assert len(profiles) == 5 and len(flags) == 13  # the parse found them all
+    assert tuple(backends.FLAGS) == flags
+    assert {name: frozenset(flags) for name, flags in backends.PROFILES.items()} == profiles
+    for flags in backends.PROFILES.values():  # listed in pg-boss's order
+        assert list(flags) == [f for f in backends.FLAGS if f in flags]
+
+
+# ------------------------------------------------------------------- refusals
+
+
+def test_an_unknown_backend_is_refused_with_the_names(engine: Engine, schema46: str) -> None:
+    with Session(engine) as session, pytest.raises(InvalidOptionsError) as refused:
+        QueueService(session, schema=schema46, backend="oracle")
+    said = str(refused.value)
+    assert "'oracle'" in said and "postgres, cockroachdb, yugabytedb, citus, pglite" in said
+
+
+def test_a_profile_whose_flags_are_not_all_followed_yet_is_refused_naming_them() -> None:
+    with pytest.raises(InvalidOptionsError) as refused:
+        backends.resolve("cockroachdb")
+    assert "noMultiMutationCte" in str(refused.value) and "Database backends" in str(refused.value)
+    # The dialect of sqlalchemy-cockroachdb settles the profile, to the same answer.
+    with pytest.raises(InvalidOptionsError, match="cockroachdb"):
+        backends.resolve(None, dialect="cockroachdb")
+    with pytest.raises(InvalidOptionsError, match="that dialect is backend 'cockroachdb'"):
+        backends.resolve("citus", dialect="cockroachdb")
+
+
+def test_yugabytedb_is_deprecated_as_in_pg_boss() -> None:
+    with pytest.warns(DeprecationWarning, match="yugabytedb"), pytest.raises(InvalidOptionsError):
+        backends.resolve("yugabytedb")
+
+
+def test_forced_flags_must_be_pg_boss_flags() -> None:
+    with pytest.raises(InvalidOptionsError, match="unknown flags noSuchThing"):
+        backends.resolve(Backend("postgres", frozenset({"noSuchThing"})))
+    with pytest.raises(KeyError):
+        NO_LISTEN.has("noSuchThing")
+
+
+def test_a_flagged_profile_on_a_schema_at_26_is_refused_before_any_sql(
+    engine: Engine, schema: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        service = QueueService(session, schema=schema, backend=NO_SKIP_LOCKED)
+        with pytest.raises(SchemaFeatureError) as refused:
+            service.fetch("q")
+        assert "backend 'postgres'" in str(refused.value) and refused.value.needed == 46
+        # The caller's transaction is still usable.
+        assert QueueService(session, schema=schema).get_queues() == []
+
+
+@pytest.mark.parametrize("name", ["citus", "pglite", "postgres"])
+def test_profiles_without_flags_work_as_postgres(name: str, engine: Engine, schema46: str) -> None:
+    with Session(engine) as session, session.begin():
+        jobs = QueueService(session, schema=schema46, backend=name)
+        jobs.create_queue("q")
+        sent = jobs.send("q", {"n": 1})
+    with Session(engine) as session, session.begin():
+        [job] = QueueService(session, schema=schema46, backend=name).fetch("q")
+    assert job.id == sent
+
+
+def test_the_cli_takes_a_backend_and_refuses_an_unknown_one(
+    database_url: str, schema46: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--database-url", database_url, "--schema", schema46]
+    assert main(["queue", "ensure", "q", "--backend", "citus", *where]) == 0
+    capsys.readouterr()
+    assert main(["queue", "list", "--backend", "citrus", *where]) == 2
+    assert "did you mean 'citus'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- noSkipLocked
+
+
+def _claim_sql(engine: Engine, flags: frozenset[str], policy: str) -> str:
+    statement = statements_for(46, flags).claim(
+        policy=policy, priority=True, ignore_start_after=False, relaxed=False, groups=None
+    )
+    assert isinstance(statement, Select)
+    return str(statement.compile(dialect=engine.dialect))
+
+
+@pytest.mark.parametrize("policy", ["standard", "singleton", "key_strict_fifo"])
+def test_without_skip_locked_the_claim_takes_no_row_locks_and_rechecks_the_state(
+    policy: str, engine: Engine
+) -> None:
+    plain = _claim_sql(engine, frozenset(), policy)
+    flagged = _claim_sql(engine, NO_SKIP_LOCKED.flags, policy)
+    assert "SKIP LOCKED" in plain and "SKIP LOCKED" not in flagged
+    assert "FOR UPDATE" not in flagged
+    assert "job.state < CAST('active'" in flagged and "job.state < CAST('active'" not in plain
+
+
+@pytest.mark.parametrize("policy", ["standard", "singleton"])
+def test_without_skip_locked_racing_fetchers_claim_each_job_once(
+    policy: str, engine: Engine, schema46: str
+) -> None:
+    total, fetchers = 600, 6
+    in_tx(engine, schema46, lambda q: q.create_queue("q", policy=policy))
+    in_tx(
+        engine,
+        schema46,
+        lambda q: q.send_many(
+            "q", [{"data": {"n": n}, "singleton_key": f"k{n}"} for n in range(total)]
+        ),
+    )
+    claimed: list[list[Any]] = [[] for _ in range(fetchers)]
+    empty = [0] * fetchers
+    start = threading.Barrier(fetchers, timeout=20)
+
+    def fetcher(i: int) -> None:
+        start.wait()
+        while True:
+            with Session(engine) as session, session.begin():
+                got = QueueService(session, schema=schema46, backend=NO_SKIP_LOCKED).fetch("q", 10)
+            if got:
+                claimed[i] += [job.id for job in got]
+                continue
+            empty[i] += 1
+            queued = rows(engine, schema46, "SELECT count(*) FROM {s}.job WHERE state = 'created'")
+            if queued[0][0] == 0:
+                return
+
+    threads = [threading.Thread(target=fetcher, args=(i,)) for i in range(fetchers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ids = [job_id for batch in claimed for job_id in batch]
+    assert len(ids) == len(set(ids)) == total  # each job once, none lost
+    assert sum(1 for batch in claimed if batch) > 1, "only one fetcher claimed: no race"
+
+
+# ---------------------------------------------------------------- noListenNotify
+
+
+def test_without_listen_notify_a_notify_queue_is_refused_before_any_sql(
+    engine: Engine, schema46: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        jobs = QueueService(session, schema=schema46, backend=NO_LISTEN)
+        with pytest.raises(InvalidOptionsError, match=r"option 'notify'.*noListenNotify"):
+            jobs.create_queue("q", notify=True)
+        jobs.create_queue("q")
+        with pytest.raises(InvalidOptionsError, match="option 'notify'"):
+            jobs.update_queue("q", notify=True)
+        assert [q.notify for q in jobs.get_queues()] == [False]
+
+
+def test_without_listen_notify_sends_announce_nothing_and_a_worker_polls(
+    engine: Engine, database_url: str, schema46: str
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("q"))
+    handled = threading.Event()
+    worker = Worker(engine, schema=schema46, backend=NO_LISTEN, poll_interval=0.2, supervise=False)
+    assert worker.listen is False
+    worker.register("q", lambda job: handled.set())
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as listening:
+        listening.execute(f'LISTEN "alkstore_{schema46}"')
+        worker.start()
+        try:
+            with Session(engine) as session, session.begin():
+                QueueService(session, schema=schema46, backend=NO_LISTEN).send("q", {"n": 1})
+            assert handled.wait(5)  # by polling
+            heard = list(listening.notifies(timeout=0.3, stop_after=1))
+            listeners = rows(
+                engine,
+                schema46,
+                "SELECT count(*) FROM pg_stat_activity WHERE query = :q",
+                q=f'LISTEN "alkstore_{schema46}"',
+            )
+        finally:
+            worker.stop()
+    assert heard == []
+    assert listeners[0][0] == 1  # this test's own connection only: the worker never listened
