@@ -698,6 +698,19 @@ def heartbeats_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert (seconds, beat_after_start) == (30, True)  # touched after the fetch
 
 
+def backends_prelude(ctx: Ctx) -> dict[str, Any]:
+    install_schema(ctx)
+    with Session(ctx.engine) as session, session.begin():
+        QueueService(session).create_queue("emails")
+    return {}
+
+
+def backends_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [job] = ctx.jobs("emails")
+    assert job.data == {"to": "ada@example.com"}
+    assert ns["worker"].backend.name == "citus"
+
+
 def pgbouncer_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     return {}
@@ -867,6 +880,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/fastapi.md": Page(fastapi_prelude, fastapi_check),
     "docs/how-to/flask.md": Page(flask_prelude, flask_check),
     "docs/how-to/pgbouncer.md": Page(pgbouncer_prelude, pgbouncer_check),
+    "docs/how-to/backends.md": Page(backends_prelude, backends_check),
 }
 
 
