@@ -4,6 +4,7 @@ suite forces them with its ``__test__`` options."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Any
@@ -25,7 +26,11 @@ from alkstore_sa import (
     backends,
 )
 from alkstore_sa.cli import main
+from alkstore_sa.ops import Context
+from alkstore_sa.ops.duties46 import backoff_turn
+from alkstore_sa.ops.frame import Tally
 from alkstore_sa.sql.statements import statements_for
+from alkstore_sa.supervision import Supervisor
 
 __all__ = ["node46_modules"]  # a fixture used below
 
@@ -229,3 +234,49 @@ def test_without_listen_notify_sends_announce_nothing_and_a_worker_polls(
             worker.stop()
     assert heard == []
     assert listeners[0][0] == 1  # this test's own connection only: the worker never listened
+
+
+# ------------------------------------------------------- noReindex, noMonitorVacuum
+
+
+def test_without_reindex_bloat_is_reported_and_nothing_is_rebuilt(
+    engine: Engine, schema46: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("bloat"))
+    fill = "INSERT INTO {s}.job (name) SELECT 'bloat' FROM generate_series(1, 60000)"
+    rows(engine, schema46, fill)
+    rows(engine, schema46, "DELETE FROM {s}.job WHERE name = 'bloat'")
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            f'VACUUM ANALYZE "{schema46}".job_common'
+        )
+    size = "SELECT pg_relation_size(to_regclass(:i))"
+    pkey = f'"{schema46}".job_common_pkey'
+    before = rows(engine, schema46, size, i=pkey)[0][0]
+    settings: dict[str, Any] = {"schedule": False, "bam": False, "flows": False}
+    no_reindex = Backend("postgres", frozenset({"noReindex"}))
+    caplog.set_level(logging.WARNING, "alkstore_sa")
+    report = Supervisor(engine, schema=schema46, backend=no_reindex, **settings).run_once(
+        force=True
+    )
+    assert report.reindexed == () and not report.errors
+    assert rows(engine, schema46, size, i=pkey)[0][0] == before  # not rebuilt
+    # The rebuild window is left to an instance that can rebuild.
+    assert rows(engine, schema46, "SELECT reindex_on FROM {s}.version")[0][0] is None
+    [said] = [
+        r.getMessage()
+        for r in caplog.records
+        if getattr(r, "action", None) == "index_bloat" and "job_common_pkey" in r.getMessage()
+    ]
+    assert "does not rebuild indexes (noReindex)" in said
+
+
+def test_without_vacuum_monitoring_the_monitor_backoff_is_never_taken() -> None:
+    # No statement at all: the turn ends before asking the database anything.
+    pinned = Tally()
+    pinned.pinned.append(30.0)
+    plain = backoff_turn(Context(schema="s"), None, pinned)  # type: ignore[arg-type]
+    assert next(plain) is not None  # the backoff's statement, without the flag
+    flagged = Context(schema="s", backend=Backend("postgres", frozenset({"noMonitorVacuum"})))
+    with pytest.raises(StopIteration):
+        next(backoff_turn(flagged, None, pinned))  # type: ignore[arg-type]

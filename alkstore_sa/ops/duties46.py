@@ -560,7 +560,10 @@ def history_start(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[An
 
 def backoff_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
     """The monitor backoff, from the seconds this pass's counting pinned the
-    vacuum horizon."""
+    vacuum horizon; none under a backend profile with ``noMonitorVacuum`` (an engine
+    without PostgreSQL's vacuum)."""
+    if ctx.backend.has("noMonitorVacuum"):
+        return
     if sum(tally.pinned) > 0:
         message = yield from tally.attempt(monitor_backoff(ctx, sum(tally.pinned), plan), "backoff")
         if message:

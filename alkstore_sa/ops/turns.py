@@ -254,18 +254,26 @@ def _dropped(ctx: Context, tables: list[str], tally: Tally) -> Turn:
 
 
 def reindex_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
-    """Win ``reindex_on`` and rebuild the bloated job indexes (the pass's last step)."""
+    """Win ``reindex_on`` and rebuild the bloated job indexes (the pass's last step).
+
+    Under a backend profile with ``noReindex`` the bloat is reported and nothing is
+    rebuilt; ``reindex_on`` is then left to an instance that can rebuild (the turn
+    runs on this supervisor's own ``reindex_interval``)."""
     if not plan.settings.reindex or not plan.wait_for_locks:
         return
-    seconds = plan.settings.reindex_interval
-    won = yield from tally.attempt(_claim(ctx, "reindex_on", seconds, plan), "reindex")
-    if not won:
-        return
+    rebuilds = not ctx.backend.has("noReindex")
+    if rebuilds:
+        seconds = plan.settings.reindex_interval
+        won = yield from tally.attempt(_claim(ctx, "reindex_on", seconds, plan), "reindex")
+        if not won:
+            return
     tables = yield from tally.attempt(_scope(ctx, plan), "reindex")
     if not tables:
         return
     bloated = yield from tally.attempt(_read(ctx, sql.bloated_indexes(), tables), "reindex")
-    targets = [r for r in bloated or [] if r.owned and r.bytes <= sql.REINDEX_MAX_BYTES]
+    targets = [
+        r for r in bloated or [] if rebuilds and r.owned and r.bytes <= sql.REINDEX_MAX_BYTES
+    ]
     if targets:
         yield from _dropped(ctx, tables, tally)
     failed: dict[str, str] = {}
@@ -283,6 +291,8 @@ def reindex_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
             continue
         if row.name in failed:
             reason = failed[row.name]
+        elif not rebuilds:
+            reason = f"backend {str(ctx.backend)!r} does not rebuild indexes (noReindex)"
         elif not row.owned:
             reason = "the connected role does not own the index"
         else:
