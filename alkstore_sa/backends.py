@@ -72,7 +72,13 @@ DEPRECATED: Mapping[str, str] = MappingProxyType(
 )
 """Profiles pg-boss 12.38 deprecates, with what it says (a ``DeprecationWarning`` here)."""
 
-FOLLOWED_FLAGS = ("noSkipLocked", "noListenNotify", "noReindex", "noMonitorVacuum")
+FOLLOWED_FLAGS = (
+    "noSkipLocked",
+    "noListenNotify",
+    "noReindex",
+    "noMonitorVacuum",
+    "noTransactionalHeartbeat",
+)
 """The flags whose runtime behaviour alkstore_sa follows so far."""
 
 DIALECT_PROFILES: Mapping[str, str] = MappingProxyType({"cockroachdb": "cockroachdb"})

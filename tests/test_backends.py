@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from support.direct import in_tx, rows
 from support.node import INTEROP46_DIR, node46_modules
 from support.schemas import libpq_url
+from support.worker import wait_for
 
 from alkstore_sa import (
     Backend,
@@ -280,3 +281,52 @@ def test_without_vacuum_monitoring_the_monitor_backoff_is_never_taken() -> None:
     flagged = Context(schema="s", backend=Backend("postgres", frozenset({"noMonitorVacuum"})))
     with pytest.raises(StopIteration):
         next(backoff_turn(flagged, None, pinned))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ noTransactionalHeartbeat
+
+
+def test_without_transactional_heartbeats_such_a_job_fails_before_its_transaction(
+    engine: Engine, schema46: str
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("beats", heartbeat_seconds=30, retry_limit=0))
+    in_tx(engine, schema46, lambda q: q.create_queue("plain", retry_limit=0))
+    ran: list[str] = []
+    worker = Worker(
+        engine,
+        schema=schema46,
+        backend=Backend("postgres", frozenset({"noTransactionalHeartbeat"})),
+        supervise=False,
+        poll_interval=0.2,
+    )
+
+    def handle(job: Any, session: Session) -> None:
+        ran.append(job.name)
+
+    worker.register("beats", handle, transactional=True)
+    worker.register("plain", handle, transactional=True)
+    with Session(engine) as session, session.begin():
+        jobs = QueueService(session, schema=schema46)
+        refused = jobs.send("beats", {"n": 1})
+        kept = jobs.send("plain", {"n": 2})
+    worker.start()
+    try:
+        wait_for(lambda: len(states(engine, schema46, refused, kept)) == 2, timeout=10)
+    finally:
+        worker.stop()
+    assert ran == ["plain"]
+    found = states(engine, schema46, refused, kept)
+    assert found[kept][0] == "completed" and found[refused][0] == "failed"
+    assert "noTransactionalHeartbeat" in found[refused][1]["message"]
+
+
+def states(engine: Engine, schema: str, *ids: Any) -> dict[Any, tuple[str, Any]]:
+    """The settled jobs among ``ids``: their state and output."""
+    found = rows(
+        engine,
+        schema,
+        "SELECT id, state, output FROM {s}.job WHERE id = ANY(:ids)"
+        " AND state IN ('completed', 'failed')",
+        ids=list(ids),
+    )
+    return {r.id: (r.state, r.output) for r in found}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import ops, tracing
+from ..errors import InvalidOptionsError
 from ..steps import Invoke, Steps
 from . import _outcomes
 from ._attempt import ABANDONED, SETTLING, Attempt, Pending
@@ -77,6 +78,17 @@ class Running(Settling[B]):
         )
 
     def _transactional(self, attempt: Attempt) -> Steps[Pending | None]:
+        if attempt.job.heartbeat_seconds and self._ctx.backend.has("noTransactionalHeartbeat"):
+            # Before the transaction begins, so the job takes the ordinary failure path
+            # (as pg-boss does on such a backend, where the heartbeat's write and the
+            # handler's transaction would conflict on the job's row).
+            refused = InvalidOptionsError(
+                "transactional",
+                f"backend {str(self._ctx.backend)!r} runs no transactional handler on a "
+                f"job with a heartbeat (noTransactionalHeartbeat): job {attempt.job.id} has "
+                f"heartbeat_seconds {attempt.job.heartbeat_seconds}",
+            )
+            return self._finished(attempt, "fail", refused)
         try:
             yield Invoke(self._in_transaction, (attempt,))
         except _Lost:
