@@ -10,7 +10,9 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -289,3 +291,61 @@ def freeze_between_transactions(engine: Engine, schema: str, child: Child, tries
         child.signal(signal.SIGCONT)
         time.sleep(0.01 * attempt)
     raise AssertionError(f"{child.label} was never between transactions")
+
+
+@dataclass
+class Race:
+    """What :func:`race` saw: every attempt (``job_id``, ``label``) and each process's output."""
+
+    attempts: list[Any]
+    outputs: list[str]
+
+    def check_each_job_ran_once(self, jobs: int, processes: int) -> None:
+        per_job = Counter(a.job_id for a in self.attempts)
+        duplicates = {i: n for i, n in per_job.items() if n > 1}
+        assert len(per_job) == jobs, f"{jobs - len(per_job)} jobs never ran"
+        assert duplicates == {}
+        assert len(self.attempts) == jobs
+        labels = {a.label for a in self.attempts}
+        assert len(labels) == processes, "not every process took part: no race happened"
+
+
+def race(
+    database_url: str,
+    engine: Engine,
+    schema: str,
+    workdir: Path,
+    *,
+    jobs: int,
+    processes: int,
+    sending_url: str | None = None,
+    **env: str,
+) -> Race:
+    """``jobs`` no-op jobs (queue ``chaos``, no retries) sent through ``sending_url``
+    (default: ``engine``'s database), then worked by ``processes`` chaos workers
+    connected to ``database_url`` (``env`` configures them) until all are completed."""
+    from chaos_app import create_tables
+
+    deadline = Deadline(120)
+    create_tables(engine, schema)
+    sender = engine if sending_url is None else create_engine(sending_url)
+    try:
+        with Session(sender) as s, s.begin():
+            svc = QueueService(s, schema=schema)
+            svc.create_queue("chaos", retry_limit=0)
+            assert all(svc.send_many("chaos", [{"data": {"n": i}} for i in range(jobs)]))
+    finally:
+        if sender is not engine:
+            sender.dispose()
+    with Children(database_url, schema, workdir, **env) as kids:
+        workers = [kids.start(f"w{i}") for i in range(processes)]
+        deadline.wait_for(
+            "every job to complete",
+            lambda: states(engine, schema, "chaos") == {"completed": jobs},
+            100,
+            interval=0.25,
+            show=lambda: states(engine, schema, "chaos"),
+        )
+        outputs = [kids.stop_gracefully(w) for w in workers]
+    attempts = rows(engine, schema, "SELECT job_id, label FROM {s}.chaos_attempt")
+    return Race(attempts, outputs)

@@ -7,14 +7,13 @@ terminated under them lose no job.
 
 from __future__ import annotations
 
-from collections import Counter
 from functools import partial
 from pathlib import Path
 
 import pytest
 from chaos_app import create_tables
-from chaos_support import Children, Deadline, Sender, rows, states, terminate
-from sqlalchemy import Engine, create_engine, make_url
+from chaos_support import Children, Deadline, Sender, race, rows, states, terminate
+from sqlalchemy import Engine, make_url
 from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService
@@ -37,44 +36,21 @@ def _problems(output: str) -> list[str]:
 def test_four_processes_through_transaction_pooling_complete_each_job_exactly_once(
     database_url: str, transaction_pooled_url: str, engine: Engine, schema: str, tmp_path: Path
 ) -> None:
-    deadline = Deadline(120)
-    create_tables(engine, schema)
-    pooled = create_engine(_psycopg(transaction_pooled_url))
-    try:
-        with Session(pooled) as s, s.begin():
-            svc = QueueService(s, schema=schema)
-            svc.create_queue("chaos", retry_limit=0)
-            assert all(svc.send_many("chaos", [{"data": {"n": i}} for i in range(JOBS)]))
-    finally:
-        pooled.dispose()
-    with Children(
-        _psycopg(transaction_pooled_url),
+    pooled = _psycopg(transaction_pooled_url)
+    seen = race(
+        pooled,
+        engine,
         schema,
         tmp_path,
+        jobs=JOBS,
+        processes=PROCESSES,
+        sending_url=pooled,
         CHAOS_CONCURRENCY="8",
         ALKSTORE_LISTEN_URL=database_url,
-    ) as kids:
-        workers = [kids.start(f"w{i}") for i in range(PROCESSES)]
-        deadline.wait_for(
-            "every job to complete",
-            lambda: states(engine, schema, "chaos") == {"completed": JOBS},
-            100,
-            interval=0.25,
-            show=lambda: states(engine, schema, "chaos"),
-        )
-        outputs = [kids.stop_gracefully(w) for w in workers]
-
-    attempts = rows(engine, schema, "SELECT job_id, label FROM {s}.chaos_attempt")
-    per_job = Counter(a.job_id for a in attempts)
-    per_process = Counter(a.label for a in attempts)
-    print(
-        f"\npgbouncer race: {PROCESSES} processes, {JOBS} jobs, {len(attempts)} attempts; "
-        f"per process {dict(per_process)}"
     )
-    assert len(per_job) == JOBS and len(attempts) == JOBS  # each job once, none twice
-    assert len(per_process) == PROCESSES, "not every process took part: no race happened"
-    for out in outputs:
-        assert "connection pooler" in out  # each process found PgBouncer and said so, once
+    seen.check_each_job_ran_once(JOBS, PROCESSES)
+    for out in seen.outputs:
+        # Each process found PgBouncer and said so, once, and nothing went wrong.
         assert out.count("connection pooler") == 1
         assert _problems(out) == []
 
