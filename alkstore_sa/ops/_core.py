@@ -76,12 +76,12 @@ class Context:
     """What every operation needs to know about its service.
 
     ``version`` is the pg-boss schema version the operations speak (26 or 46):
-    :func:`check_schema` sets it from the installed schema. ``backend`` is the
-    database backend profile (:mod:`alkstore_sa.backends`), whose flags choose among
-    the version's statements. Operations never
+    :func:`check_schema` sets it from the installed schema. Operations never
     compare it: they build statements through :attr:`sql`, that version's
     statement set, and ask :meth:`has` or :meth:`require` for what only some
-    versions have (the table of :mod:`alkstore_sa.versions`).
+    versions have (the table of :mod:`alkstore_sa.versions`). ``backend`` is the
+    database backend profile (:mod:`alkstore_sa.backends`), whose flags choose among
+    the version's statements as the version chooses the set.
     """
 
     schema: str

@@ -52,13 +52,13 @@ class Statements:
     version: ClassVar[int] = 26
     """The schema version this set was written for."""
 
+    job: ClassVar[Table] = base.JOB
+    """The job table as this version has it (for reads that name its columns)."""
+
     def __init__(self, flags: frozenset[str] = frozenset()) -> None:
         self.flags = flags
         """The backend profile's compatibility flags (:mod:`alkstore_sa.backends`) that
         choose among this version's statements, as the version chooses the set."""
-
-    job: ClassVar[Table] = base.JOB
-    """The job table as this version has it (for reads that name its columns)."""
 
     def _missing(self, name: str) -> NoReturn:
         raise LookupError(f"schema {self.version} has no {name} statement")

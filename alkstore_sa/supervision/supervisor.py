@@ -50,17 +50,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._engine_cache import (
     Refusals,
-    engine_state,
     ensure_version,
     execution_options,
+    make_context,
     version_due,
 )
 from ..backends import Backend
-from ..backends import resolve as resolve_backend
 from ..clock import Clock, SystemClock
 from ..errors import InvalidOptionsError, SchemaVersionError, shown
 from ..names import DEFAULT_SCHEMA, validate_schema
-from ..ops import Context, Op, driver, observe
+from ..ops import Op, driver, observe
 from ..ops._core import may_be_schema_change
 from ..ops.frame import Autocommit
 from ..ops.supervision import (
@@ -110,14 +109,9 @@ class _Core:
         if on_warning is not None and not callable(on_warning):
             raise InvalidOptionsError("on_warning", f"must be callable, not {shown(on_warning)}")
         self.on_warning = on_warning
-        self._state = engine_state(engine)
-        profile = resolve_backend(backend, dialect=engine.dialect.name)
-        self._ctx = Context(
-            schema=schema,
-            notify=notify and not profile.has("noListenNotify"),
-            policies=self._state.policies,
-            backend=profile,
-        )
+        self._ctx, state = make_context(schema, notify=notify, engine=engine, backend=backend)
+        assert state is not None  # an engine was given
+        self._state = state
         self._options = execution_options(schema)
         self._next: dict[str, dt.datetime] = {}
         self._refusals = Refusals(logger, "supervisor", "paused")
