@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support.worker import Harness, send, state_of, wait_for
 
-from alkstore_sa import AsyncWorker, Worker
+from alkstore_sa import AsyncWorker, Worker, backends
 from alkstore_sa.records import Job
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -290,7 +290,8 @@ def test_supervisor_starts_and_stops_with_the_worker(
     h.start(w)
     h.stop(w)
     assert events == [
-        ("init", (h.schema, {"monitor_interval": 5})),
+        # The worker hands its backend profile to its supervisor.
+        ("init", (h.schema, {"backend": backends.POSTGRES, "monitor_interval": 5})),
         ("start", None),
         ("stop", None),
     ]
