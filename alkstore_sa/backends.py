@@ -160,6 +160,13 @@ def resolve(backend: str | Backend | None = None, *, dialect: str | None = None)
     return POSTGRES if name == "postgres" else Backend(name, flags)
 
 
+def queue_claims_skip_locked(backend: Backend) -> bool:
+    """Whether the supervisor's claims of queue rows (monitor and maintenance turns) skip
+    rows another pass holds: only on stock PostgreSQL without ``noSkipLocked``, as pg-boss
+    12.38 decides (elsewhere they wait; the name order keeps them free of deadlocks)."""
+    return backend.name == "postgres" and not backend.has("noSkipLocked")
+
+
 def _refuse_unfollowed(name: str, flags: frozenset[str]) -> None:
     unfollowed = sorted(flags - set(FOLLOWED_FLAGS))
     if unfollowed:
@@ -178,5 +185,6 @@ __all__ = [
     "POSTGRES",
     "PROFILES",
     "Backend",
+    "queue_claims_skip_locked",
     "resolve",
 ]

@@ -330,3 +330,28 @@ def states(engine: Engine, schema: str, *ids: Any) -> dict[Any, tuple[str, Any]]
         ids=list(ids),
     )
     return {r.id: (r.state, r.output) for r in found}
+
+
+def test_without_skip_locked_the_supervisor_waits_for_rows_instead_of_skipping_them(
+    engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa.sql.v46 import supervision, turns
+
+    for made in (
+        supervision.claim_monitor,
+        supervision.claim_maintain,
+        supervision.release_maintain,
+        turns.resolve_flows,
+    ):
+        waits = str(made(skip_locked=False).compile(dialect=engine.dialect))
+        skips = str(made().compile(dialect=engine.dialect))
+        assert "SKIP LOCKED" in skips and "SKIP LOCKED" not in waits and "FOR " in waits
+    # Queue claims skip only on stock PostgreSQL without the flag, as pg-boss decides.
+    assert backends.queue_claims_skip_locked(backends.POSTGRES)
+    assert not backends.queue_claims_skip_locked(backends.resolve("citus"))
+    assert not backends.queue_claims_skip_locked(NO_SKIP_LOCKED)
+    in_tx(engine, schema46, lambda q: q.create_queue("q"))
+    report = Supervisor(engine, schema=schema46, backend=NO_SKIP_LOCKED, schedule=False).run_once(
+        force=True
+    )
+    assert not report.errors and "q" in report.monitored and "q" in report.maintained

@@ -69,6 +69,7 @@ import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
+from ..backends import queue_claims_skip_locked
 from ..records import QueueWarning
 from ..sql.common import locks
 from ..sql.v46 import cron as cron_sql
@@ -115,7 +116,8 @@ def claim_monitor(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[tupl
         "interval": frame.interval(plan, plan.settings.monitor_interval),
         "now": plan.now,
     }
-    rows = (yield Call(sql.claim_monitor(), params)).all()
+    skip = queue_claims_skip_locked(ctx.backend)
+    rows = (yield Call(sql.claim_monitor(skip_locked=skip), params)).all()
     return sorted(r.name for r in rows), all(r.refresh_stats for r in rows)
 
 
@@ -167,7 +169,8 @@ def claim_maintain(
         "interval": frame.interval(plan, plan.settings.maintenance_interval),
         "now": plan.now,
     }
-    rows = (yield Call(sql.claim_maintain(), params)).all()
+    skip = queue_claims_skip_locked(ctx.backend)
+    rows = (yield Call(sql.claim_maintain(skip_locked=skip), params)).all()
     return sorted(r.name for r in rows), (rows[0].claimed_on if rows else None)
 
 
@@ -175,7 +178,9 @@ def release_maintain(
     ctx: Context, names: Sequence[str], claimed_on: dt.datetime | None
 ) -> Op[None]:
     """Hand back the maintenance turn of queues the pass did not finish."""
-    yield Call(sql.release_maintain(), {"names": list(names), "claimed_on": claimed_on})
+    skip = queue_claims_skip_locked(ctx.backend)
+    params = {"names": list(names), "claimed_on": claimed_on}
+    yield Call(sql.release_maintain(skip_locked=skip), params)
 
 
 def maintenance_sizes(

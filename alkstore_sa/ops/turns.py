@@ -106,7 +106,8 @@ def _flow_tables(ctx: Context) -> Op[list[tuple[str, list[str]]]]:
 
 
 def _resolve(ctx: Context, names: list[str], plan: PassPlan) -> Op[tuple[int, int]]:
-    row = (yield Call(sql.resolve_flows(), {"names": names, "now": plan.now})).one()
+    skip = not ctx.backend.has("noSkipLocked")
+    row = (yield Call(sql.resolve_flows(skip_locked=skip), {"names": names, "now": plan.now})).one()
     return int(row.resolved), int(row.released)
 
 

@@ -121,9 +121,11 @@ def _locked_names(extra: ColumnElement[bool] | None = None, *, skip_locked: bool
 
 
 @functools.cache
-def claim_monitor() -> Update:
+def claim_monitor(*, skip_locked: bool = True) -> Update:
     """Take the monitor turn of the queues ``:names`` whose ``monitor_claim_on``
-    (or, never claimed, ``monitor_on``) is ``:interval`` seconds old.
+    (or, never claimed, ``monitor_on``) is ``:interval`` seconds old; without
+    ``skip_locked`` a queue row another pass holds is waited for, not skipped
+    (:func:`alkstore_sa.backends.queue_claims_skip_locked`).
 
     Returns ``(name, refresh_stats)``; ``refresh_stats`` is false while
     ``version.monitor_backoff_on`` is in the future: the pass then skips the
@@ -131,7 +133,8 @@ def claim_monitor() -> Update:
     """
     due = (
         _locked_names(
-            _due(func.coalesce(QUEUE.c.monitor_claim_on, QUEUE.c.monitor_on)), skip_locked=True
+            _due(func.coalesce(QUEUE.c.monitor_claim_on, QUEUE.c.monitor_on)),
+            skip_locked=skip_locked,
         )
     ).cte("due")
     backoff = ~exists().where(VERSION.c.monitor_backoff_on > now())
@@ -144,10 +147,11 @@ def claim_monitor() -> Update:
 
 
 @functools.cache
-def claim_maintain() -> Update:
+def claim_maintain(*, skip_locked: bool = True) -> Update:
     """Take the maintenance turn of the queues ``:names`` (``maintain_on``);
-    returns ``(name, claimed_on)``, one stamp for every queue claimed."""
-    due = _locked_names(_due(QUEUE.c.maintain_on), skip_locked=True).cte("due")
+    returns ``(name, claimed_on)``, one stamp for every queue claimed
+    (``skip_locked`` as :func:`claim_monitor` has it)."""
+    due = _locked_names(_due(QUEUE.c.maintain_on), skip_locked=skip_locked).cte("due")
     return (
         QUEUE.update()
         .where(QUEUE.c.name == due.c.name)
@@ -157,12 +161,12 @@ def claim_maintain() -> Update:
 
 
 @functools.cache
-def release_maintain() -> Update:
+def release_maintain(*, skip_locked: bool = True) -> Update:
     """Hand back the maintenance turn of ``:names`` claimed at ``:claimed_on`` and
     not finished, so they are due again on the next pass (a claim another
     instance made since keeps its stamp)."""
     stamp = bindparam("claimed_on", type_=TIMESTAMP(timezone=True))
-    mine = _locked_names(QUEUE.c.maintain_on == stamp, skip_locked=True).subquery("r")
+    mine = _locked_names(QUEUE.c.maintain_on == stamp, skip_locked=skip_locked).subquery("r")
     return QUEUE.update().where(QUEUE.c.name == mine.c.name).values(maintain_on=null())
 
 

@@ -96,10 +96,11 @@ def claim_turn(column_name: str) -> Update:
 
 
 @functools.cache
-def resolve_flows() -> Select[Any]:
+def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
     """Resolve up to :data:`FLOW_BATCH` completed ``blocking`` parents of the
     queues ``:names``; one row, ``resolved`` (parents) and ``released``
-    (children whose last pending parent this was)."""
+    (children whose last pending parent this was). Without ``skip_locked`` (the
+    ``noSkipLocked`` flag) a parent another pass holds is waited for."""
     parent = JOB.alias("p")
     parents = (
         select(parent.c.name, parent.c.id)
@@ -110,7 +111,7 @@ def resolve_flows() -> Select[Any]:
         )
         .order_by(parent.c.name, parent.c.id)
         .limit(FLOW_BATCH)
-        .with_for_update(of=parent, skip_locked=True)
+        .with_for_update(of=parent, skip_locked=skip_locked)
         .cte("parents")
     )
     d = JOB_DEPENDENCY
