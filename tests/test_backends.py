@@ -15,7 +15,7 @@ from sqlalchemy import Engine, Select
 from sqlalchemy.orm import Session
 from support.direct import in_tx, rows
 from support.node import INTEROP46_DIR, node46_modules
-from support.schemas import libpq_url
+from support.schemas import libpq_url, random_schema, schema_exists, throwaway
 from support.worker import wait_for
 
 from alkstore_sa import (
@@ -355,3 +355,17 @@ def test_without_skip_locked_the_supervisor_waits_for_rows_instead_of_skipping_t
         force=True
     )
     assert not report.errors and "q" in report.monitored and "q" in report.maintained
+
+
+def test_db_upgrade_refuses_a_profile_whose_schema_it_cannot_build(
+    database_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = random_schema()
+    args = ["db", "upgrade", "--database-url", database_url, "--schema", name]
+    with throwaway(engine, name):
+        code = main([*args, "--backend", "cockroachdb"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2
+        assert len(err) == 1 and "backend 'cockroachdb'" in err[0]
+        assert "noTablePartitioning" in err[0]
+        assert not schema_exists(engine, name)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import migrate, schema_health
+from ..backends import resolve as resolve_backend
 from ..errors import SchemaHealthError, SchemaVersionError
 from ..names import SCHEMA_VERSION
 from ..schema_versions import NO_VERSION_ROW
@@ -70,6 +71,9 @@ def _upgrade(args: argparse.Namespace) -> int:
     if wanted is not None:
         migrate.schema_version_info(wanted)  # an unknown version: exit 2, before connecting
     with engine_from(args) as engine:
+        # Every profile taken today builds PostgreSQL's schema; one that builds another
+        # (cockroachdb, yugabytedb) is refused here, naming what is not followed yet.
+        resolve_backend(args.backend, dialect=engine.dialect.name)
         # Read under the migration lock: an upgrade that waited for another finds its work.
         result = migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
         before, found, revision = result.before, result.found, result.revision
