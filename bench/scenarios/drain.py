@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from alkstore_sa import AsyncQueueService, QueueService
+from alkstore_sa import AsyncQueueService, Backend, QueueService
 from alkstore_sa.ops import Settlement
 
 from .. import ceiling
@@ -142,6 +142,9 @@ async def service_async(cfg: Config, n: int, batch: int) -> float:
 
 
 # ------------------------------------------------------------------ workers
+
+
+NO_SKIP_LOCKED = Backend("postgres", frozenset({"noSkipLocked"}))
 
 
 def _noop(job: Any) -> None:
@@ -317,6 +320,19 @@ def drain_variants(cfg: Config) -> list[Variant]:
                     n,
                     base=ceil,
                     note="metrics=False: the worker's Prometheus counters off",
+                )
+            )
+        if cfg.schema_version >= 46:
+            # What a distributed backend's claim costs on PostgreSQL itself (the
+            # "Database backends" page): no SKIP LOCKED, the state rechecked instead.
+            out.append(
+                _variant(
+                    scenario,
+                    f"Worker b={batch} noSkipLocked",
+                    _worker(n, {"batch_size": batch, "backend": NO_SKIP_LOCKED}),
+                    n,
+                    base=f"Worker b={batch}",
+                    note="the noSkipLocked flag forced on: claims wait for and skip each other",
                 )
             )
         if batch == 10:
