@@ -22,8 +22,10 @@ import threading
 import weakref
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.pool import Pool
+
+from .errors import PooledConnectionError
 
 log = logging.getLogger("alkstore_sa")
 
@@ -72,6 +74,14 @@ def is_pooled(dbapi_connection: Any) -> bool | None:
     # connection to this client until the application's first commit.
     dbapi_connection.rollback()
     return row is not None and row[0] != told
+
+
+def refuse_pooled(conn: Connection, schema: str) -> None:
+    """Raise :class:`~alkstore_sa.PooledConnectionError` when ``conn`` reaches the server
+    through a pooler: a schema upgrade's session advisory lock taken on it could outlive
+    the upgrade on a server connection the pooler lends to others."""
+    if is_pooled(conn.connection.dbapi_connection):
+        raise PooledConnectionError(schema)
 
 
 def _checked_out(dbapi_connection: Any, record: Any, told: threading.Event) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, text
 
-from ._pooler import is_pooled
-from .errors import InvalidOptionsError, PooledConnectionError, shown
+from ._pooler import refuse_pooled
+from .errors import InvalidOptionsError, shown
 from .migrations import VERSION_TABLE
 from .names import DEFAULT_SCHEMA, validate_schema
 from .ops import driver, read_version
@@ -233,13 +233,6 @@ def migration_lock(conn: Connection, schema: str, *, own: bool = True) -> Iterat
             # The session is unusable: closing it is what releases the lock.
             conn.invalidate()
             raise
-
-
-def refuse_pooled(conn: Connection, schema: str) -> None:
-    """Raise :class:`PooledConnectionError` when ``conn`` reaches the server through a
-    connection pooler (a session lock taken on it could outlive the upgrade)."""
-    if is_pooled(conn.connection.dbapi_connection):
-        raise PooledConnectionError(schema)
 
 
 @contextmanager

@@ -29,8 +29,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from .._pooler import is_pooled
-from ..errors import PooledConnectionError, SchemaVersionError
+from .._pooler import refuse_pooled
+from ..errors import SchemaVersionError
 from ..names import DEFAULT_SCHEMA
 from ..schema_versions import NO_VERSION_ROW
 from ..sql.common.base import version_row
@@ -314,8 +314,7 @@ def _outside_transaction(schema: str) -> Iterator[sa.Connection]:
     """
     with op.get_context().autocommit_block():
         conn = op.get_bind()
-        if is_pooled(conn.connection.dbapi_connection):
-            raise PooledConnectionError(schema)
+        refuse_pooled(conn, schema)
         conn.execute(sa.text(f"SELECT pg_advisory_lock({lock_key_sql(schema)})"))
         try:
             yield conn
