@@ -4,7 +4,8 @@ on shared queues.
 - NOTIFY: on a queue with ``notify``, each side's send wakes the other side's idle worker
   on Node's channel (``pgboss_`` + sha224(schema)), long before either polls again.
 - Jobs sent by one side are worked by the other; failing handlers walk a job through the
-  same states to the same dead-letter copy; a queue shared by both runs each job once.
+  same states to the same dead-letter copy; a queue shared by both runs each job once, also
+  with both sides claiming as on a distributed backend (no ``SKIP LOCKED``).
 - Heartbeats: a Python worker keeps ``heartbeat_on`` fresh, so a Node supervisor does not
   fail its long job; a Node worker's heartbeat keeps a Python supervisor off its job.
 """
@@ -31,7 +32,7 @@ from support.node import in_tx, node46, node46_modules, node_url, parse_time
 from support.schemas import drop_schema
 from support.worker import settled_claims
 
-from alkstore_sa import Job
+from alkstore_sa import Backend, Job
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import AsyncWorker, Worker
 
@@ -259,12 +260,20 @@ def test_failing_handlers_in_python_and_node_leave_the_same_trail(
     ]
 
 
+@pytest.mark.parametrize("claims", ["skip locked", "distributed"])
 def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
-    engine: Engine, schema46_by: str, node46: Any
+    engine: Engine, schema46_by: str, node46: Any, claims: str
 ) -> None:
+    """``distributed``: a distributed backend's runtime forced on stock PostgreSQL on both
+    sides (docs/how-to/backends.md), both supervising: Node with its ``__test__distributed``
+    option (claims without ``SKIP LOCKED``, settlements split), our worker with
+    ``noSkipLocked``."""
     schema = schema46_by
     in_tx(engine, schema, lambda q: q.create_queue("mail"))
-    boss = node46(schema)
+    distributed = claims == "distributed"
+    boss = (
+        node46(schema, __test__distributed=True, supervise=True) if distributed else node46(schema)
+    )
     runs: list[str] = []
     lock = threading.Lock()
 
@@ -274,7 +283,15 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
         time.sleep(0.05)
         return "python"
 
-    worker = Worker(engine, schema=schema, poll_interval=POLL, supervise=False, concurrency=2)
+    worker = Worker(
+        engine,
+        schema=schema,
+        poll_interval=POLL,
+        supervise=distributed,
+        supervisor_options={"supervise_interval": 1, "monitor_interval": 1},
+        backend=Backend("postgres", frozenset({"noSkipLocked"})) if distributed else None,
+        concurrency=2,
+    )
     worker.register("mail", handle, batch_size=2)
     worker.start()
     for _ in range(2):
