@@ -112,6 +112,9 @@ def test_a_flagged_profile_on_a_schema_at_26_is_refused_before_any_sql(
 
 @pytest.mark.parametrize("name", ["citus", "pglite", "postgres"])
 def test_profiles_without_flags_work_as_postgres(name: str, engine: Engine, schema46: str) -> None:
+    profile = backends.resolve(name)
+    assert profile.name == name and profile.flags == frozenset()
+    assert statements_for(46, profile.flags) is statements_for(46)  # the same statements
     with Session(engine) as session, session.begin():
         jobs = QueueService(session, schema=schema46, backend=name)
         jobs.create_queue("q")

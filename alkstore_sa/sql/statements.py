@@ -312,15 +312,20 @@ def register_statements(cls: S) -> S:
     A schema at that version, or above it with no newer set registered, speaks it.
     """
     _SETS[cls.version] = cls
-    statements_for.cache_clear()
+    _statements_for.cache_clear()
     return cls
 
 
-@functools.cache
 def statements_for(version: int, flags: frozenset[str] = frozenset()) -> Statements:
     """The statement set of a schema at ``version``: the newest registered at or
     below it (the oldest set for a version below every one), choosing by the
-    backend profile's ``flags``."""
+    backend profile's ``flags``; one object for each pair."""
+    return _statements_for(version, flags)
+
+
+@functools.cache
+def _statements_for(version: int, flags: frozenset[str]) -> Statements:
+    # Keyed on both arguments however the caller spelt them.
     fitting = [v for v in _SETS if v <= version]
     return _SETS[max(fitting) if fitting else min(_SETS)](flags)
 
@@ -332,7 +337,7 @@ register_statements(Statements46)
 def unregister_statements(version: int) -> None:
     """Forget the set registered for ``version`` (for tests that plug one in)."""
     _SETS.pop(version, None)
-    statements_for.cache_clear()
+    _statements_for.cache_clear()
 
 
 __all__ = [
