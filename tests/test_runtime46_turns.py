@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from alkstore_sa import rrule
+from alkstore_sa.backends import Backend
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.errors import InvalidOptionsError
 from alkstore_sa.names import SEND_IT_QUEUE
@@ -492,6 +493,45 @@ def test_bam_runs_one_command_at_a_time_cluster_wide(engine: Engine, schema46: s
     assert report.bam == ("waiting (job_common): completed",)
     report = Supervisor(engine, schema=schema46, **ONLY_BAM).run_once(force=True)
     assert report.bam == ("running (job_common): completed",)
+
+
+NO_PROGRESS_VIEW = Backend("postgres", frozenset({"noIndexProgressView"}))
+"""pg-boss's ``__test__noIndexProgressView``: no build's liveness to read."""
+
+
+def test_bam_without_a_progress_view_reclaims_a_row_only_after_a_day(
+    engine: Engine, schema46: str
+) -> None:
+    # An hour old with no build on its table is stale where liveness can be read
+    # (the test above); without it, only age counts, and a day is pg-boss's bound.
+    an_hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    unbuilt(engine, schema46, "i12", "i17")
+    add_bam(engine, schema46, "running", BUILDS["i12"], status="in_progress",
+            started_on=an_hour_ago, version=45)  # fmt: skip
+    add_bam(engine, schema46, "waiting", BUILDS["i17"])
+    supervisor = Supervisor(engine, schema=schema46, backend=NO_PROGRESS_VIEW, **ONLY_BAM)
+    assert supervisor.run_once(force=True).bam == ()
+    assert bam_rows(engine, schema46)["waiting"].status == "pending"
+    a_day_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=24, minutes=1)).isoformat()
+    sql(engine, schema46, "UPDATE {s}.bam SET started_on = :t WHERE name = 'running'", t=a_day_ago)
+    report = supervisor.run_once(force=True)
+    assert report.bam == ("waiting (job_common): completed",)
+    assert supervisor.run_once(force=True).bam == ("running (job_common): completed",)
+
+
+def test_bam_without_a_progress_view_neither_heals_nor_fails_an_invalid_index(
+    engine: Engine, schema46: str
+) -> None:
+    # Engines without the view roll an interrupted build back: pg-boss neither drops
+    # an INVALID index there nor holds one against the build (it would fail forever).
+    unbuilt(engine, schema46, "i13")
+    two_upserted_jobs_with_one_key(engine, schema46)
+    with pytest.raises(Exception, match="could not create unique index"):
+        autocommit(engine, schema46, UNIQUE)
+    add_bam(engine, schema46, "unique", UNIQUE, status="failed")
+    supervisor = Supervisor(engine, schema=schema46, backend=NO_PROGRESS_VIEW, **ONLY_BAM)
+    assert supervisor.run_once(force=True).bam == ("unique (job_common): completed",)
+    assert index_valid(engine, schema46, "job_common_i13") is False  # not dropped, not rebuilt
 
 
 def test_bam_waits_for_an_earlier_row_of_its_version_and_table(

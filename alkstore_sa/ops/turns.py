@@ -135,10 +135,17 @@ def flow_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:
 # ------------------------------------------------------------------ BAM
 
 
+def _liveness(ctx: Context) -> bool:
+    """Whether a running index build can be told from a dead one (the progress and
+    lock views; not under a backend profile with ``noIndexProgressView``)."""
+    return not ctx.backend.has("noIndexProgressView")
+
+
 def _claim_bam(ctx: Context, plan: PassPlan, *, pending_only: bool) -> Op[Any]:
     yield from frame.lock(ctx, BAM_CLAIM_LOCK, plan)
     params = {"bam_schema": ctx.schema, "now": plan.now}
-    return (yield Call(sql.claim_bam(pending_only=pending_only), params)).first()
+    claim = sql.claim_bam(pending_only=pending_only, liveness=_liveness(ctx))
+    return (yield Call(claim, params)).first()
 
 
 def _validity(ctx: Context, index: str) -> Op[bool | None]:
@@ -183,9 +190,13 @@ def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: Tally) -> Turn:
     error: str | None = None
     try:
         built = False
+        # Without liveness (noIndexProgressView) an INVALID index is neither healed
+        # nor held against the build: such engines roll an interrupted build back,
+        # and an index they leave INVALID would fail every retry.
+        live = _liveness(ctx)
         if row.reattempt and bare is not None:
             valid = yield _validity(ctx, bare)
-            if valid is False:
+            if valid is False and live:
                 # An interrupted build left an INVALID index; IF NOT EXISTS would skip it.
                 yield Autocommit(_execute(_drop(ctx, bare)))
             built = valid is True
@@ -195,7 +206,7 @@ def _run_bam(ctx: Context, plan: PassPlan, row: Any, tally: Tally) -> Turn:
                 valid = yield _validity(ctx, bare)
                 if valid is None:
                     error = f"index {bare} does not exist after the build"
-                elif not valid:
+                elif not valid and live:
                     error = f"index {bare} is invalid after the build"
     except Exception as exc:
         error = _reason(exc)
@@ -245,7 +256,8 @@ def _read(ctx: Context, statement: Any, tables: list[str]) -> Op[list[Any]]:
 
 
 def _dropped(ctx: Context, tables: list[str], tally: Tally) -> Turn:
-    leftovers = yield from tally.attempt(_read(ctx, sql.reindex_leftovers(), tables), "reindex")
+    statement = sql.reindex_leftovers(liveness=_liveness(ctx))
+    leftovers = yield from tally.attempt(_read(ctx, statement, tables), "reindex")
     for row in leftovers or []:
         error = yield from _outside(_drop(ctx, row.name))
         if error is None:

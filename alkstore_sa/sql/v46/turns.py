@@ -17,7 +17,10 @@ ago), returning a row only to the instance that moved it.
   same version on the same table is not completed, and sees an ``in_progress``
   row as stale once it is five minutes old and no session holds a granted
   ``ShareUpdateExclusiveLock`` on its table (a concurrent index build holds one
-  from start to end).
+  from start to end). Under a backend profile with ``noIndexProgressView`` there
+  is no liveness to read: a row is stale after 24 hours, and the claim takes no
+  row lock (the ``UPDATE`` rechecks the row instead), as pg-boss's timeout-only
+  claim does.
 - **Reindex.** Job-table leaf indexes that are valid, larger than 128 pages,
   hold fewer than 5 entries a page and are over 4 times the pages their live
   entries need (from ``pg_stats`` widths).
@@ -65,6 +68,10 @@ FLOW_BATCHES = 100
 
 BAM_GRACE_SECONDS = 300
 """How old an ``in_progress`` BAM row must be before a dead build may be reclaimed."""
+
+BAM_STALE_SECONDS = 24 * 60 * 60
+"""How old an ``in_progress`` BAM row must be before it is reclaimed where no build's
+liveness can be read (``noIndexProgressView``; pg-boss's ``BAM_STALE_SECONDS``)."""
 
 REINDEX_MIN_PAGES = 128
 REINDEX_MAX_ENTRIES_PER_PAGE = 5
@@ -185,7 +192,10 @@ _PG_DATABASE = table(
 )
 
 
-def _stale(row: Any) -> Any:
+def _stale(row: Any, *, liveness: bool) -> Any:
+    if not liveness:
+        # Nothing tells a live build from a dead one: only its age does.
+        return row.c.started_on < now() - literal_column(f"interval '{BAM_STALE_SECONDS} seconds'")
     # Past the grace window, and no session building on its table: a concurrent
     # index build holds a granted ShareUpdateExclusiveLock on it from start to end.
     lk = _PG_LOCKS.alias("l")
@@ -207,10 +217,13 @@ def _stale(row: Any) -> Any:
 
 
 @functools.cache
-def claim_bam(*, pending_only: bool) -> Update:
+def claim_bam(*, pending_only: bool, liveness: bool = True) -> Update:
     """Take the next ``bam`` row (run it under the ``bamClaim`` lock).
 
     ``:bam_schema`` is the schema's name (the stale test looks its tables up).
+    ``liveness``: a stale row is one whose build is not running (else only an old
+    one), and the candidate is locked ``SKIP LOCKED`` (else the ``UPDATE``'s
+    recheck of status and start alone keeps two claims apart).
     Returns the row as claimed, with ``reattempt`` (it was failed or stale, not
     pending) and ``prior_status``/``prior_started_on`` (to hand it back).
     """
@@ -221,7 +234,7 @@ def claim_bam(*, pending_only: bool) -> Update:
         claimable = c.c.status == "pending"
     else:
         claimable = c.c.status.in_(("pending", "failed")) | (
-            (c.c.status == "in_progress") & _stale(c)
+            (c.c.status == "in_progress") & _stale(c, liveness=liveness)
         )
     waits = exists().where(
         p.c.version == c.c.version,
@@ -229,8 +242,8 @@ def claim_bam(*, pending_only: bool) -> Update:
         p.c.created_on < c.c.created_on,
         p.c.status != "completed",
     )
-    running = exists().where(g.c.status == "in_progress", ~_stale(g))
-    candidate = (
+    running = exists().where(g.c.status == "in_progress", ~_stale(g, liveness=liveness))
+    chosen = (
         select(
             c.c.id,
             c.c.status.label("prior_status"),
@@ -239,9 +252,10 @@ def claim_bam(*, pending_only: bool) -> Update:
         .where(claimable, ~waits, ~running)
         .order_by(c.c.status != "pending", c.c.created_on)
         .limit(1)
-        .with_for_update(of=c, skip_locked=True)
-        .cte("candidate")
     )
+    if liveness:
+        chosen = chosen.with_for_update(of=c, skip_locked=True)
+    candidate = chosen.cte("candidate")
     return (
         BAM.update()
         .where(
@@ -338,18 +352,20 @@ def bloated_indexes() -> TextClause:
 
 
 @functools.cache
-def reindex_leftovers() -> TextClause:
+def reindex_leftovers(*, liveness: bool = True) -> TextClause:
     """Invalid ``*_ccnew`` indexes an interrupted ``REINDEX CONCURRENTLY`` left on
     the job tables ``:tables``, owned by us, with no index build running on
-    their table: ``name``."""
+    their table (``liveness``; else whatever is running): ``name``."""
+    building = (
+        " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_progress_create_index p"
+        " WHERE p.relid = x.indrelid)"
+    )
     return text(
         "SELECT i.relname AS name"
         + _INDEXES
         + " WHERE n.nspname = :schema AND i.relkind = 'i' AND NOT x.indisvalid"
         " AND i.relname ~ '_ccnew[0-9]*$' AND t.relname = ANY(:tables)"
-        " AND pg_has_role(current_user, i.relowner, 'USAGE')"
-        " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_progress_create_index p"
-        " WHERE p.relid = x.indrelid)"
+        " AND pg_has_role(current_user, i.relowner, 'USAGE')" + (building if liveness else "")
     ).bindparams(bindparam("schema", type_=Text), bindparam("tables", type_=ARRAY(Text)))
 
 
@@ -370,6 +386,7 @@ def ddl(command: str) -> TextClause:
 
 __all__ = [
     "BAM_GRACE_SECONDS",
+    "BAM_STALE_SECONDS",
     "FLOW_BATCH",
     "FLOW_BATCHES",
     "REINDEX_MAX_BYTES",
