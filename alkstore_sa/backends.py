@@ -75,6 +75,7 @@ DEPRECATED: Mapping[str, str] = MappingProxyType(
 FOLLOWED_FLAGS = (
     "noSkipLocked",
     "noListenNotify",
+    "noAdvisoryLocks",
     "noIndexProgressView",
     "noReindex",
     "noMonitorVacuum",

@@ -4,14 +4,16 @@ suite forces them with its ``__test__`` options."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, Select
+from sqlalchemy import Engine, Select, func, literal, select
 from sqlalchemy.orm import Session
 from support.direct import in_tx, rows
 from support.node import INTEROP46_DIR, node46_modules
@@ -30,6 +32,7 @@ from alkstore_sa.cli import main
 from alkstore_sa.ops import Context
 from alkstore_sa.ops.duties46 import backoff_turn
 from alkstore_sa.ops.frame import Tally
+from alkstore_sa.sql.common.base import advisory_key
 from alkstore_sa.sql.statements import statements_for
 from alkstore_sa.supervision import Supervisor
 
@@ -37,6 +40,7 @@ __all__ = ["node46_modules"]  # a fixture used below
 
 NO_SKIP_LOCKED = Backend("postgres", frozenset({"noSkipLocked"}))
 NO_LISTEN = Backend("postgres", frozenset({"noListenNotify"}))
+NO_LOCKS = Backend("postgres", frozenset({"noAdvisoryLocks"}))
 
 
 # ------------------------------------------------------------ the profiles are pg-boss's
@@ -358,6 +362,114 @@ def test_without_skip_locked_the_supervisor_waits_for_rows_instead_of_skipping_t
         force=True
     )
     assert not report.errors and "q" in report.monitored and "q" in report.maintained
+
+
+# ---------------------------------------------------------------- noAdvisoryLocks
+
+
+@contextlib.contextmanager
+def held(engine: Engine, schema: str, *keys: str) -> Iterator[None]:
+    """Hold the advisory locks ``keys`` of ``schema`` (as another instance would)."""
+    with engine.connect() as conn, conn.begin():
+        for key in keys:
+            conn.execute(select(func.pg_advisory_xact_lock(advisory_key(literal(schema + key)))))
+        yield
+
+
+def _overdue_job(engine: Engine, schema: str) -> Any:
+    """An active job of queue ``q`` whose lease ran out an hour ago."""
+    in_tx(engine, schema, lambda q: q.create_queue("q", expire_seconds=60))
+    job_id = in_tx(engine, schema, lambda q: q.send("q", {}))
+    in_tx(engine, schema, lambda q: q.fetch("q"))
+    rows(
+        engine,
+        schema,
+        "UPDATE {s}.job SET started_on = now() - interval '1 hour' WHERE id = :id",
+        id=job_id,
+    )
+    return job_id
+
+
+@pytest.mark.parametrize("backend", [None, NO_LOCKS], ids=["locks", "noAdvisoryLocks"])
+def test_without_advisory_locks_supervision_runs_steps_another_instance_holds(
+    backend: Backend | None, engine: Engine, schema46: str
+) -> None:
+    job_id = _overdue_job(engine, schema46)
+    expiry, stats = "job_commonfailJobsByTimeout", "queue-stats"
+    with held(engine, schema46, expiry, stats), Session(engine) as session, session.begin():
+        service = QueueService(session, schema=schema46, backend=backend)
+        report = service.supervise(force=True)
+    state = rows(engine, schema46, "SELECT state FROM {s}.job WHERE id = :id", id=job_id)[0][0]
+    if backend is None:
+        # Another instance holds the locks: the steps are its, and skipped here.
+        assert state == "active" and any(expiry in busy for busy in report.busy)
+        assert any(stats in busy for busy in report.busy)
+    else:
+        # No locks to hold (pg-boss's noAdvisoryLocks): each step runs in every pass.
+        assert state == "retry" and report.busy == () and report.expired == {"q": 1}
+
+
+@pytest.mark.parametrize("backend", [None, NO_LOCKS], ids=["locks", "noAdvisoryLocks"])
+def test_without_advisory_locks_a_singleton_claim_takes_keys_without_locking_them(
+    backend: Backend | None, engine: Engine, schema46: str
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("q", policy="singleton"))
+    in_tx(engine, schema46, lambda q: q.send("q", {}, singleton_key="k"))
+    statements = statements_for(46, frozenset() if backend is None else backend.flags)
+    assert statements.takes_key_locks("singleton") is (backend is None)
+    assert statements.takes_group_locks() is (backend is None)
+    # Another fetcher of ours holds the key's lock in its open transaction.
+    lock = statements_for(46).lock_keys(policy="singleton", priority=True, ignore_start_after=False)
+    translated = engine.execution_options(schema_translate_map={"pgboss": schema46})
+    with translated.connect() as other, other.begin():
+        params = {"qname": "q", "cached_policy": "singleton", "limit": 1, "lock_schema": schema46}
+        assert other.execute(lock, params).scalars().all() == ["k"]
+        with Session(engine) as session, session.begin():
+            got = QueueService(session, schema=schema46, backend=backend).fetch("q")
+    # With locks the key is left to the fetcher holding it; without, nothing is held.
+    assert len(got) == (0 if backend is None else 1)
+
+
+def test_without_advisory_locks_racing_singleton_fetchers_never_run_a_key_twice(
+    engine: Engine, schema46: str
+) -> None:
+    """Activations collide on the key's unique index instead: the loser's claim is
+    empty, its transaction still usable, and no key is active twice."""
+    keys, per_key, fetchers = 20, 5, 6
+    in_tx(engine, schema46, lambda q: q.create_queue("q", policy="singleton"))
+    in_tx(
+        engine,
+        schema46,
+        lambda q: q.send_many(
+            "q", [{"data": {}, "singleton_key": f"k{n % keys}"} for n in range(keys * per_key)]
+        ),
+    )
+    done: list[Any] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(fetchers, timeout=20)
+
+    def fetcher() -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                with Session(engine) as session, session.begin():
+                    service = QueueService(session, schema=schema46, backend=NO_LOCKS)
+                    got = service.fetch("q", 4)
+                    for job in got:
+                        service.complete("q", job.id)
+                    done.extend(job.id for job in got)
+                if len(done) >= keys * per_key:
+                    return
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetcher) for _ in range(fetchers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert len(done) == len(set(done)) == keys * per_key  # each once, none lost
 
 
 def test_db_upgrade_refuses_a_profile_whose_schema_it_cannot_build(

@@ -33,6 +33,7 @@ from support.schemas import drop_schema
 from support.worker import settled_claims
 
 from alkstore_sa import Backend, Job
+from alkstore_sa.backends import FOLLOWED_FLAGS
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import AsyncWorker, Worker
 
@@ -260,19 +261,30 @@ def test_failing_handlers_in_python_and_node_leave_the_same_trail(
     ]
 
 
+NODE_RUNTIME_FLAGS = {
+    "__test__distributed": True,
+    "__test__noAdvisoryLocks": True,
+    "__test__noIndexProgressView": True,
+    "__test__noReindex": True,
+    "__test__noTransactionalHeartbeat": True,
+}
+"""pg-boss 12.38's hooks that force its runtime flags on stock PostgreSQL."""
+
+
 @pytest.mark.parametrize("claims", ["skip locked", "distributed"])
 def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     engine: Engine, schema46_by: str, node46: Any, claims: str
 ) -> None:
     """``distributed``: a distributed backend's runtime forced on stock PostgreSQL on both
-    sides (docs/how-to/backends.md), both supervising: Node with its ``__test__distributed``
-    option (claims without ``SKIP LOCKED``, settlements split), our worker with
-    ``noSkipLocked``."""
+    sides (docs/how-to/backends.md), both supervising: Node with every ``__test__`` option
+    pg-boss 12.38 has (claims without ``SKIP LOCKED`` and settlements split, no advisory
+    locks, no index progress view, no reindex, no transactional heartbeat), our worker
+    with every flag we follow."""
     schema = schema46_by
     in_tx(engine, schema, lambda q: q.create_queue("mail"))
     distributed = claims == "distributed"
     boss = (
-        node46(schema, __test__distributed=True, supervise=True) if distributed else node46(schema)
+        node46(schema, supervise=True, **NODE_RUNTIME_FLAGS) if distributed else node46(schema)
     )
     runs: list[str] = []
     lock = threading.Lock()
@@ -289,7 +301,7 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
         poll_interval=POLL,
         supervise=distributed,
         supervisor_options={"supervise_interval": 1, "monitor_interval": 1},
-        backend=Backend("postgres", frozenset({"noSkipLocked"})) if distributed else None,
+        backend=Backend("postgres", frozenset(FOLLOWED_FLAGS)) if distributed else None,
         concurrency=2,
     )
     worker.register("mail", handle, batch_size=2)

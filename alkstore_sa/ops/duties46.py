@@ -130,7 +130,8 @@ def cache_stats(
     params: dict[str, Any] = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
     if history.write:
         params["reset_seconds"] = stats_history.reset_seconds(plan)
-    rows = (yield Call(sql.cache_stats(throughput=history.write), params)).all()
+    statement = sql.cache_stats(throughput=history.write, advisory=ctx.sql.advisory_locks)
+    rows = (yield Call(statement, params)).all()
     warnings = []
     for row in rows:
         threshold = row.warning_queued or plan.settings.warning_queue_size

@@ -234,7 +234,12 @@ class Busy(AlkstoreError):
 
 def lock(ctx: Context, key: str, plan: PassPlan) -> Op[None]:
     """Take the advisory lock ``key``: wait for it, or only try it and raise
-    :class:`Busy` when another session holds it (``plan.wait_for_locks``)."""
+    :class:`Busy` when another session holds it (``plan.wait_for_locks``). Nothing
+    under a backend profile with ``noAdvisoryLocks``: the step may then run in two
+    passes at once, as it does in pg-boss there (each step's statement stays
+    correct without the lock; the lock only spares duplicate work)."""
+    if not ctx.sql.advisory_locks:
+        return
     params = {"lock_schema": ctx.schema, "lock_key": key}
     if plan.wait_for_locks:
         yield Call(locks.xact_lock(), params)

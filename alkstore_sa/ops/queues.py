@@ -82,8 +82,11 @@ def queue_policy(ctx: Context, name: str, *, refresh: bool = False) -> Op[str]:
     return policy
 
 
-def _lock(ctx: Context, key: str) -> Call:
-    return Call(locks.xact_lock(), {"lock_schema": ctx.schema, "lock_key": key})
+def _lock(ctx: Context, key: str) -> Op[None]:
+    # Not under noAdvisoryLocks: the queue functions then rely on the queue row's
+    # primary key alone, as pg-boss's do there.
+    if ctx.sql.advisory_locks:
+        yield Call(locks.xact_lock(), {"lock_schema": ctx.schema, "lock_key": key})
 
 
 def create_queue(
@@ -106,7 +109,7 @@ def create_queue(
         if found is None:
             raise InvalidOptionsError("dead_letter", f"queue {shown(dead)} does not exist")
     # Same lock as Node's createQueue: concurrent creators queue up behind it.
-    yield _lock(ctx, locks.CREATE_QUEUE)
+    yield from _lock(ctx, locks.CREATE_QUEUE)
     before = yield from get_queue(ctx, name)
     if before is not None:
         if not exist_ok:
@@ -171,7 +174,7 @@ def ensure_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
     given here to match (the others stay as they are)."""
     validate_queue(name)
     checked = opt.queue_options(name, options, version=ctx.version)
-    yield _lock(ctx, locks.CREATE_QUEUE)
+    yield from _lock(ctx, locks.CREATE_QUEUE)
     before = yield from get_queue(ctx, name)
     if before is None:
         return (yield from create_queue(ctx, name, exist_ok=True, options=options))
@@ -213,7 +216,7 @@ def update_queue(ctx: Context, name: str, options: Mapping[str, Any]) -> Op[Queu
 
 def delete_queue(ctx: Context, name: str) -> Op[bool]:
     queue_ref(name)
-    yield _lock(ctx, locks.DELETE_QUEUE)
+    yield from _lock(ctx, locks.DELETE_QUEUE)
     info = yield from get_queue(ctx, name)
     if info is None:
         return False

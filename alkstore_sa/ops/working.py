@@ -56,7 +56,8 @@ def claims_in_autocommit(ctx: Context, name: str, *, group_locks: bool = False) 
     that statement, as the savepoint does in a transaction.
     """
     policy = ctx.policies.get(ctx.schema, name)
-    return policy is not None and not group_locks and not _takes_key_locks(ctx, policy)
+    locks_groups = group_locks and ctx.sql.takes_group_locks()
+    return policy is not None and not locks_groups and not _takes_key_locks(ctx, policy)
 
 
 class _Groups:
@@ -217,6 +218,10 @@ def _claim(
 
 _POISON_ROUNDS = 4
 
+_COLLIDING = (QueuePolicy.SINGLETON, QueuePolicy.STATELY, QueuePolicy.KEY_STRICT_FIFO)
+"""Policies whose activation enters a unique index on the key, and so may collide
+with a claim that took no key lock (Node's, or ours under ``noAdvisoryLocks``)."""
+
 
 def _claim_once(
     ctx: Context,
@@ -258,13 +263,14 @@ def _claim_once(
         params["keys"] = keys
         if not keys:
             return [], poisoned
-    if groups is not None and groups.counts is None:
+    if groups is not None and groups.counts is None and ctx.sql.takes_group_locks():
         params["groups"] = yield from _lock_groups(
             ctx, params, ignore_start_after=ignore_start_after, policy=policy
         )
     # key_strict_fifo takes no key locks (pg-boss's claim skips held keys) and can
     # still collide with a Node fetcher on job_i8: in a savepoint too.
-    risky = aware or policy == QueuePolicy.KEY_STRICT_FIFO
+    # So can a singleton or stately claim that took no key locks (noAdvisoryLocks).
+    risky = aware or policy in _COLLIDING
     try:
         # A plain claim runs on the driver's connection itself (ops/_direct.py):
         # it is the statement a worker runs most, after the insert.

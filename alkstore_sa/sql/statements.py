@@ -60,6 +60,11 @@ class Statements:
         """The backend profile's compatibility flags (:mod:`alkstore_sa.backends`) that
         choose among this version's statements, as the version chooses the set."""
 
+    @property
+    def advisory_locks(self) -> bool:
+        """Whether the statements may take advisory locks (not under ``noAdvisoryLocks``)."""
+        return "noAdvisoryLocks" not in self.flags
+
     def _missing(self, name: str) -> NoReturn:
         raise LookupError(f"schema {self.version} has no {name} statement")
 
@@ -99,6 +104,10 @@ class Statements:
     def keyed_jobs(self, *, policy: str, priority: bool, ignore_start_after: bool) -> Executable:
         """The claimable jobs of the keys in ``:keys``, row-locked, to fail them."""
         return fetch26.keyed_jobs(priority=priority, ignore_start_after=ignore_start_after)
+
+    def takes_group_locks(self) -> bool:
+        """Whether a claim with a global group concurrency locks its groups first."""
+        return self.advisory_locks
 
     def lock_groups(self, *, policy: str, ignore_start_after: bool) -> Executable:
         """Lock the groups of the next claimable jobs (group concurrency, 46 on)."""
@@ -205,7 +214,7 @@ class Statements46(Statements):
         return job_now()
 
     def takes_key_locks(self, policy: str) -> bool:
-        return policy in fetch46.SINGLETON_POLICIES
+        return policy in fetch46.SINGLETON_POLICIES and self.advisory_locks
 
     def claim(
         self,
@@ -224,6 +233,7 @@ class Statements46(Statements):
             relaxed=relaxed,
             groups=groups,
             skip_locked="noSkipLocked" not in self.flags,
+            advisory=self.advisory_locks,
         )
 
     def lock_keys(self, *, policy: str, priority: bool, ignore_start_after: bool) -> Executable:

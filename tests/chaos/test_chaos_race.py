@@ -13,6 +13,8 @@ import pytest
 from chaos_support import race, rows
 from sqlalchemy import Engine
 
+from alkstore_sa.backends import FOLLOWED_FLAGS
+
 pytestmark = pytest.mark.chaos
 
 JOBS = 4_000
@@ -41,12 +43,15 @@ def test_four_processes_racing_on_4000_jobs_complete_each_exactly_once(
     assert tuple(effects[0]) == (JOBS, JOBS)
 
 
-def test_four_processes_claiming_without_skip_locked_or_notify_complete_each_job_once(
+def test_four_processes_under_every_followed_runtime_flag_complete_each_job_once(
     database_url: str, engine: Engine, schema46: str, tmp_path: Path
 ) -> None:
-    """The runtime of a distributed backend (``noSkipLocked``: claims recheck the state
-    instead of skipping locked rows; ``noListenNotify``: workers poll), forced on stock
-    PostgreSQL (docs/how-to/backends.md)."""
+    """The runtime of a distributed backend forced on stock PostgreSQL, every flag
+    alkstore_sa follows at once (docs/how-to/backends.md): claims recheck the state
+    instead of skipping locked rows (``noSkipLocked``), workers poll
+    (``noListenNotify``), and the four processes supervise every half second with no
+    advisory lock between them (``noAdvisoryLocks``), so their expiry and maintenance
+    overlap."""
     seen = race(
         database_url,
         engine,
@@ -58,6 +63,6 @@ def test_four_processes_claiming_without_skip_locked_or_notify_complete_each_job
         # with 100 connections.
         CHAOS_CONCURRENCY="4",
         CHAOS_POLL="0.2",
-        CHAOS_BACKEND_FLAGS="noSkipLocked,noListenNotify",
+        CHAOS_BACKEND_FLAGS=",".join(FOLLOWED_FLAGS),
     )
     seen.check_each_job_ran_once(2_000, PROCESSES)

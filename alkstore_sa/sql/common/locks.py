@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import CTE, Select, Text, bindparam, func, literal, select
+from sqlalchemy import CTE, Select, Text, bindparam, func, literal, select, true
 
 from .base import advisory_key
 
@@ -28,11 +28,15 @@ def try_xact_lock() -> Select[tuple[bool]]:
     return select(func.pg_try_advisory_xact_lock(advisory_key(key)))
 
 
-def try_lock_cte(key: str) -> CTE:
+def try_lock_cte(key: str, *, advisory: bool = True) -> CTE:
     """A ``MATERIALIZED`` CTE ``lock(got)`` that tries the transaction-scoped lock
     for ``:lock_schema`` + ``key`` once, for a statement that does its work only
-    when ``got`` (the loser scans nothing)."""
-    got = func.pg_try_advisory_xact_lock(
-        advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))
-    )
+    when ``got`` (the loser scans nothing). Without ``advisory`` (a backend profile
+    with ``noAdvisoryLocks``) ``got`` is simply true: every caller does the work."""
+    if advisory:
+        got = func.pg_try_advisory_xact_lock(
+            advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))
+        )
+    else:
+        got = true()
     return select(got.label("got")).cte("lock").prefix_with("MATERIALIZED")

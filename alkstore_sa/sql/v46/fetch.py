@@ -57,7 +57,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from ...limits import MAX_GROUP_ID_BYTES
+from ...limits import MAX_GROUP_ID_BYTES, MAX_SINGLETON_KEY_BYTES
 from ...models.enums import JobState
 from ..common import claim as _claim
 from ..common.base import advisory_key, qname, state_text
@@ -280,6 +280,7 @@ def fetch_jobs(
     relaxed: bool = False,
     groups: str | None = None,
     skip_locked: bool = True,
+    advisory: bool = True,
 ) -> Select[Any]:
     """Claim up to ``:limit`` jobs of queue ``:qname`` (policy ``policy``, also
     bound as ``:cached_policy``) and return them activated, every schema-46 column
@@ -302,11 +303,27 @@ def fetch_jobs(
     checks again that each is still queued: of two claims that picked the same job,
     the second waits for the first and then skips it, so a fetch may come back short
     or empty under contention, and no job is claimed twice.
+
+    Without ``advisory`` (the ``noAdvisoryLocks`` flag) nothing is locked first, as
+    in pg-boss: a singleton or stately claim binds no ``:keys`` and may collide on
+    the key's unique index with another claim (run it in a savepoint; a conflict is
+    an empty fetch), keys too large for that index are left queued, and a global
+    group limit is checked in the claim's snapshot alone, so two claims that race
+    may go past it together.
     """
     j = JOB
     conditions = _queued(j, policy=policy, ignore_start_after=ignore_start_after)
     if policy in SINGLETON_POLICIES:
-        conditions.append(in_keys(j))
+        if advisory:
+            conditions.append(in_keys(j))
+        else:
+            # With no key lock held there is no way to fail them first (ops/poison.py).
+            conditions.append(
+                or_(
+                    j.c.singleton_key.is_(None),
+                    func.octet_length(j.c.singleton_key) <= MAX_SINGLETON_KEY_BYTES,
+                )
+            )
     if policy == KEY_STRICT_FIFO:
         heads = _heads(ignore_start_after=ignore_start_after)
         conditions.append(j.c.id.in_(select(heads.c.id)))
@@ -320,7 +337,7 @@ def fetch_jobs(
     counts = None if groups is None else _counts(groups)
     if counts is not None:
         room = _active(counts, j.c.group_id) < _group_limit(j.c.group_tier)
-        if groups == GLOBAL:
+        if groups == GLOBAL and advisory:
             locked = j.c.group_id == func.any(bindparam("groups", type_=ARRAY(Text)))
             room = and_(locked, room)
         conditions.append(or_(j.c.group_id.is_(None), room))

@@ -306,7 +306,7 @@ def insert_history() -> Any:
 
 
 @functools.cache
-def true_up() -> Any:
+def true_up(*, advisory: bool = True) -> Any:
     """Raise the deltas of the recent ``queue_stats`` rows of ``:names`` to a
     recount of their windows (jobs committed after their window was counted).
 
@@ -316,7 +316,7 @@ def true_up() -> Any:
     the window ends. Counts only rise. Under the ``queue-stats`` try-lock:
     returns one row ``(raised, pin_seconds)``, none when the lock was held.
     """
-    lock = locks.try_lock_cte(locks.QUEUE_STATS)
+    lock = locks.try_lock_cte(locks.QUEUE_STATS, advisory=advisory)
     got = select(lock.c.got).scalar_subquery()
     q = QUEUE.alias("q")
     names = func.any(bindparam("names", type_=postgresql.ARRAY(Text)))

@@ -171,7 +171,7 @@ def release_maintain(*, skip_locked: bool = True) -> Update:
 
 
 @functools.cache
-def cache_stats(*, throughput: bool = False) -> Update:
+def cache_stats(*, throughput: bool = False, advisory: bool = True) -> Update:
     """Count the queues ``:names`` and write the counters, as pg-boss's monitor.
 
     One statement. It first tries the ``queue-stats`` advisory lock (the key
@@ -193,7 +193,7 @@ def cache_stats(*, throughput: bool = False) -> Update:
     ``true_up`` (always false without ``throughput``) says the recorded windows
     of the last hour hold fewer jobs than a recount finds.
     """
-    lock = locks.try_lock_cte(locks.QUEUE_STATS)
+    lock = locks.try_lock_cte(locks.QUEUE_STATS, advisory=advisory)
     got = select(lock.c.got).scalar_subquery()
 
     released = (
