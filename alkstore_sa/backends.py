@@ -74,6 +74,7 @@ DEPRECATED: Mapping[str, str] = MappingProxyType(
 
 FOLLOWED_FLAGS = (
     "noSkipLocked",
+    "noMultiMutationCte",
     "noListenNotify",
     "noAdvisoryLocks",
     "noIndexProgressView",

@@ -29,7 +29,7 @@ from support.tiers import mark_tiers, unexpected_skips
 from support.upkeep import CatalogVacuum
 from support.worker import Harness
 
-from alkstore_sa import AsyncQueueService, QueueService, migrate
+from alkstore_sa import AsyncQueueService, Backend, QueueService, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
 
 
@@ -237,8 +237,17 @@ class Env:
     its own committed transaction.
     """
 
-    def __init__(self, flavour: str, engine: Engine, schema: str, database_url: str) -> None:
+    def __init__(
+        self,
+        flavour: str,
+        engine: Engine,
+        schema: str,
+        database_url: str,
+        backend: Backend | None = None,
+    ) -> None:
         self.flavour = flavour
+        self.backend = backend
+        """A profile every service is made with (flags forced, ``tests/test_backends.py``)."""
         self.engine = engine
         self.schema = schema
         self.runner = Runner()
@@ -249,6 +258,8 @@ class Env:
 
     def service(self, **kwargs: Any) -> Any:
         self.close_session()
+        if self.backend is not None:
+            kwargs.setdefault("backend", self.backend)
         if self.async_engine is None:
             session = Session(self.engine)
             session.begin()
@@ -337,6 +348,26 @@ def harness46(
     h = Harness(request.param, engine, schema46, database_url)
     yield h
     h.close()
+
+
+SPLIT = Backend("postgres", frozenset({"noMultiMutationCte"}))
+"""pg-boss's ``noMultiMutationCte`` forced on (part of its ``__test__distributed``)."""
+
+
+@pytest.fixture(params=["sync", "async", "split"])
+def env46_or_split(
+    request: pytest.FixtureRequest, engine: Engine, schema46: str, database_url: str
+) -> Iterator[Env]:
+    """``env46``, and once more (sync) with ``noMultiMutationCte`` forced: a module
+    whose ``env46`` is this one runs every test again with its fails, expiry and
+    flows as separate statements (docs/how-to/backends.md), which must do exactly
+    what the single statements do."""
+    split = request.param == "split"
+    e = Env(
+        "sync" if split else request.param, engine, schema46, database_url, SPLIT if split else None
+    )
+    yield e
+    e.close()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ suite forces them with its ``__test__`` options."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -25,6 +26,7 @@ from alkstore_sa import (
     InvalidOptionsError,
     QueueService,
     SchemaFeatureError,
+    Settlement,
     Worker,
     backends,
 )
@@ -34,6 +36,7 @@ from alkstore_sa.ops.duties46 import backoff_turn
 from alkstore_sa.ops.frame import Tally
 from alkstore_sa.sql.common.base import advisory_key
 from alkstore_sa.sql.statements import statements_for
+from alkstore_sa.sql.v46.fail import SplitFail
 from alkstore_sa.supervision import Supervisor
 
 __all__ = ["node46_modules"]  # a fixture used below
@@ -82,7 +85,7 @@ def test_an_unknown_backend_is_refused_with_the_names(engine: Engine, schema46: 
 def test_a_profile_whose_flags_are_not_all_followed_yet_is_refused_naming_them() -> None:
     with pytest.raises(InvalidOptionsError) as refused:
         backends.resolve("cockroachdb")
-    assert "noMultiMutationCte" in str(refused.value) and "Database backends" in str(refused.value)
+    assert "noTablePartitioning" in str(refused.value) and "Database backends" in str(refused.value)
     # The dialect of sqlalchemy-cockroachdb settles the profile, to the same answer.
     with pytest.raises(InvalidOptionsError, match="cockroachdb"):
         backends.resolve(None, dialect="cockroachdb")
@@ -470,6 +473,85 @@ def test_without_advisory_locks_racing_singleton_fetchers_never_run_a_key_twice(
         t.join(120)
     assert errors == []
     assert len(done) == len(set(done)) == keys * per_key  # each once, none lost
+
+
+# ---------------------------------------------------------------- noMultiMutationCte
+# Every fail and expiry of tests/test_runtime46_fail.py runs split as well.
+
+SPLIT = Backend("postgres", frozenset({"noMultiMutationCte"}))
+
+_MUTATION = re.compile(r"\b(?:INSERT INTO|DELETE FROM) (\S+)|\bUPDATE (\S+)(?: AS \S+)? SET\b")
+
+
+def _changed(statement: Any, engine: Engine) -> list[str]:
+    """The tables ``statement`` changes, once per change."""
+    found = _MUTATION.findall(str(statement.compile(dialect=engine.dialect)))
+    return [changed or updated for changed, updated in found]
+
+
+def test_without_multi_mutation_ctes_no_statement_changes_a_table_twice(engine: Engine) -> None:
+    """What pg-boss splits under the flag: fail (by id, poison, both expiries), flow
+    resolution and redrive; and the stats aggregate, whose claim hand-back only
+    exists with advisory locks (the profile with this flag has none)."""
+    from alkstore_sa.sql.v46 import redrive, supervision, turns
+
+    one = statements_for(46)
+    split = statements_for(46, SPLIT.flags)
+    fails: list[Any] = [
+        lambda s: s.fail_jobs(),
+        lambda s: s.fail_poison(),
+        lambda s: s.expire_jobs(heartbeat=False),
+        lambda s: s.expire_jobs(heartbeat=True),
+    ]
+    for made in fails:
+        whole = _changed(made(one), engine)
+        assert len(whole) > len(set(whole))  # the one statement changes job thrice
+        steps = made(split)
+        assert isinstance(steps, SplitFail)
+        for step in (steps.pick, steps.remove, steps.retry, steps.fail, steps.dead_letter):
+            assert len(_changed(step, engine)) <= 1
+    pairs = [
+        (turns.resolve_flows(), turns.resolve_flows_split()),
+        (redrive.redrive_jobs(), redrive.redrive_split()),
+    ]
+    for whole_statement, steps in pairs:
+        whole = _changed(whole_statement, engine)
+        assert len(whole) > len(set(whole))
+        for step in _fields(steps):
+            assert len(_changed(step, engine)) <= 1
+    stats = _changed(supervision.cache_stats(), engine)
+    assert (
+        len(stats) == 2 and _changed(supervision.cache_stats(advisory=False), engine) == stats[:1]
+    )
+
+
+def _fields(steps: Any) -> list[Any]:
+    return [getattr(steps, f.name) for f in dataclasses.fields(steps)]
+
+
+def test_without_multi_mutation_ctes_a_stately_retry_whose_slot_is_taken_fails_for_good(
+    engine: Engine, schema46: str
+) -> None:
+    def tx(fn: Any) -> Any:
+        with Session(engine) as session, session.begin():
+            return fn(QueueService(session, schema=schema46, backend=SPLIT))
+
+    tx(lambda q: q.create_queue("dlq"))
+    tx(
+        lambda q: q.create_queue(
+            "q", policy="stately", retry_limit=3, retry_delay=3600, dead_letter="dlq"
+        )
+    )
+    first = tx(lambda q: q.send("q", "first", singleton_key="k"))
+    tx(lambda q: q.fetch("q"))
+    tx(lambda q: q.fail("q", first))  # first waits in `retry` for an hour
+    second = tx(lambda q: q.send("q", "second", singleton_key="k"))
+    assert [job.id for job in tx(lambda q: q.fetch("q"))] == [second]
+    result = tx(lambda q: q.fail_many("q", [Settlement(second)]))
+    # The retry insert skipped it (the slot is first's), so the second insert failed it.
+    assert result.states == {second: "failed"} and result.dead_lettered == 1
+    assert rows(engine, schema46, "SELECT data FROM {s}.job WHERE name = 'dlq'") == [("second",)]
+    assert len(rows(engine, schema46, "SELECT 1 FROM {s}.job WHERE name = 'q'")) == 2
 
 
 def test_db_upgrade_refuses_a_profile_whose_schema_it_cannot_build(

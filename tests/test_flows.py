@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import Env
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from support.worker import Harness, wait_for
@@ -48,9 +49,18 @@ def dependencies(env: Any) -> set[tuple[str, uuid.UUID, str, uuid.UUID]]:
     return {tuple(r) for r in rows}
 
 
+@pytest.fixture
+def env46(env46_or_split: Env) -> Env:
+    """Every test here runs split as well (``noMultiMutationCte``, conftest)."""
+    return env46_or_split
+
+
 def resolve(env: Any) -> Any:
     """One supervision pass that takes the flow turn (and nothing else that matters here)."""
-    return Supervisor(env.engine, schema=env.schema, schedule=False, bam=False).run_once(force=True)
+    supervisor = Supervisor(
+        env.engine, schema=env.schema, schedule=False, bam=False, backend=env.backend
+    )
+    return supervisor.run_once(force=True)
 
 
 def run_one(env: Any, queue: str) -> uuid.UUID | None:

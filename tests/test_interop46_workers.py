@@ -283,9 +283,7 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     schema = schema46_by
     in_tx(engine, schema, lambda q: q.create_queue("mail"))
     distributed = claims == "distributed"
-    boss = (
-        node46(schema, supervise=True, **NODE_RUNTIME_FLAGS) if distributed else node46(schema)
-    )
+    boss = node46(schema, supervise=True, **NODE_RUNTIME_FLAGS) if distributed else node46(schema)
     runs: list[str] = []
     lock = threading.Lock()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import Env
 from sqlalchemy import text
 from support.node import NodeBoss46, node46, node46_modules, node_url
 
@@ -24,6 +25,12 @@ from alkstore_sa import InvalidOptionsError, Job, JobState, QueueNotFoundError, 
 from alkstore_sa.names import notify_channel
 
 __all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
+
+
+@pytest.fixture
+def env46(env46_or_split: Env) -> Env:
+    """Every test here runs split as well (``noMultiMutationCte``, conftest)."""
+    return env46_or_split
 
 
 def queues(env: Any, **source: Any) -> None:

@@ -14,10 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import Env
 from sqlalchemy import text
 from support.node import NodeBoss46, node46, node46_modules, node_url
 
 from alkstore_sa import FailResult, JobState, Settlement
+from alkstore_sa.backends import POSTGRES
 from alkstore_sa.ops import driver
 from alkstore_sa.ops._core import Context
 from alkstore_sa.ops.poison import fail_poison
@@ -25,6 +27,13 @@ from alkstore_sa.ops.working import expire_heartbeats46, expire_jobs46
 from alkstore_sa.sql.v46.fail import CARRIED_COLUMNS, HEARTBEAT_OUTPUT, TIMEOUT_OUTPUT
 
 __all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
+
+
+@pytest.fixture
+def env46(env46_or_split: Env) -> Env:
+    """Every test here runs split as well (``noMultiMutationCte``, conftest)."""
+    return env46_or_split
+
 
 T0 = dt.datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
 
@@ -439,7 +448,7 @@ def test_a_fenced_fail_of_the_current_attempt_applies(env46: Any) -> None:
 
 def run_op(env: Any, op: Any) -> Any:
     """Run an operation at 46 in its own committed transaction, sync or async."""
-    ctx = Context(env.schema, version=46)
+    ctx = Context(env.schema, version=46, backend=env.backend or POSTGRES)
     options = {"schema_translate_map": {"pgboss": env.schema}}
     if env.async_engine is None:
         with env.engine.begin() as conn:

@@ -15,7 +15,8 @@ from ..backends import POSTGRES, Backend
 from ..names import SCHEMA_VERSION, notify_channel
 from ..schema_versions import NO_VERSION_ROW
 from ..sql.common.base import version_row, version_table_exists
-from ..sql.statements import Statements, statements_for
+from ..sql.statements import Failing, Statements, statements_for
+from ..sql.v46.fail import SplitFail
 
 T = TypeVar("T")
 
@@ -240,3 +241,24 @@ def is_conflict(error: BaseException) -> bool:
 
     code = getattr(getattr(error, "orig", None), "sqlstate", None)
     return isinstance(error, DBAPIError) and code in _CONFLICT_CODES
+
+
+def failing(stmt: Failing, params: Mapping[str, Any]) -> Op[list[Any]]:
+    """Run a fail (:meth:`Statements.fail_jobs` and the like) with ``params``; its
+    rows ``(id, name, state, dead_letter, dead_lettered)``. A split fail runs its
+    statements in turn, in the caller's transaction (:class:`SplitFail`)."""
+    if not isinstance(stmt, SplitFail):
+        return list((yield Call(stmt, params)).all())
+    picked = (yield Call(stmt.pick, params)).one()
+    if not picked.ids:
+        return []
+    keys = {"ids": picked.ids, "names": picked.names}
+    yield Call(stmt.remove, keys)
+    retried = list((yield Call(stmt.retry, {"rows": picked.rows})).scalars())
+    failed = list((yield Call(stmt.fail, {"rows": picked.rows, "retried": retried})).scalars())
+    if len(retried) + len(failed) != len(picked.ids):
+        # Each row deleted is inserted again by one of the two: anything else is a
+        # job lost, and the transaction must not commit.
+        put_back = len(retried) + len(failed)
+        raise AssertionError(f"fail: {len(picked.ids)} jobs deleted, {put_back} put back")
+    return list((yield Call(stmt.dead_letter, keys)).all())

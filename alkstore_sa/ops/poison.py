@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import MAX_SINGLETON_KEY_BYTES
-from ._core import Call, Context, Op
+from ._core import Call, Context, Op, failing
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +71,12 @@ def fail_poison(
     if not poisoned:
         return 0
     outputs = {job_id: poison_output(job_id, what, why) for job_id, what, why in poisoned}
-    result = yield Call(
-        ctx.sql.fail_poison(),
-        {
-            "qname": name,
-            "ids": list(outputs),
-            "outputs": [json.dumps(o, separators=(",", ":")) for o in outputs.values()],
-        },
-    )
-    rows = result.all()
+    params = {
+        "qname": name,
+        "ids": list(outputs),
+        "outputs": [json.dumps(o, separators=(",", ":")) for o in outputs.values()],
+    }
+    rows = yield from failing(ctx.sql.fail_poison(), params)
     for row in rows:
         output = outputs[row.id]
         # Logged here, where the job is failed, so it is logged once per job

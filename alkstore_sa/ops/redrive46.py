@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import options as opt
 from ..errors import InvalidOptionsError, shown
@@ -43,6 +43,38 @@ def check_filters(filters: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
+class _Moved(NamedTuple):
+    new_id: uuid.UUID | None
+    destination: str | None
+    inserted: bool
+
+
+def _split(ctx: Context, params: Mapping[str, Any], *, skip_locked: bool) -> Op[list[_Moved]]:
+    """The redrive as separate statements in the caller's transaction
+    (``noMultiMutationCte``, see :class:`~alkstore_sa.sql.v46.redrive.SplitRedrive`);
+    the rows the one statement answers."""
+    split = redrive46_sql.redrive_split(skip_locked=skip_locked)
+    picked = (yield Call(split.pick, params)).all()
+    if not picked:
+        return []
+    given = {
+        **params,
+        "cand_ids": [p.id for p in picked],
+        "new_ids": [p.new_id for p in picked],
+    }
+    made = {r.id: r.name for r in (yield Call(split.insert, given)).all()}
+    moved = [p.id for p in picked if p.new_id in made]
+    skipped = [p.id for p in picked if p.new_id not in made]
+    if moved:
+        yield Call(split.remove, {"qname": params["qname"], "moved": moved})
+    if skipped:
+        yield Call(split.fail_conflicts, {**params, "skipped": skipped})
+    return [
+        _Moved(p.new_id, made[p.new_id], True) if p.new_id in made else _Moved(None, None, False)
+        for p in picked
+    ]
+
+
 def redrive46(
     ctx: Context,
     dead_letter: str,
@@ -63,9 +95,14 @@ def redrive46(
         "limit": limit,
         **filters,
     }
-    result = yield Call(redrive46_sql.redrive_jobs(), params)
-    rows = result.all()
-    moved = [r.new_id for r in rows if r.inserted]
+    skip_locked = not ctx.backend.has("noSkipLocked")
+    rows: list[Any]
+    if ctx.sql.splits_mutations:
+        rows = list((yield from _split(ctx, params, skip_locked=skip_locked)))
+    else:
+        stmt = redrive46_sql.redrive_jobs(skip_locked=skip_locked)
+        rows = list((yield Call(stmt, params)).all())
+    moved: list[uuid.UUID] = [r.new_id for r in rows if r.inserted]
     conflicted = sum(1 for r in rows if not r.inserted)
     if conflicted:
         _log.warning(
@@ -75,7 +112,7 @@ def redrive46(
             dead_letter,
             extra={"action": "redrive_conflict", "queue": dead_letter, "count": conflicted},
         )
-    queues = sorted({r.destination for r in rows if r.inserted})
+    queues: list[str] = sorted({r.destination for r in rows if r.inserted})
     if ctx.notify and queues:
         yield Call(redrive46_sql.announce(), {"channel": ctx.channel, "queues": queues})
     return moved

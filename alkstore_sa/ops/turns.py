@@ -107,8 +107,23 @@ def _flow_tables(ctx: Context) -> Op[list[tuple[str, list[str]]]]:
 
 def _resolve(ctx: Context, names: list[str], plan: PassPlan) -> Op[tuple[int, int]]:
     skip = not ctx.backend.has("noSkipLocked")
-    row = (yield Call(sql.resolve_flows(skip_locked=skip), {"names": names, "now": plan.now})).one()
-    return int(row.resolved), int(row.released)
+    params = {"names": names, "now": plan.now}
+    if not ctx.sql.splits_mutations:
+        row = (yield Call(sql.resolve_flows(skip_locked=skip), params)).one()
+        return int(row.resolved), int(row.released)
+    # noMultiMutationCte: the same steps, one statement each, in one transaction.
+    split = sql.resolve_flows_split(skip_locked=skip)
+    parents = (yield Call(split.pick, params)).all()
+    if not parents:
+        return 0, 0
+    given = {
+        "parent_names": [p.name for p in parents],
+        "parent_ids": [p.id for p in parents],
+        "now": plan.now,
+    }
+    released = (yield Call(split.release, given)).scalars().all()
+    yield Call(split.clear, given)
+    return len(parents), sum(1 for free in released if free)
 
 
 def flow_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Turn:

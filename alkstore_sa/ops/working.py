@@ -21,9 +21,10 @@ from ..records import FailResult as FailResult  # re-exported: the workers read 
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job, read_jobs
 from ..records import Settlement as Settlement
 from ..sql.common.base import fence_list_text, id_list_text
+from ..sql.statements import Failing
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
-from ._core import Call, Conflict, Context, Op
+from ._core import Call, Conflict, Context, Op, failing
 from .outcomes import outcomes
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import queue_policy, require_queue
@@ -443,9 +444,7 @@ def fail_many(
     opt.check_bool("per_job", per_job)
     if not settled:
         return FailResult(0, [], {}, 0, outcomes=[] if per_job else None)
-    stmt = ctx.sql.fail_jobs()
-    result = yield Call(stmt, _settle_params(name, settled))
-    rows = result.all()
+    rows = yield from failing(ctx.sql.fail_jobs(), _settle_params(name, settled))
     yield from _found_or_missing(ctx, name, rows)
     states = {r.id: JobState(r.state) for r in rows}
     each = (yield from outcomes(ctx, name, settled, states)) if per_job else None
@@ -459,7 +458,7 @@ def fail_many(
 
 
 def _expire46(
-    ctx: Context, stmt: Executable, output: Any, names: Sequence[str], limit: int, now: Any
+    ctx: Context, stmt: Failing, output: Any, names: Sequence[str], limit: int, now: Any
 ) -> Op[dict[str, int]]:
     opt.check_int("limit", limit, minimum=1)
     params = {
@@ -470,9 +469,8 @@ def _expire46(
         "output": opt.encode_json("output", output),
         "now": now,
     }
-    result = yield Call(stmt, params)
     counts: dict[str, int] = {}
-    for row in result:
+    for row in (yield from failing(stmt, params)):
         counts[row.name] = counts.get(row.name, 0) + 1
     return counts
 
@@ -490,7 +488,7 @@ def expire_jobs46(
     """
     return (
         yield from _expire46(
-            ctx, fail46_sql.expire_jobs(), fail46_sql.TIMEOUT_OUTPUT, names, limit, now
+            ctx, ctx.sql.expire_jobs(heartbeat=False), fail46_sql.TIMEOUT_OUTPUT, names, limit, now
         )
     )
 
@@ -505,7 +503,7 @@ def expire_heartbeats46(
     """
     return (
         yield from _expire46(
-            ctx, fail46_sql.expire_heartbeats(), fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
+            ctx, ctx.sql.expire_jobs(heartbeat=True), fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
         )
     )
 

@@ -45,6 +45,9 @@ from .v46 import tables as tables46
 
 S = TypeVar("S", bound="type[Statements]")
 
+Failing = Executable | fail46.SplitFail
+"""A fail: one statement, or separate ones under ``noMultiMutationCte``."""
+
 
 class Statements:
     """Schema 26's statements (pg-boss 11.1.x, 12.0 to 12.5), and the shape of every set."""
@@ -64,6 +67,12 @@ class Statements:
     def advisory_locks(self) -> bool:
         """Whether the statements may take advisory locks (not under ``noAdvisoryLocks``)."""
         return "noAdvisoryLocks" not in self.flags
+
+    @property
+    def splits_mutations(self) -> bool:
+        """Whether a statement may change only one table once (``noMultiMutationCte``):
+        the fails then run as separate statements (:class:`~.v46.fail.SplitFail`)."""
+        return "noMultiMutationCte" in self.flags
 
     def _missing(self, name: str) -> NoReturn:
         raise LookupError(f"schema {self.version} has no {name} statement")
@@ -118,11 +127,16 @@ class Statements:
     def complete_jobs(self) -> Executable:
         return settle26.complete_jobs()
 
-    def fail_jobs(self) -> Executable:
+    def fail_jobs(self) -> Failing:
         return fail26.fail_jobs()
 
-    def fail_poison(self) -> Executable:
+    def fail_poison(self) -> Failing:
         return fail26.fail_poison()
+
+    def expire_jobs(self, *, heartbeat: bool) -> Failing:
+        """Fail a batch of the active jobs whose lease ran out, or (``heartbeat``)
+        whose heartbeat stopped (46 on; 26 expires in its own statements)."""
+        self._missing("expire_jobs")
 
     def cancel_jobs(self) -> Executable:
         return settle26.cancel_jobs()
@@ -248,12 +262,18 @@ class Statements46(Statements):
     def complete_jobs(self) -> Executable:
         return settle46.complete_jobs()
 
-    def fail_jobs(self) -> Executable:
+    def fail_jobs(self) -> Failing:
         # The fail that carries every column and backs off as pg-boss 12.38 does.
-        return fail46.fail_jobs()
+        return fail46.fail_jobs_split() if self.splits_mutations else fail46.fail_jobs()
 
-    def fail_poison(self) -> Executable:
-        return fail46.fail_poison()
+    def fail_poison(self) -> Failing:
+        return fail46.fail_poison_split() if self.splits_mutations else fail46.fail_poison()
+
+    def expire_jobs(self, *, heartbeat: bool) -> Failing:
+        if self.splits_mutations:
+            skip_locked = "noSkipLocked" not in self.flags
+            return fail46.expire_split(heartbeat=heartbeat, skip_locked=skip_locked)
+        return fail46.expire_heartbeats() if heartbeat else fail46.expire_jobs()
 
     def cancel_jobs(self) -> Executable:
         return settle46.cancel_jobs()

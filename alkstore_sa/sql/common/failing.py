@@ -40,6 +40,23 @@ from ...models.enums import JobState
 from .base import seconds, settle_input, state, state_text
 
 
+def _fenced(job: Table) -> tuple[list[ColumnElement[Any]], list[Any]]:
+    """The rows :func:`fenced_delete` matches, and the columns it returns."""
+    src = settle_input()
+    where = [
+        job.c.name == bindparam("qname", type_=Text),
+        job.c.id == src.c.id,
+        or_(
+            and_(src.c.fence.is_(None), job.c.state < state_text(JobState.COMPLETED)),
+            and_(
+                job.c.state == state_text(JobState.ACTIVE),
+                job.c.started_on == src.c.fence,
+            ),
+        ),
+    ]
+    return where, [*job.c, cast(src.c.output, JSONB).label("new_output")]
+
+
 def fenced_delete(job: Table) -> CTE:
     """Delete jobs ``:ids`` of ``:qname`` per :func:`~._common.settle_input`, as the
     CTE ``deleted`` (every column + ``new_output``).
@@ -50,30 +67,20 @@ def fenced_delete(job: Table) -> CTE:
     ``retry`` keeps its ``started_on``, so the fence alone would let a late
     worker overwrite the timeout output and restart the retry delay.
     """
-    src = settle_input()
-    return (
-        delete(job)
-        .where(
-            job.c.name == bindparam("qname", type_=Text),
-            job.c.id == src.c.id,
-            or_(
-                and_(src.c.fence.is_(None), job.c.state < state_text(JobState.COMPLETED)),
-                and_(
-                    job.c.state == state_text(JobState.ACTIVE),
-                    job.c.started_on == src.c.fence,
-                ),
-            ),
-        )
-        .returning(*job.c, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
+    where, returned = _fenced(job)
+    return delete(job).where(*where).returning(*returned).cte("deleted")
 
 
-def poison_delete(job: Table) -> CTE:
-    """Delete unfinished jobs ``:ids`` of ``:qname`` with per-job ``:outputs``, as the
-    CTE ``deleted``, returning ``retry_limit`` lowered to ``retry_count``: a row
-    that cannot be read or activated would only fail again, so it gets no retry,
-    and the record still says how many attempts there were."""
+def fenced_pick(job: Table) -> Select[Any]:
+    """The rows :func:`fenced_delete` deletes, with the same columns, row-locked
+    instead (the first of the separate statements of a fail, see
+    :mod:`alkstore_sa.sql.v46.fail`)."""
+    where, returned = _fenced(job)
+    return select(*returned).where(*where).with_for_update(of=job)
+
+
+def _poison(job: Table) -> tuple[list[ColumnElement[Any]], list[Any]]:
+    """The rows :func:`poison_delete` matches, and the columns it returns."""
     src = (
         func.unnest(
             bindparam("ids", type_=ARRAY(Uuid())),
@@ -85,16 +92,27 @@ def poison_delete(job: Table) -> CTE:
     returned = [
         job.c.retry_count.label("retry_limit") if c.name == "retry_limit" else c for c in job.c
     ]
-    return (
-        delete(job)
-        .where(
-            job.c.name == bindparam("qname", type_=Text),
-            job.c.id == src.c.id,
-            job.c.state < state_text(JobState.COMPLETED),
-        )
-        .returning(*returned, cast(src.c.output, JSONB).label("new_output"))
-        .cte("deleted")
-    )
+    where = [
+        job.c.name == bindparam("qname", type_=Text),
+        job.c.id == src.c.id,
+        job.c.state < state_text(JobState.COMPLETED),
+    ]
+    return where, [*returned, cast(src.c.output, JSONB).label("new_output")]
+
+
+def poison_delete(job: Table) -> CTE:
+    """Delete unfinished jobs ``:ids`` of ``:qname`` with per-job ``:outputs``, as the
+    CTE ``deleted``, returning ``retry_limit`` lowered to ``retry_count``: a row
+    that cannot be read or activated would only fail again, so it gets no retry,
+    and the record still says how many attempts there were."""
+    where, returned = _poison(job)
+    return delete(job).where(*where).returning(*returned).cte("deleted")
+
+
+def poison_pick(job: Table) -> Select[Any]:
+    """The rows :func:`poison_delete` deletes, with the same columns, row-locked."""
+    where, returned = _poison(job)
+    return select(*returned).where(*where).with_for_update(of=job)
 
 
 def capped(delay: ColumnElement[Any]) -> ColumnElement[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import CTE, Select, Text, bindparam, func, literal, select, true
+from sqlalchemy import CTE, ColumnElement, Select, Text, bindparam, func, literal, select, true
 
 from .base import advisory_key
 
@@ -33,6 +33,7 @@ def try_lock_cte(key: str, *, advisory: bool = True) -> CTE:
     for ``:lock_schema`` + ``key`` once, for a statement that does its work only
     when ``got`` (the loser scans nothing). Without ``advisory`` (a backend profile
     with ``noAdvisoryLocks``) ``got`` is simply true: every caller does the work."""
+    got: ColumnElement[bool]
     if advisory:
         got = func.pg_try_advisory_xact_lock(
             advisory_key(bindparam("lock_schema", type_=Text) + literal(key, Text))

@@ -42,22 +42,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     CTE,
     ColumnElement,
+    Delete,
+    Executable,
+    Insert,
     Integer,
     Select,
     Text,
     and_,
     bindparam,
     cast,
+    column,
     delete,
     func,
     select,
+    text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from ...models.enums import JobState
 from ..common import failing as _failing
@@ -95,40 +101,24 @@ def backoff_seconds(
     )
 
 
-def _fail_from(deleted: CTE) -> Select[Any]:
-    """Insert the rows of ``deleted`` (every job column + ``new_output``) again.
-
-    Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
-    or set to retry.
-    """
+def _outcomes(deleted: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a row of ``deleted`` (every job column + ``new_output``) is inserted
+    again with, as ``retry`` and as ``failed``."""
     d = deleted.c
-    now = job_now()
     # heartbeat_on is cleared: the attempt it measured is over.
-    as_retry, as_failed = _failing.outcomes(
+    return _failing.outcomes(
         deleted,
-        now,
+        job_now(),
         backoff_seconds(d.retry_count, d.retry_delay, d.retry_delay_max),
         heartbeat_on=None,
     )
-    retried, failed = _failing.reinsert(JOB, deleted, CARRIED_COLUMNS, as_retry, as_failed)
-    kept = [
-        "id",
-        "name",
-        "state",
-        "dead_letter",
-        "priority",
-        "data",
-        "output",
-        "singleton_key",
-        "group_id",
-        "group_tier",
-        "created_on",
-        "retry_count",
-        "source_root_id",
-        "trace_context",
-    ]
-    results = _failing.results(retried, failed, kept)
+
+
+def _dead_letter(results: CTE) -> Select[Any]:
+    """Copy each failed job of ``results`` (job rows) into its dead letter queue;
+    return ``(id, name, state, dead_letter, dead_lettered)`` of every row."""
     r = results.c
+    now = job_now()
     # One copy per failed job, in the dead letter queue, as a new job on that
     # queue's settings. Its own output starts empty (it has not run); the failed
     # job's output is its source_output. policy and dead_letter stay NULL, so the
@@ -162,6 +152,113 @@ def _fail_from(deleted: CTE) -> Select[Any]:
     return _failing.dead_letter(JOB, results, q, dead_letter_copy)
 
 
+_KEPT = [
+    "id",
+    "name",
+    "state",
+    "dead_letter",
+    "priority",
+    "data",
+    "output",
+    "singleton_key",
+    "group_id",
+    "group_tier",
+    "created_on",
+    "retry_count",
+    "source_root_id",
+    "trace_context",
+]
+"""The columns of a failed or retried row that its dead-letter copy and the answer read."""
+
+
+def _fail_from(deleted: CTE) -> Select[Any]:
+    """Insert the rows of ``deleted`` (every job column + ``new_output``) again.
+
+    Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
+    or set to retry.
+    """
+    as_retry, as_failed = _outcomes(deleted)
+    retried, failed = _failing.reinsert(JOB, deleted, CARRIED_COLUMNS, as_retry, as_failed)
+    return _dead_letter(_failing.results(retried, failed, _KEPT))
+
+
+@dataclass(frozen=True, slots=True)
+class SplitFail:
+    """A fail as separate statements, each changing one table once, run in one
+    transaction (a backend profile with ``noMultiMutationCte``, where a statement
+    may not change a table twice, as pg-boss 12.38 splits its own there).
+
+    In order, each binding what the one before answered:
+
+    1. :attr:`pick`: the jobs to fail, row-locked; binds what the one-statement
+       fail binds and answers one row, ``rows`` (the picked rows and their new
+       output, as JSON text, handed back untouched), ``ids`` and ``names``;
+    2. :attr:`remove`: deletes them (``:ids``, ``:names``);
+    3. :attr:`retry`: inserts ``:rows`` again as ``retry`` (or ``failed`` when no
+       retry is left), skipping a row a unique index refuses; answers their ids;
+    4. :attr:`fail`: inserts the rows of ``:rows`` not in ``:retried`` as ``failed``;
+       answers their ids;
+    5. :attr:`dead_letter`: copies the failed ones of the jobs ``:ids`` of
+       ``:names`` into their dead letter queues and answers what the one-statement
+       fail answers, ``(id, name, state, dead_letter, dead_lettered)``.
+    """
+
+    pick: Executable
+    remove: Delete
+    retry: Insert
+    fail: Insert
+    dead_letter: Executable
+
+
+def _any(name: str, type_: Any) -> Any:
+    return func.any(bindparam(name, type_=ARRAY(type_)))
+
+
+def _split(picked: Select[Any]) -> SplitFail:
+    """The separate statements of a fail whose first one is ``picked`` (every job
+    column and ``new_output`` of the rows to fail, row-locked)."""
+    p = picked.subquery("p")
+    pick = select(
+        cast(
+            func.coalesce(func.jsonb_agg(func.to_jsonb(p.table_valued())), text("'[]'")), Text
+        ).label("rows"),
+        func.array_agg(p.c.id).label("ids"),
+        func.array_agg(p.c.name).label("names"),
+    )
+    ids, names = _any("ids", JOB.c.id.type), _any("names", Text())
+    remove = delete(JOB).where(JOB.c.name == names, JOB.c.id == ids)
+    # The state as text: a column list names its types as written, and the schema of
+    # the enum type would not be the one the statement runs on. Both inserts set it.
+    typed = [column(c.name, Text() if c.name == "state" else c.type) for c in JOB.c]
+    typed.append(column("new_output", JSONB))
+    d = (
+        func.jsonb_to_recordset(cast(bindparam("rows", type_=Text), JSONB))
+        .table_valued(*typed)
+        .render_derived(name="d", with_types=True)
+    )
+    as_retry, as_failed = _outcomes(d)
+    retry = (
+        insert(JOB)
+        .from_select(CARRIED_COLUMNS, select(*[as_retry.get(c, d.c[c]) for c in CARRIED_COLUMNS]))
+        .on_conflict_do_nothing()
+        .returning(JOB.c.id)
+    )
+    # A retry a unique index refused (a stately queue's retry slot taken) fails for
+    # good, as in the one statement.
+    fail = (
+        insert(JOB)
+        .from_select(
+            CARRIED_COLUMNS,
+            select(*[as_failed.get(c, d.c[c]) for c in CARRIED_COLUMNS]).where(
+                d.c.id != func.all(bindparam("retried", type_=ARRAY(JOB.c.id.type)))
+            ),
+        )
+        .returning(JOB.c.id)
+    )
+    results = select(*[JOB.c[c] for c in _KEPT]).where(JOB.c.name == names, JOB.c.id == ids)
+    return SplitFail(pick, remove, retry, fail, _dead_letter(results.cte("results")))
+
+
 @functools.cache
 def fail_jobs() -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``.
@@ -182,6 +279,35 @@ def _clock() -> ColumnElement[Any]:
 
 
 Lapsed = Callable[[Any], ColumnElement[bool]]
+
+
+def _lapsed_pick(lapsed: Lapsed, *, skip_locked: bool) -> Select[Any]:
+    """The first statement of a split expiry: up to ``:limit`` active jobs of
+    ``:names`` for which ``lapsed`` holds, row-locked (skipping rows another
+    transaction holds, unless ``skip_locked`` is off: ``noSkipLocked``)."""
+    output = cast(bindparam("output", type_=Text), JSONB).label("new_output")
+    return (
+        select(*JOB.c, output)
+        .where(
+            JOB.c.name == any_name(),
+            JOB.c.state == state_text(JobState.ACTIVE),
+            lapsed(JOB.c),
+        )
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(of=JOB, skip_locked=skip_locked)
+    )
+
+
+def _timed_out(c: Any) -> ColumnElement[bool]:
+    lapsed: ColumnElement[bool] = c.started_on + seconds(c.expire_seconds) < _clock()
+    return lapsed
+
+
+def _heartbeat_lost(c: Any) -> ColumnElement[bool]:
+    return and_(
+        c.heartbeat_seconds.is_not(None),
+        c.heartbeat_on + seconds(c.heartbeat_seconds) < _clock(),
+    )
 
 
 def _expire(lapsed: Lapsed) -> Select[Any]:
@@ -226,7 +352,7 @@ def expire_jobs() -> Select[Any]:
     ``failJobsByTimeout``): ``started_on + expire_seconds`` before ``:now`` (NULL =
     ``job_now()``). Bounded by ``:limit``; ``:output`` is :data:`TIMEOUT_OUTPUT` as JSON.
     """
-    return _expire(lambda c: c.started_on + seconds(c.expire_seconds) < _clock())
+    return _expire(_timed_out)
 
 
 @functools.cache
@@ -237,12 +363,7 @@ def expire_heartbeats() -> Select[Any]:
     A job without a heartbeat interval never expires this way. Bounded by
     ``:limit``; ``:output`` is :data:`HEARTBEAT_OUTPUT` as JSON.
     """
-    return _expire(
-        lambda c: and_(
-            c.heartbeat_seconds.is_not(None),
-            c.heartbeat_on + seconds(c.heartbeat_seconds) < _clock(),
-        )
-    )
+    return _expire(_heartbeat_lost)
 
 
 @functools.cache
@@ -256,3 +377,26 @@ def fail_poison() -> Select[Any]:
     leaves the record saying how many attempts there were.
     """
     return _fail_from(_failing.poison_delete(JOB))
+
+
+# ------------------------------------------------- split (noMultiMutationCte)
+
+
+@functools.cache
+def fail_jobs_split() -> SplitFail:
+    """:func:`fail_jobs` as separate statements (see :class:`SplitFail`)."""
+    return _split(_failing.fenced_pick(JOB))
+
+
+@functools.cache
+def expire_split(*, heartbeat: bool, skip_locked: bool = True) -> SplitFail:
+    """:func:`expire_heartbeats` (``heartbeat``) or :func:`expire_jobs` as separate
+    statements (see :class:`SplitFail`)."""
+    lapsed = _heartbeat_lost if heartbeat else _timed_out
+    return _split(_lapsed_pick(lapsed, skip_locked=skip_locked))
+
+
+@functools.cache
+def fail_poison_split() -> SplitFail:
+    """:func:`fail_poison` as separate statements (see :class:`SplitFail`)."""
+    return _split(_failing.poison_pick(JOB))

@@ -32,17 +32,21 @@ copy, all in one statement:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    Insert,
     Integer,
     Select,
     Text,
+    Update,
     Uuid,
     and_,
     bindparam,
     case,
     cast,
+    column,
     exists,
     func,
     literal,
@@ -59,6 +63,9 @@ from ..common.base import qname, seconds, state, state_text
 from ..common.compat import distinct_on
 from . import job_now
 from .tables import JOB, QUEUE
+
+if TYPE_CHECKING:
+    from sqlalchemy.sql.dml import ReturningDelete
 
 KEY_STRICT_FIFO = "key_strict_fifo"
 
@@ -139,25 +146,12 @@ def _conflict_output(j: Any, q: Any) -> Any:
     )
 
 
-@functools.cache
-def redrive_jobs() -> Select[Any]:
-    """Move up to ``:limit`` waiting copies of dead letter queue ``:qname``, oldest
-    first, to ``:to`` (NULL: each copy's ``source_name``); the filters of
-    :func:`_candidate` narrow them.
-
-    One row per copy considered, oldest first: ``(new_id, destination,
-    inserted)``; ``inserted`` is false for a copy failed in place (conflict).
-
-    Each candidate gets its new id before the insert (``gen_random_uuid()`` in a
-    materialized CTE, evaluated once per row), so the ids the insert returns say
-    exactly which copies were created again: a data-modifying CTE cannot see the
-    other CTEs' writes. ``ON CONFLICT DO NOTHING`` skips only the row a unique
-    index refuses, never the batch. ``SKIP LOCKED``: two redrives of one queue
-    share its copies instead of waiting for each other.
-    """
+def _candidates(*, skip_locked: bool) -> Select[Any]:
+    """Up to ``:limit`` waiting copies of ``:qname`` that may move, oldest first,
+    row-locked: ``(id, created_on, new_id)``, each with the id its new job gets."""
     j = JOB.alias("j")
     dq = QUEUE.alias("dq")
-    candidates = (
+    return (
         select(
             j.c.id,
             j.c.created_on,
@@ -167,10 +161,13 @@ def redrive_jobs() -> Select[Any]:
         .where(*_candidate(j))
         .order_by(j.c.created_on, j.c.id)
         .limit(bindparam("limit", type_=Integer))
-        .with_for_update(of=j, skip_locked=True)
-        .cte("candidates")
-        .prefix_with("MATERIALIZED")
+        .with_for_update(of=j, skip_locked=skip_locked)
     )
+
+
+def _insert(candidates: Any) -> Insert:
+    """Create each of ``candidates`` (``id``, ``new_id``) again as a new job of its
+    destination; a row a unique index refuses is skipped. Returns ``(id, name)``."""
     c = candidates.c
     m = JOB.alias("m")
     q = QUEUE.alias("q")
@@ -210,13 +207,39 @@ def redrive_jobs() -> Select[Any]:
         .where(or_(q.c.policy.is_distinct_from(KEY_STRICT_FIFO), m.c.singleton_key.is_not(None)))
         .order_by(m.c.created_on, m.c.id)
     )
-    ins = (
+    return (
         insert(JOB)
         .from_select(list(values), rows)
         .on_conflict_do_nothing()
         .returning(JOB.c.id, JOB.c.name)
-        .cte("ins")
     )
+
+
+def _remove(moved: Any) -> ReturningDelete[Any]:
+    """Delete the copies of ``:qname`` whose ids ``moved`` selects."""
+    return JOB.delete().where(JOB.c.name == qname(), JOB.c.id.in_(moved)).returning(JOB.c.id)
+
+
+@functools.cache
+def redrive_jobs(*, skip_locked: bool = True) -> Select[Any]:
+    """Move up to ``:limit`` waiting copies of dead letter queue ``:qname``, oldest
+    first, to ``:to`` (NULL: each copy's ``source_name``); the filters of
+    :func:`_candidate` narrow them.
+
+    One row per copy considered, oldest first: ``(new_id, destination,
+    inserted)``; ``inserted`` is false for a copy failed in place (conflict).
+
+    Each candidate gets its new id before the insert (``gen_random_uuid()`` in a
+    materialized CTE, evaluated once per row), so the ids the insert returns say
+    exactly which copies were created again: a data-modifying CTE cannot see the
+    other CTEs' writes. ``ON CONFLICT DO NOTHING`` skips only the row a unique
+    index refuses, never the batch. ``SKIP LOCKED``: two redrives of one queue
+    share its copies instead of waiting for each other (not under
+    ``noSkipLocked``: ``skip_locked``).
+    """
+    candidates = _candidates(skip_locked=skip_locked).cte("candidates").prefix_with("MATERIALIZED")
+    c = candidates.c
+    ins = _insert(candidates).cte("ins")
     settled = (
         select(
             c.id,
@@ -229,16 +252,8 @@ def redrive_jobs() -> Select[Any]:
         .cte("settled")
     )
     s = settled.c
-    removed = (
-        JOB.delete()
-        .where(
-            JOB.c.name == qname(),
-            JOB.c.id.in_(select(s.id).where(s.inserted)),
-        )
-        .returning(JOB.c.id)
-        .cte("removed")
-    )
-    conflicted = _fail_conflicts(settled).cte("conflicted")
+    removed = _remove(select(s.id).where(s.inserted)).cte("removed")
+    conflicted = _fail_conflicts(select(s.id).where(~s.inserted)).cte("conflicted")
     return select(
         case((s.inserted, s.new_id), else_=null()).label("new_id"),
         s.destination,
@@ -248,15 +263,55 @@ def redrive_jobs() -> Select[Any]:
     ).order_by(s.created_on, s.id)
 
 
-def _fail_conflicts(settled: Any) -> Any:
-    """Fail in place each candidate the insert skipped, saying why.
+@dataclass(frozen=True, slots=True)
+class SplitRedrive:
+    """:func:`redrive_jobs` as separate statements in one transaction, each changing
+    the job table once (``noMultiMutationCte``, as pg-boss 12.38 splits its own):
+
+    1. :attr:`pick`: the candidates, row-locked, ``(id, created_on, new_id)``;
+    2. :attr:`insert`: creates them again (``:ids``, ``:new_ids``), answering the
+       ``(id, name)`` of each new job;
+    3. :attr:`remove`: deletes the copies moved (``:moved``);
+    4. :attr:`fail_conflicts`: fails in place the copies not moved (``:skipped``).
+    """
+
+    pick: Select[Any]
+    insert: Insert
+    remove: ReturningDelete[Any]
+    fail_conflicts: Update
+
+
+def _given(name: str) -> Any:
+    return select(func.unnest(bindparam(name, type_=ARRAY(Uuid()))))
+
+
+@functools.cache
+def redrive_split(*, skip_locked: bool = True) -> SplitRedrive:
+    """:func:`redrive_jobs` as separate statements (see :class:`SplitRedrive`)."""
+    given = (
+        func.unnest(
+            bindparam("cand_ids", type_=ARRAY(Uuid())),
+            bindparam("new_ids", type_=ARRAY(Uuid())),
+        )
+        .table_valued(column("id", Uuid()), column("new_id", Uuid()), name="given")
+        .render_derived()
+    )
+    return SplitRedrive(
+        _candidates(skip_locked=skip_locked),
+        _insert(given),
+        _remove(_given("moved")),
+        _fail_conflicts(_given("skipped")),
+    )
+
+
+def _fail_conflicts(skipped: Any) -> Update:
+    """Fail in place each candidate whose id ``skipped`` selects (the insert
+    skipped it), saying why.
 
     Two key_strict_fifo copies of one key cannot both be failed (its unique
     index allows one such job per key): only the oldest is; the others stay
     waiting, and the candidate filter skips them while it holds the key.
     """
-    s = settled.c
-    skipped = select(s.id).where(~s.inserted)
     j: Any = JOB.alias("jc")  # UPDATE ... AS jc (the typing of update() omits aliases)
     q = QUEUE.alias("cq")
     m = JOB.alias("mk")

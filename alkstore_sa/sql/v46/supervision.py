@@ -375,7 +375,9 @@ def cache_stats(*, throughput: bool = False, advisory: bool = True) -> Update:
             true_up.label("true_up"),
         )
     )
-    return stmt.add_cte(lock, released)
+    # Without advisory locks every pass wins, and there is no claim to hand back:
+    # the statement then changes the queue table once, as pg-boss's does there.
+    return stmt.add_cte(lock, released) if advisory else stmt.add_cte(lock)
 
 
 @functools.cache

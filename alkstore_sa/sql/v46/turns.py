@@ -31,6 +31,7 @@ Time is ``COALESCE(:now, <schema>.job_now())``, as everywhere at 46.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -102,14 +103,11 @@ def claim_turn(column_name: str) -> Update:
 # ------------------------------------------------------------------ flows
 
 
-@functools.cache
-def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
-    """Resolve up to :data:`FLOW_BATCH` completed ``blocking`` parents of the
-    queues ``:names``; one row, ``resolved`` (parents) and ``released``
-    (children whose last pending parent this was). Without ``skip_locked`` (the
-    ``noSkipLocked`` flag) a parent another pass holds is waited for."""
+def _blocking_parents(*, skip_locked: bool) -> Select[Any]:
+    """Up to :data:`FLOW_BATCH` completed ``blocking`` parents of the queues
+    ``:names``, row-locked in name order: ``(name, id)``."""
     parent = JOB.alias("p")
-    parents = (
+    return (
         select(parent.c.name, parent.c.id)
         .where(
             parent.c.blocking,
@@ -119,8 +117,12 @@ def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
         .order_by(parent.c.name, parent.c.id)
         .limit(FLOW_BATCH)
         .with_for_update(of=parent, skip_locked=skip_locked)
-        .cte("parents")
     )
+
+
+def _release(parents: Any) -> Update:
+    """Count each child of ``parents`` (``name``, ``id``) down by its parents there
+    and unblock those left with none: their ``free`` (one per child)."""
     d = JOB_DEPENDENCY
     owed = (
         select(d.c.child_name, d.c.child_id, cast(func.count(), Integer).label("n"))
@@ -142,7 +144,7 @@ def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
         .cte("children")
     )
     left = func.greatest(JOB.c.pending_dependencies - children.c.n, 0)
-    released = (
+    return (
         JOB.update()
         .where(JOB.c.name == children.c.name, JOB.c.id == children.c.id)
         .values(
@@ -154,15 +156,28 @@ def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
             ),
         )
         .returning((~JOB.c.blocked).label("free"))  # RETURNING sees the new row
-        .cte("released")
     )
-    cleared = (
+
+
+def _clear(parents: Any) -> Update:
+    """Take ``blocking`` off ``parents``: resolved."""
+    return (
         JOB.update()
         .where(JOB.c.name == parents.c.name, JOB.c.id == parents.c.id)
         .values(blocking=False)
         .returning(literal_column("1").label("one"))
-        .cte("cleared")
     )
+
+
+@functools.cache
+def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
+    """Resolve up to :data:`FLOW_BATCH` completed ``blocking`` parents of the
+    queues ``:names``; one row, ``resolved`` (parents) and ``released``
+    (children whose last pending parent this was). Without ``skip_locked`` (the
+    ``noSkipLocked`` flag) a parent another pass holds is waited for."""
+    parents = _blocking_parents(skip_locked=skip_locked).cte("parents")
+    released = _release(parents).cte("released")
+    cleared = _clear(parents).cte("cleared")
     return select(
         select(cast(func.count(), Integer))
         .select_from(cleared)
@@ -174,6 +189,33 @@ def resolve_flows(*, skip_locked: bool = True) -> Select[Any]:
         .scalar_subquery()
         .label("released"),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SplitResolve:
+    """:func:`resolve_flows` as separate statements in one transaction, each changing
+    the job table once (``noMultiMutationCte``): :attr:`pick` locks the parents
+    (``name``, ``id`` rows), :attr:`release` counts their children down and
+    :attr:`clear` takes ``blocking`` off them, both given the parents as
+    ``:parent_names`` and ``:parent_ids``."""
+
+    pick: Select[Any]
+    release: Update
+    clear: Update
+
+
+@functools.cache
+def resolve_flows_split(*, skip_locked: bool = True) -> SplitResolve:
+    """:func:`resolve_flows` as separate statements (see :class:`SplitResolve`)."""
+    given = (
+        func.unnest(
+            bindparam("parent_names", type_=ARRAY(Text)),
+            bindparam("parent_ids", type_=ARRAY(Uuid)),
+        )
+        .table_valued(column("name", Text), column("id", Uuid), name="given")
+        .render_derived()
+    )
+    return SplitResolve(_blocking_parents(skip_locked=skip_locked), _release(given), _clear(given))
 
 
 # ------------------------------------------------------------------ BAM
