@@ -27,7 +27,7 @@ SLOW_KINDS: dict[str, str] = {
 }
 """Markers that put a test in the slow tier unless it is also marked ``smoke``."""
 
-ASYNC_DOUBLED = ("env", "env46")
+ASYNC_DOUBLED = ("env", "env46", "env46_or_split")
 """Fixtures that run a service test once per flavour. The async service is generated from
 the sync one and runs the same operation code, so the fast tier runs the sync half, the async
 half of :data:`ASYNC_IN_FAST_TIER`, and ``test_async_service_smoke.py``, which calls every
@@ -36,6 +36,12 @@ async method once; the slow tier runs the rest of the async half."""
 ASYNC_IN_FAST_TIER = frozenset({"test_send.py", "test_policies.py"})
 """Modules whose async half stays in the fast tier: the driver's branches for savepoints
 and conflicts (``ops.driver.arun``) on the operations every application calls."""
+
+
+SPLIT_DOUBLED = ("env46_or_split",)
+"""Fixtures that run a service test once more with ``noMultiMutationCte`` forced (its fails,
+expiry, flows and redrive as separate statements): that double runs in the slow tier, and the
+fast tier keeps the flag's own tests (``test_backends.py``)."""
 
 
 def slow_reason(item: pytest.Item) -> str | None:
@@ -50,6 +56,8 @@ def slow_reason(item: pytest.Item) -> str | None:
         return None
     if any(callspec.params.get(name) == "async" for name in ASYNC_DOUBLED):
         return "the async double of a service test"
+    if any(callspec.params.get(name) == "split" for name in SPLIT_DOUBLED):
+        return "the noMultiMutationCte double of a service test"
     return None
 
 
