@@ -28,12 +28,13 @@ from .common import (
     percentile,
     spread,
 )
-from .scenarios import Variant, drain, latency, mixed, pgbouncer, scale, scale26, send
+from .scenarios import Variant, drain, failing, latency, mixed, pgbouncer, scale, scale26, send
 from .scenarios import peers as peer_scenarios
 
 SCENARIO_MODULES = {
     "send": send,
     "drain": drain,
+    "fail": failing,
     "latency": latency,
     "pgbouncer": pgbouncer,
     "mixed": mixed,
