@@ -286,6 +286,35 @@ class UnfinishedIndexBuildError(SchemaHealthError):
         )
 
 
+class SchemaProfileError(SchemaVersionError):
+    """The schema was built for another database backend profile than the caller's.
+
+    pg-boss builds a different schema under some profiles (a plain ``job`` table under
+    ``cockroachdb`` and ``yugabytedb``, its ``noTablePartitioning`` flag). A runtime
+    whose profile expects the other shape refuses the schema before reading or
+    writing a job, naming what differs; a worker or supervisor says so at ERROR and
+    looks again later, as for a version it does not speak.
+
+    :ivar schema: the schema.
+    :ivar found: its pg-boss schema version (also ``expected``).
+    :ivar backend: the caller's profile name.
+    :ivar differs: what differs, in words.
+    """
+
+    def __init__(self, schema: str, version: int, backend: str, differs: str) -> None:
+        self.schema = schema
+        self.found = version
+        self.expected = version
+        self.backend = backend
+        self.differs = differs
+        AlkstoreError.__init__(
+            self,
+            f"schema {shown(schema)} (pg-boss schema version {version}) does not match backend "
+            f"{backend!r}: {differs}; nothing was read or written (the 'Database backends' "
+            "page)",
+        )
+
+
 class SchemaFeatureError(AlkstoreError):
     """A call needs a newer pg-boss schema version than the schema is at.
 

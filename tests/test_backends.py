@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, Select, func, literal, select
 from sqlalchemy.orm import Session
 from support.direct import in_tx, rows
-from support.node import INTEROP46_DIR, node46_modules
+from support.node import INTEROP46_DIR, node46, node46_modules, node_url
 from support.schemas import libpq_url, random_schema, schema_exists, throwaway
 from support.worker import wait_for
 
@@ -26,6 +26,8 @@ from alkstore_sa import (
     InvalidOptionsError,
     QueueService,
     SchemaFeatureError,
+    SchemaProfileError,
+    SchemaVersionError,
     Settlement,
     Worker,
     backends,
@@ -39,7 +41,7 @@ from alkstore_sa.sql.statements import statements_for
 from alkstore_sa.sql.v46.fail import SplitFail
 from alkstore_sa.supervision import Supervisor
 
-__all__ = ["node46_modules"]  # a fixture used below
+__all__ = ["node46", "node46_modules", "node_url"]  # fixtures used below
 
 NO_SKIP_LOCKED = Backend("postgres", frozenset({"noSkipLocked"}))
 NO_LISTEN = Backend("postgres", frozenset({"noListenNotify"}))
@@ -552,6 +554,51 @@ def test_without_multi_mutation_ctes_a_stately_retry_whose_slot_is_taken_fails_f
     assert result.states == {second: "failed"} and result.dead_lettered == 1
     assert rows(engine, schema46, "SELECT data FROM {s}.job WHERE name = 'dlq'") == [("second",)]
     assert len(rows(engine, schema46, "SELECT 1 FROM {s}.job WHERE name = 'q'")) == 2
+
+
+# ---------------------------------------------------------------- the schema's profile
+
+
+def test_a_schema_with_a_plain_job_table_is_refused_naming_what_differs(engine: Engine) -> None:
+    """The shape pg-boss builds under noTablePartitioning (the version row and a plain
+    ``job`` table are all the check reads; the Node test below installs the real one)."""
+    name = random_schema()
+    with throwaway(engine, name):
+        for statement in (
+            "CREATE SCHEMA {s}",
+            "CREATE TABLE {s}.version (version int)",
+            "INSERT INTO {s}.version VALUES (46)",
+            "CREATE TABLE {s}.job (id uuid)",
+        ):
+            rows(engine, name, statement)
+        with Session(engine) as session, session.begin():
+            with pytest.raises(SchemaProfileError) as refused:
+                QueueService(session, schema=name).get_queues()
+            said = str(refused.value)
+            assert "plain table" in said and "noTablePartitioning" in said
+            assert "backend 'postgres'" in said and refused.value.found == 46
+            # A SchemaVersionError: workers and supervisors report it and look again.
+            assert isinstance(refused.value, SchemaVersionError)
+            assert session.execute(select(literal(1))).scalar_one() == 1  # still usable
+
+
+def test_a_schema_node_built_for_yugabytedb_is_refused_by_our_runtime(
+    engine: Engine, node46: Any
+) -> None:
+    name = random_schema()
+    with throwaway(engine, name):
+        node46(name, backend="yugabytedb").call("createQueue", "q", {})
+        kind = rows(
+            engine, name, "SELECT relkind::text FROM pg_class WHERE oid = '{s}.job'::regclass"
+        )
+        assert kind == [("r",)]  # pg-boss's plain job table
+        with (
+            Session(engine) as session,
+            session.begin(),
+            pytest.raises(SchemaProfileError, match="plain table"),
+        ):
+            QueueService(session, schema=name).send("q", {})
+        assert rows(engine, name, "SELECT count(*) FROM {s}.job")[0][0] == 0
 
 
 def test_db_upgrade_refuses_a_profile_whose_schema_it_cannot_build(

@@ -14,7 +14,7 @@ from .. import versions
 from ..backends import POSTGRES, Backend
 from ..names import SCHEMA_VERSION, notify_channel
 from ..schema_versions import NO_VERSION_ROW
-from ..sql.common.base import version_row, version_table_exists
+from ..sql.common.base import job_table_kind, version_row, version_table_exists
 from ..sql.statements import Failing, Statements, statements_for
 from ..sql.v46.fail import SplitFail
 
@@ -132,8 +132,32 @@ def check_schema(ctx: Context) -> Op[int]:
     if version not in spoken:
         expected = min((v for v in spoken if version is None or v >= version), default=max(spoken))
         raise SchemaVersionError(ctx.schema, version, expected, spoken=spoken)
+    assert version is not None  # spoken versions are numbers
+    yield from _check_profile(ctx, version)
     ctx.version = found
     return found
+
+
+def _check_profile(ctx: Context, version: int) -> Op[None]:
+    """Refuse a schema built for another backend profile (its job table partitioned or
+    not): :class:`~alkstore_sa.SchemaProfileError`, before anything else is read."""
+    from ..errors import SchemaProfileError
+
+    kind = (yield Call(job_table_kind(ctx.schema))).scalar()
+    if kind is None:
+        return  # no job table: the catalog checks (``alkstore db check``) say what is amiss
+    plain = ctx.backend.has("noTablePartitioning")
+    if (kind == "p") == (not plain):
+        return
+    if plain:
+        differs = "its job table is partitioned, and this backend's (noTablePartitioning) is not"
+    else:
+        differs = (
+            "its job table is a plain table, as pg-boss builds it under a backend with "
+            "noTablePartitioning (cockroachdb, yugabytedb), which alkstore_sa does not follow "
+            f"yet; backend {str(ctx.backend)!r} needs it partitioned"
+        )
+    raise SchemaProfileError(ctx.schema, version, str(ctx.backend), differs)
 
 
 def read_version(schema: str) -> Op[int | None]:

@@ -23,9 +23,10 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
+    table,
     type_coerce,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, BIT, TIMESTAMP
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, OID, TIMESTAMP
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType, TypeEngine
@@ -182,6 +183,13 @@ def version_table_exists(schema: str) -> Select[Any]:
     """One boolean: whether ``<schema>.version`` exists (``schema`` is bound as text,
     so it needs no translation)."""
     return select(func.to_regclass(literal(f'"{schema}".version', Text)).is_not(None))
+
+
+def job_table_kind(schema: str) -> Select[Any]:
+    """``pg_class.relkind`` of ``<schema>.job`` (``'p'`` partitioned, ``'r'`` a plain
+    table), no row without one; ``schema`` is bound as text, as above."""
+    c = table("pg_class", column("oid", OID), column("relkind", Text), schema="pg_catalog")
+    return select(c.c.relkind).where(c.c.oid == func.to_regclass(literal(f'"{schema}".job', Text)))
 
 
 def version_row() -> Select[Any]:
