@@ -271,7 +271,7 @@ NODE_RUNTIME_FLAGS = {
 """pg-boss 12.38's hooks that force its runtime flags on stock PostgreSQL."""
 
 
-@pytest.mark.parametrize("claims", ["skip locked", "distributed"])
+@pytest.mark.parametrize("claims", ["skip locked", "distributed", "distributed singleton"])
 def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     engine: Engine, schema46_by: str, node46: Any, claims: str
 ) -> None:
@@ -279,10 +279,14 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     sides (docs/how-to/backends.md), both supervising: Node with every ``__test__`` option
     pg-boss 12.38 has (claims without ``SKIP LOCKED`` and settlements split, no advisory
     locks, no index progress view, no reindex, no transactional heartbeat), our worker
-    with every flag we follow."""
+    with every flag we follow. ``distributed singleton``: the same on a singleton queue whose
+    jobs share ten keys, where neither side locks a key before claiming it: two claims of
+    one key collide on its unique index, and the loser's claim is empty."""
     schema = schema46_by
-    in_tx(engine, schema, lambda q: q.create_queue("mail"))
-    distributed = claims == "distributed"
+    singleton = claims == "distributed singleton"
+    policy = "singleton" if singleton else "standard"
+    in_tx(engine, schema, lambda q: q.create_queue("mail", policy=policy))
+    distributed = claims.startswith("distributed")
     boss = node46(schema, supervise=True, **NODE_RUNTIME_FLAGS) if distributed else node46(schema)
     runs: list[str] = []
     lock = threading.Lock()
@@ -307,10 +311,20 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
     for _ in range(2):
         boss.call("work", "mail", {"pollingIntervalSeconds": 0.5, "batchSize": 3}, {"sleepMs": 50})
     try:
+
+        def key(n: int) -> dict[str, Any]:
+            return {"singleton_key": f"k{n % 10}"} if singleton else {}
+
         sent = in_tx(
-            engine, schema, lambda q: q.send_many("mail", [{"data": {"n": n}} for n in range(30)])
+            engine,
+            schema,
+            lambda q: q.send_many("mail", [{"data": {"n": n}, **key(n)} for n in range(30)]),
         )
-        ids = [str(i) for i in sent] + [boss.call("send", "mail", {"n": n}) for n in range(30, 60)]
+        node_key = {"singletonKey": "k{}"} if singleton else {}
+        ids = [str(i) for i in sent] + [
+            boss.call("send", "mail", {"n": n}, {k: v.format(n % 10) for k, v in node_key.items()})
+            for n in range(30, 60)
+        ]
         assert wait_until(lambda: states(engine, schema, "mail")["completed"] == 60, timeout=30)
     finally:
         worker.stop(5)
