@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -529,6 +531,32 @@ def test_without_multi_mutation_ctes_no_statement_changes_a_table_twice(engine: 
 
 def _fields(steps: Any) -> list[Any]:
     return [getattr(steps, f.name) for f in dataclasses.fields(steps)]
+
+
+def test_without_multi_mutation_ctes_expiry_leaves_the_same_id_in_another_queue_alone(
+    engine: Engine, schema46: str
+) -> None:
+    """Ids can be given, so one id may name a job in each of two queues: the separate
+    statements of a fail address the rows they picked by queue and id together."""
+    job_id = uuid.uuid4()
+
+    def active_in(q: QueueService, queue: str) -> None:
+        q.create_queue(queue, expire_seconds=60)
+        q.send(queue, {}, id=job_id)
+
+    for queue in ("a", "b"):
+        in_tx(engine, schema46, functools.partial(active_in, queue=queue))
+        in_tx(engine, schema46, functools.partial(QueueService.fetch, name=queue))
+    rows(
+        engine,
+        schema46,
+        "UPDATE {s}.job SET started_on = now() - interval '1 hour' WHERE name = 'a'",
+    )
+    with Session(engine) as session, session.begin():
+        report = QueueService(session, schema=schema46, backend=SPLIT).supervise(force=True)
+    assert report.expired == {"a": 1}
+    found = rows(engine, schema46, "SELECT name, state FROM {s}.job WHERE id = :i", i=job_id)
+    assert sorted(tuple(r) for r in found) == [("a", "retry"), ("b", "active")]
 
 
 def test_without_multi_mutation_ctes_a_stately_retry_whose_slot_is_taken_fails_for_good(

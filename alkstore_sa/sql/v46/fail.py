@@ -210,10 +210,6 @@ class SplitFail:
     dead_letter: Executable
 
 
-def _any(name: str, type_: Any) -> Any:
-    return func.any(bindparam(name, type_=ARRAY(type_)))
-
-
 def _split(picked: Select[Any]) -> SplitFail:
     """The separate statements of a fail whose first one is ``picked`` (every job
     column and ``new_output`` of the rows to fail, row-locked)."""
@@ -225,8 +221,15 @@ def _split(picked: Select[Any]) -> SplitFail:
         func.array_agg(p.c.id).label("ids"),
         func.array_agg(p.c.name).label("names"),
     )
-    ids, names = _any("ids", JOB.c.id.type), _any("names", Text())
-    remove = delete(JOB).where(JOB.c.name == names, JOB.c.id == ids)
+    # The picked rows by (name, id): an id may be in two queues (ids can be given).
+    pairs = (
+        func.unnest(
+            bindparam("names", type_=ARRAY(Text())), bindparam("ids", type_=ARRAY(JOB.c.id.type))
+        )
+        .table_valued(column("name", Text()), column("id", JOB.c.id.type), name="picked")
+        .render_derived()
+    )
+    remove = delete(JOB).where(JOB.c.name == pairs.c.name, JOB.c.id == pairs.c.id)
     # The state as text: a column list names its types as written, and the schema of
     # the enum type would not be the one the statement runs on. Both inserts set it.
     typed = [column(c.name, Text() if c.name == "state" else c.type) for c in JOB.c]
@@ -255,7 +258,9 @@ def _split(picked: Select[Any]) -> SplitFail:
         )
         .returning(JOB.c.id)
     )
-    results = select(*[JOB.c[c] for c in _KEPT]).where(JOB.c.name == names, JOB.c.id == ids)
+    results = select(*[JOB.c[c] for c in _KEPT]).where(
+        JOB.c.name == pairs.c.name, JOB.c.id == pairs.c.id
+    )
     return SplitFail(pick, remove, retry, fail, _dead_letter(results.cte("results")))
 
 
