@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -30,7 +31,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any, TextIO
 
@@ -260,6 +260,42 @@ class _DropRecords(logging.Filter):
         return getattr(record, "action", None) not in self.actions
 
 
+def _place_orders(shop: _Shop, engine: Engine, jobs: int) -> None:
+    """Place orders 1 to ``jobs`` from :data:`PRODUCERS` threads; the first error of one
+    is raised here, after every producer has stopped.
+
+    Ctrl-C lands in this (the main) thread while it only waits for the producers to
+    end, never inside a lock another thread needs: a KeyboardInterrupt raised inside a
+    thread pool's own bookkeeping once left its lock held, and the producers, hence the
+    demo, waiting forever. The orders not yet placed are dropped.
+    """
+    numbers = itertools.count(1)  # next() of a count is atomic: no lock to leave held
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            while not stop.is_set() and (seq := next(numbers)) <= jobs:
+                shop.place(engine, seq)
+        except BaseException as exc:  # handed to the main thread below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=produce, daemon=True) for _ in range(PRODUCERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+
+
 def run_demo(
     engine: Engine, schema: str, jobs: int, concurrency: int, out: TextIO
 ) -> dict[str, Any]:
@@ -299,12 +335,7 @@ def run_demo(
     began = time.monotonic()
     try:
         # A few producers, as a web app has a few request threads.
-        producers = ThreadPoolExecutor(PRODUCERS)
-        try:
-            list(producers.map(lambda seq: shop.place(engine, seq), range(1, jobs + 1)))
-        finally:
-            # Interrupted: the orders not yet placed are dropped, not waited for.
-            producers.shutdown(wait=True, cancel_futures=True)
+        _place_orders(shop, engine, jobs)
         elapsed = _wait_settled(engine, schema, jobs, began)
     finally:
         worker.stop()
