@@ -29,22 +29,8 @@ from support.tiers import mark_tiers, unexpected_skips
 from support.upkeep import CatalogVacuum
 from support.worker import Harness
 
-from alkstore_sa import AsyncQueueService, Backend, QueueService, limits, migrate
+from alkstore_sa import AsyncQueueService, Backend, QueueService, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
-
-RRULE_TEST_SECONDS = 60.0
-"""The CPU-time backstop of a recurrence rule's evaluation in the tests
-(``limits.MAX_RRULE_SECONDS``, 2 s in the library). The tests bound rules by the step limit,
-which is the same on every machine; the backstop is not, and under coverage's tracing on a
-slow CPU a rule of 95,000 steps (about 0.35 s on a current machine) went past 2 s."""
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _rrule_cpu_backstop() -> Iterator[None]:
-    saved = limits.MAX_RRULE_SECONDS
-    limits.MAX_RRULE_SECONDS = RRULE_TEST_SECONDS
-    yield
-    limits.MAX_RRULE_SECONDS = saved
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -118,8 +118,7 @@ def test_bad_rows_of_every_kind_stop_no_good_work(
     from alkstore_sa.dashboard import create_app
 
     schema = schema46
-    # Generous: the loop ends as soon as everything ran; a slow CPU needed over 90 s.
-    deadline = Deadline(180)
+    deadline = Deadline(90)
     with Session(engine) as s, s.begin():
         q = QueueService(s, schema=schema)
         q.create_queue("good", retry_limit=3, expire_seconds=60)
