@@ -87,9 +87,11 @@ class _EngineState:
                 self._versions[schema] = (hit[0], 0.0)
 
     def forget(self, schema: str) -> None:
-        """Forget everything about ``schema`` (it was dropped or refused)."""
+        """Forget everything about ``schema`` (it was dropped or refused): its version
+        and its queues' policies."""
         with self._lock:
             self._versions.pop(schema, None)
+        self.policies.forget(schema)
 
 
 _states: weakref.WeakKeyDictionary[Engine, _EngineState] = weakref.WeakKeyDictionary()

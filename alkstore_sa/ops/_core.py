@@ -71,6 +71,11 @@ class PolicyCache:
     def drop(self, schema: str, name: str) -> None:
         self._entries.pop((schema, name), None)
 
+    def forget(self, schema: str) -> None:
+        """Drop every entry of ``schema`` (dropped, or made again under its name)."""
+        for key in [k for k in self._entries if k[0] == schema]:
+            self._entries.pop(key, None)
+
 
 @dataclass(slots=True)
 class Context:

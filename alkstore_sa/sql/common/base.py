@@ -160,6 +160,16 @@ def fenced_input() -> Any:
     )
 
 
+def job_keys(names: str = "names", ids: str = "ids") -> Any:
+    """``unnest(:<names>, :<ids>)`` as ``keys(name, id)``: jobs given by queue and id
+    together, never apart (ids can be given, so one id may name a job in two queues)."""
+    return (
+        func.unnest(bindparam(names, type_=ARRAY(Text())), bindparam(ids, type_=ARRAY(Uuid())))
+        .table_valued(column("name", Text()), column("id", Uuid()), name="keys")
+        .render_derived()
+    )
+
+
 def settle_input() -> Any:
     """``unnest(:ids, :outputs, :fences)``: per-job output and fencing token.
 

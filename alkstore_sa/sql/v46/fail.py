@@ -67,7 +67,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from ...models.enums import JobState
 from ..common import failing as _failing
-from ..common.base import any_name, now_param, seconds, state_text
+from ..common.base import any_name, job_keys, now_param, seconds, state_text
 from . import job_now
 from .tables import JOB, QUEUE
 
@@ -221,14 +221,7 @@ def _split(picked: Select[Any]) -> SplitFail:
         func.array_agg(p.c.id).label("ids"),
         func.array_agg(p.c.name).label("names"),
     )
-    # The picked rows by (name, id): an id may be in two queues (ids can be given).
-    pairs = (
-        func.unnest(
-            bindparam("names", type_=ARRAY(Text())), bindparam("ids", type_=ARRAY(JOB.c.id.type))
-        )
-        .table_valued(column("name", Text()), column("id", JOB.c.id.type), name="picked")
-        .render_derived()
-    )
+    pairs = job_keys()  # the picked rows, by queue and id together
     remove = delete(JOB).where(JOB.c.name == pairs.c.name, JOB.c.id == pairs.c.id)
     # The state as text: a column list names its types as written, and the schema of
     # the enum type would not be the one the statement runs on. Both inserts set it.

@@ -57,7 +57,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, OID
 from sqlalchemy.sql import column, table
 
 from ...models.enums import JobState
-from ..common.base import any_name, state_text
+from ..common.base import any_name, job_keys, state_text
 from .supervision import now
 from .tables import BAM, JOB, JOB_DEPENDENCY, VERSION
 
@@ -207,14 +207,7 @@ class SplitResolve:
 @functools.cache
 def resolve_flows_split(*, skip_locked: bool = True) -> SplitResolve:
     """:func:`resolve_flows` as separate statements (see :class:`SplitResolve`)."""
-    given = (
-        func.unnest(
-            bindparam("parent_names", type_=ARRAY(Text)),
-            bindparam("parent_ids", type_=ARRAY(Uuid)),
-        )
-        .table_valued(column("name", Text), column("id", Uuid), name="given")
-        .render_derived()
-    )
+    given = job_keys("parent_names", "parent_ids")
     return SplitResolve(_blocking_parents(skip_locked=skip_locked), _release(given), _clear(given))
 
 
