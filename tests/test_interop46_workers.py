@@ -32,7 +32,7 @@ from support.node import in_tx, node46, node46_modules, node_url, parse_time
 from support.schemas import drop_schema
 from support.worker import settled_claims
 
-from alkstore_sa import Backend, Job
+from alkstore_sa import Backend, Job, JobSpec
 from alkstore_sa.backends import FOLLOWED_FLAGS
 from alkstore_sa.supervision import Supervisor
 from alkstore_sa.worker import AsyncWorker, Worker
@@ -312,14 +312,12 @@ def test_python_and_node_workers_share_one_queue_without_running_a_job_twice(
         boss.call("work", "mail", {"pollingIntervalSeconds": 0.5, "batchSize": 3}, {"sleepMs": 50})
     try:
 
-        def key(n: int) -> dict[str, Any]:
-            return {"singleton_key": f"k{n % 10}"} if singleton else {}
+        def spec(n: int) -> JobSpec:
+            if singleton:
+                return {"data": {"n": n}, "singleton_key": f"k{n % 10}"}
+            return {"data": {"n": n}}
 
-        sent = in_tx(
-            engine,
-            schema,
-            lambda q: q.send_many("mail", [{"data": {"n": n}, **key(n)} for n in range(30)]),
-        )
+        sent = in_tx(engine, schema, lambda q: q.send_many("mail", [spec(n) for n in range(30)]))
         node_key = {"singletonKey": "k{}"} if singleton else {}
         ids = [str(i) for i in sent] + [
             boss.call("send", "mail", {"n": n}, {k: v.format(n % 10) for k, v in node_key.items()})
