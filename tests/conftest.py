@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import inspect
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from support.pgbouncer import pgbouncer
-from support.schemas import install
+from support.schemas import SchemaPool
 from support.skips import unavailable, under_ci
 from support.tiers import mark_tiers, unexpected_skips
 from support.upkeep import CatalogVacuum
@@ -150,23 +149,22 @@ def session_pooled_url(database_url: str) -> Iterator[str]:
         yield url
 
 
-def new_schema_name() -> str:
-    return "t_" + uuid.uuid4().hex[:12]
-
-
-def drop_schema(engine: Engine, schema: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+@pytest.fixture(scope="session")
+def schema_pool(engine: Engine, database_url: str) -> Iterator[SchemaPool]:
+    """This process's fresh schemas, reused where that is safe (``support.schemas``)."""
+    pool = SchemaPool(database_url, engine)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
-def schema(engine: Engine, database_url: str) -> Iterator[str]:
+def schema(schema_pool: SchemaPool) -> Iterator[str]:
     """A fresh schema with the schema-26 objects, built by our migration's offline script
-    (``support.schemas.install``: the catalog ``migrate.upgrade`` builds, in milliseconds)."""
-    name = new_schema_name()
-    install(database_url, name, 26)
+    (``support.schemas.install``: the catalog ``migrate.upgrade`` builds, in milliseconds),
+    or one a test before left as installed, emptied (``support.schemas.SchemaPool``)."""
+    name = schema_pool.take(26)
     yield name
-    drop_schema(engine, name)
+    schema_pool.give_back(name)
 
 
 @pytest.fixture
@@ -186,13 +184,11 @@ def unspoken46(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def schema46(engine: Engine, database_url: str, spoken46: None) -> Iterator[str]:
-    """A fresh schema at pg-boss schema version 46, made by our migrations' offline script
-    (``support.schemas.install``), with 46 spoken."""
-    name = new_schema_name()
-    install(database_url, name, 46)
+def schema46(schema_pool: SchemaPool, spoken46: None) -> Iterator[str]:
+    """A fresh schema at pg-boss schema version 46, as ``schema`` at 26, with 46 spoken."""
+    name = schema_pool.take(46)
     yield name
-    drop_schema(engine, name)
+    schema_pool.give_back(name)
 
 
 class Runner:

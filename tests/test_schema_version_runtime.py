@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Env, drop_schema, new_schema_name
+from conftest import Env
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.orm import Session
+from support.schemas import drop_schema, random_schema
 from support.worker import Harness, wait_for
 
 from alkstore_sa import QueueService, SchemaVersionError, migrate, names
@@ -28,7 +29,7 @@ def schema_at(engine: Engine) -> Iterator[object]:
     made: list[str] = []
 
     def make(version: int) -> str:
-        name = new_schema_name()
+        name = random_schema()
         made.append(name)
         migrate.upgrade(engine, name, schema_version=46 if version >= 46 else 26)
         if version not in (26, 46):

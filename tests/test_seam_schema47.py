@@ -59,9 +59,9 @@ def spoken47(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def schema46(engine: Engine, database_url: str, spoken47: None) -> Iterator[str]:
     """In this module, the tests of 46 get a schema at 47."""
-    from conftest import drop_schema, new_schema_name
+    from support.schemas import drop_schema, random_schema
 
-    name = new_schema_name()
+    name = random_schema()
     install(database_url, name, 46)
     migrate_46_to_47(engine, name)
     yield name
@@ -119,9 +119,9 @@ def test_a_worker_completes_through_47s_statement(harness46: Harness) -> None:
 def test_a_schema_at_46_keeps_46s_statements(
     engine: Engine, database_url: str, spoken47: None
 ) -> None:
-    from conftest import drop_schema, new_schema_name
+    from support.schemas import drop_schema, random_schema
 
-    name = new_schema_name()
+    name = random_schema()
     install(database_url, name, 46)
     try:
         assert type(statements_for(46)) is Statements46
