@@ -13,18 +13,21 @@ from __future__ import annotations
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 from support import catalog, upkeep
 from support.schemas import (
     TEMPLATE_SCHEMA,
+    SchemaPool,
     install,
     libpq_url,
     migration_script,
     random_schema,
+    schema_exists,
     throwaway,
 )
 from support.upkeep import CatalogVacuum
 
-from alkstore_sa import migrate
+from alkstore_sa import QueueService, migrate
 
 VERSIONS = [26, 46]
 
@@ -82,3 +85,50 @@ def test_the_catalog_vacuum_takes_turns_between_test_workers(database_url: str) 
         assert vacuum.vacuum_once() is False
         other.execute("SELECT pg_advisory_unlock(%s)", (upkeep._LOCK_KEY,))
     assert vacuum.vacuum_once() is True
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_pooled_schema_comes_back_empty_with_its_catalog_and_version_row(
+    engine: Engine, database_url: str, version: int
+) -> None:
+    pool = SchemaPool(database_url, engine)
+    try:
+        name = pool.take(version)
+        before = catalog.snapshot(engine, name, ignore=())
+        with engine.connect() as conn:
+            version_row = conn.execute(text(f'SELECT * FROM "{name}".version')).all()
+        with Session(engine) as session, session.begin():
+            service = QueueService(session, schema=name)
+            service.create_queue("pooled")
+            assert service.send("pooled", {"n": 1}) is not None
+        with engine.begin() as conn:
+            conn.execute(text(f'UPDATE "{name}".version SET cron_on = now()'))
+        pool.give_back(name)
+
+        assert pool.take(version) == name
+        assert catalog.snapshot(engine, name, ignore=()) == before
+        with engine.connect() as conn:
+            assert conn.execute(text(f'SELECT * FROM "{name}".version')).all() == version_row
+            for table in ("queue", "job"):
+                count = conn.execute(text(f'SELECT count(*) FROM "{name}".{table}')).scalar()
+                assert count == 0, table
+        pool.give_back(name)
+    finally:
+        pool.close()
+    assert not schema_exists(engine, name)
+
+
+def test_a_schema_whose_catalog_a_test_changed_is_dropped_not_pooled(
+    engine: Engine, database_url: str
+) -> None:
+    pool = SchemaPool(database_url, engine)
+    try:
+        name = pool.take(26)
+        with Session(engine) as session, session.begin():
+            # A partitioned queue gets its own table: the catalog is no longer as installed.
+            QueueService(session, schema=name).create_queue("own", partition=True)
+        pool.give_back(name)
+        assert not schema_exists(engine, name)
+        assert pool.take(26) != name
+    finally:
+        pool.close()
