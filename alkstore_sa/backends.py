@@ -11,8 +11,8 @@ The names and the flag sets are pg-boss 12.38's (``BACKEND_PROFILES`` of its
 same choices. The "Database backends" page says what each flag changes and costs, and
 how far each is verified here.
 
-Which flags the runtime follows today is :data:`FOLLOWED_FLAGS`; a profile with a flag the
-runtime does not follow yet is refused where it would matter (:func:`resolve`).
+The flags come in two kinds: :data:`FOLLOWED_FLAGS` choose the runtime's statements,
+:data:`SCHEMA_FLAGS` how the schema is built; every one of pg-boss 12.38's is followed.
 """
 
 from __future__ import annotations
@@ -82,7 +82,18 @@ FOLLOWED_FLAGS = (
     "noMonitorVacuum",
     "noTransactionalHeartbeat",
 )
-"""The flags whose runtime behaviour alkstore_sa follows so far."""
+"""The *runtime* flags: each chooses statements, and each can be forced on a stock
+PostgreSQL schema (a ``Backend`` made directly) to test its path."""
+
+SCHEMA_FLAGS = (
+    "noTablePartitioning",
+    "noDeferrableConstraints",
+    "noCoveringIndexes",
+    "noAddColumnBackfill",
+    "inlineTableIndexes",
+)
+"""The *schema* flags: they change how the schema is built (``alkstore db upgrade
+--backend``), and a runtime checks that the schema it meets was built for its profile."""
 
 DIALECT_PROFILES: Mapping[str, str] = MappingProxyType({"cockroachdb": "cockroachdb"})
 """SQLAlchemy dialect names that settle the profile (``sqlalchemy-cockroachdb``'s)."""
@@ -123,9 +134,7 @@ def resolve(backend: str | Backend | None = None, *, dialect: str | None = None)
 
     A name given for an engine whose dialect settles another profile is refused, as is
     a name pg-boss does not know (the message lists the names). A deprecated profile
-    gives a :class:`DeprecationWarning`. A profile that sets a flag the runtime does
-    not follow yet (:data:`FOLLOWED_FLAGS`) is refused as well: it would not do what
-    a Node service with the same profile does.
+    gives a :class:`DeprecationWarning`.
 
     :raises InvalidOptionsError: for any of the above, before anything is sent.
     """
@@ -136,7 +145,11 @@ def resolve(backend: str | Backend | None = None, *, dialect: str | None = None)
         unknown = sorted(backend.flags - set(FLAGS))
         if unknown:
             raise InvalidOptionsError("backend", f"unknown flags {', '.join(unknown)}")
-        _refuse_unfollowed(backend.name, backend.flags)
+        if backend.name not in PROFILES:
+            raise InvalidOptionsError(
+                "backend",
+                f"unknown backend {shown(backend.name)}: expected one of {', '.join(PROFILES)}",
+            )
         return backend
     if backend is None:
         name = implied or "postgres"
@@ -159,7 +172,6 @@ def resolve(backend: str | Backend | None = None, *, dialect: str | None = None)
     if name in DEPRECATED:
         warnings.warn(DEPRECATED[name], DeprecationWarning, stacklevel=2)
     flags = frozenset(PROFILES[name])
-    _refuse_unfollowed(name, flags)
     return POSTGRES if name == "postgres" else Backend(name, flags)
 
 
@@ -170,16 +182,6 @@ def queue_claims_skip_locked(backend: Backend) -> bool:
     return backend.name == "postgres" and not backend.has("noSkipLocked")
 
 
-def _refuse_unfollowed(name: str, flags: frozenset[str]) -> None:
-    unfollowed = sorted(flags - set(FOLLOWED_FLAGS))
-    if unfollowed:
-        raise InvalidOptionsError(
-            "backend",
-            f"backend {name!r} sets {', '.join(unfollowed)}, which alkstore_sa does not "
-            "follow yet (the 'Database backends' page)",
-        )
-
-
 __all__ = [
     "DEPRECATED",
     "DIALECT_PROFILES",
@@ -187,6 +189,7 @@ __all__ = [
     "FOLLOWED_FLAGS",
     "POSTGRES",
     "PROFILES",
+    "SCHEMA_FLAGS",
     "Backend",
     "queue_claims_skip_locked",
     "resolve",

@@ -290,8 +290,8 @@ class SchemaProfileError(SchemaVersionError):
     """The schema was built for another database backend profile than the caller's.
 
     pg-boss builds a different schema under some profiles (a plain ``job`` table under
-    ``cockroachdb`` and ``yugabytedb``, its ``noTablePartitioning`` flag). A runtime
-    whose profile expects the other shape refuses the schema before reading or
+    ``cockroachdb`` and ``yugabytedb``, its ``noTablePartitioning`` flag). A runtime or
+    an upgrade whose profile expects the other shape refuses the schema before reading or
     writing a job, naming what differs; a worker or supervisor says so at ERROR and
     looks again later, as for a version it does not speak.
 

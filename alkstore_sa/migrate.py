@@ -39,6 +39,7 @@ from sqlalchemy import (
     create_engine,
     func,
     inspect,
+    make_url,
     select,
     text,
 )
@@ -47,10 +48,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import DropSchema
 
 from . import names, schema_health
+from .backends import Backend
+from .backends import resolve as resolve_backend
 from .errors import (
     InvalidOptionsError,
     SchemaCatalogError,
     SchemaNotInstalledError,
+    SchemaProfileError,
     SchemaVersionError,
     UnfinishedIndexBuildError,
     shown,
@@ -58,6 +62,7 @@ from .errors import (
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
+    profiles,
     refuse_foreign_revisions,
 )
 from .names import DEFAULT_SCHEMA, SCHEMA_VERSION, validate_schema
@@ -232,6 +237,7 @@ def upgrade(
     revision: str | None = None,
     *,
     schema_version: int | None = None,
+    backend: str | Backend | None = None,
 ) -> UpgradeResult:
     """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
 
@@ -250,6 +256,11 @@ def upgrade(
     recorded and the upgrade goes on from there. A schema Node pg-boss migrated past our
     recorded revision is recorded at its version first.
 
+    ``backend`` names a database backend profile (:mod:`alkstore_sa.backends`); under one
+    with ``noTablePartitioning`` (``cockroachdb``, ``yugabytedb``) a fresh install builds
+    what pg-boss 12.38 builds for it, at schema version 46 only, and a schema built for
+    another profile is refused (the "Database backends" page).
+
     Returns what it found and did (:class:`UpgradeResult`); a second upgrade that waited
     for the lock finds ``before == revision``.
 
@@ -257,13 +268,27 @@ def upgrade(
     :raises SchemaCatalogError: if the catalog is not the version row's, before any write.
     :raises InvalidOptionsError: if the target is below the version of a schema Node
         pg-boss made (nothing recorded): going back is an explicit :func:`downgrade`.
+    :raises InvalidOptionsError: for an unknown ``backend``, or a profile with
+        ``noTablePartitioning`` and a target other than schema version 46.
+    :raises SchemaProfileError: if the schema was built for another profile, or under
+        such a profile at a version before 46, before any write.
     """
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
+    dialect = make_url(bind).get_backend_name() if isinstance(bind, str) else bind.dialect.name
+    profile = resolve_backend(backend, dialect=dialect)
+    plain = profiles.builds_plain(profile.flags)
+    if plain and target != revision_for(NEWEST_SCHEMA_VERSION):
+        raise InvalidOptionsError(
+            "backend",
+            f"backend {str(profile)!r} builds pg-boss schema version {NEWEST_SCHEMA_VERSION} "
+            f"only (profiles came with pg-boss 12.27), not {version_of(target)}",
+        )
     own = not isinstance(bind, Connection)
     with _connection(bind) as conn, migration_lock(conn, schema, own=own):
         before, found = recorded_revision(conn, schema), installed_version(conn, schema)
         _refuse_wrong_direction(conn, schema, target, "upgrade")
+        _refuse_other_profile(conn, schema, found, profile)
         done = _refuse_or_record(bind, conn, cfg, schema, target)
         # Few jobs: every revision in one transaction, its indexes built inside it (as
         # pg-boss's own install does); writers wait a moment, and no CONCURRENTLY build
@@ -273,12 +298,52 @@ def upgrade(
             _end_own_transaction(bind, conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, target)
+        if plain and found is None:
+            # A fresh install, in the transaction that built it (few jobs: none).
+            done += profiles.apply(conn, schema, profile.flags)
         # Healing runs after commit, CONCURRENTLY, even for few jobs: a Node background
         # runner may be building on the same tables.
         _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
         after = recorded_revision(conn, schema)
     return UpgradeResult(before, found, after, tuple(done))
+
+
+def _job_table_plain(conn: Connection, schema: str) -> bool | None:
+    """Whether ``schema``'s job table is a plain table (``None``: it has none)."""
+    quoted = conn.dialect.identifier_preparer.quote_schema(schema)
+    kind = conn.execute(
+        text("SELECT relkind FROM pg_class WHERE oid = to_regclass(:t)"), {"t": f"{quoted}.job"}
+    ).scalar()
+    return None if kind is None else kind == "r"
+
+
+def _refuse_other_profile(
+    conn: Connection, schema: str, found: int | None, profile: Backend
+) -> None:
+    """Refuse a schema built for another profile, or one under a profile at a version
+    our revisions cannot migrate under it (before 46), before anything is written."""
+    plain = profiles.builds_plain(profile.flags)
+    live = _job_table_plain(conn, schema)
+    if found is None or live is None:
+        return
+    version = found if found != NO_VERSION_ROW else 0
+    if live and not plain:
+        differs = (
+            "its job table is a plain table, as pg-boss builds it under a backend with "
+            "noTablePartitioning (cockroachdb, yugabytedb); name that backend"
+        )
+    elif plain and not live:
+        differs = "its job table is partitioned, and this backend's (noTablePartitioning) is not"
+    elif plain and found != NEWEST_SCHEMA_VERSION:
+        differs = (
+            f"it is at version {found}, and alkstore_sa builds a schema under this backend "
+            f"at {NEWEST_SCHEMA_VERSION} only: let Node pg-boss 12.38 with the same backend "
+            "migrate it"
+        )
+    else:
+        return
+    raise SchemaProfileError(schema, version, str(profile), differs)
 
 
 FEW_JOBS = 10_000
@@ -372,7 +437,8 @@ def downgrade(
     something else still lives in it. Holds pg-boss's migration lock throughout, as
     :func:`upgrade` does.
 
-    :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL.
+    :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL, or
+        for any target but the base on a schema built under ``noTablePartitioning``.
     """
     revision = _target(revision, schema_version, BASE)
     cfg = _checked_config(schema, target=revision)
@@ -381,11 +447,41 @@ def downgrade(
     # migrate the schema straight back) or an upgrade waits until this is done.
     with _connection(bind) as conn, migration_lock(conn, schema, own=own):
         _refuse_wrong_direction(conn, schema, revision, "downgrade")
-        _end_own_transaction(bind, conn)
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+        if _job_table_plain(conn, schema) and revision != BASE:
+            # Our revisions step back through the partitioned schema's objects.
+            raise InvalidOptionsError(
+                "schema_version",
+                f"schema {shown(schema)} was built under a backend with noTablePartitioning: "
+                "it can only be removed (downgrade to base), not taken to an earlier version",
+            )
+        if _job_table_plain(conn, schema):
+            _remove_plain(conn, schema)
+        else:
+            _end_own_transaction(bind, conn)
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
         if revision == BASE:
             _drop_leftovers(conn, schema)
+
+
+def _remove_plain(conn: Connection, schema: str) -> None:
+    """Remove a schema built under a profile with ``noTablePartitioning``: its tables,
+    functions and types (those of the profile's catalog) and our revision."""
+    found = schema_health.diagnose(conn, schema)
+    want = schema_health.expected_catalog(found.version or 0, found.profile)
+    if want is None or found.version is None:
+        problems = ["its version row names no catalog built under a backend profile"]
+        raise SchemaCatalogError(schema, found.version or 0, problems)
+    s = conn.dialect.identifier_preparer.quote_schema(schema)
+    quote = conn.dialect.identifier_preparer.quote
+    conn.execute(text("DROP TABLE " + ", ".join(f"{s}.{quote(t)}" for t in sorted(want.tables))))
+    for function in want.functions:
+        name, args = function.split("(", 1)
+        args = args.replace(schema_health.SCHEMA_PLACEHOLDER + ".", s + ".")
+        conn.execute(text(f"DROP FUNCTION {s}.{quote(name)}({args}"))
+    for type_ in sorted(want.types):
+        conn.execute(text(f"DROP TYPE {s}.{quote(type_)}"))
+    conn.execute(text(f"DELETE FROM {s}.{VERSION_TABLE}"))
 
 
 def _drop_leftovers(conn: Connection, schema: str) -> None:

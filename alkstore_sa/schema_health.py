@@ -66,6 +66,7 @@ __all__ = [
     "lock_key_sql",
     "migration_lock",
     "partition_indexes",
+    "profile_catalogs",
     "read_catalog",
     "shape",
     "unfinished_builds",
@@ -148,6 +149,9 @@ class Diagnosis:
     findings: tuple[Finding, ...] = ()
     closest: int | None = None
     """With refusals: the schema version whose catalog differs least from the live one."""
+    profile: str = "postgres"
+    """The backend profile whose catalog the schema was compared with: ``postgres``, or one
+    whose plain tables (``noTablePartitioning``) the schema has."""
 
     def of(self, severity: Severity) -> list[Finding]:
         """The findings of one severity."""
@@ -382,14 +386,36 @@ def partition_indexes(catalog: Catalog, policy: str | None) -> dict[str, str]:
 
 
 @cache
+def _raw() -> dict[str, Any]:
+    raw = resources.files(__package__).joinpath(CATALOG_RESOURCE).read_text("utf-8")
+    return dict(json.loads(raw))
+
+
+@cache
 def _expected_all() -> dict[int, Catalog]:
-    raw = json.loads(resources.files(__package__).joinpath(CATALOG_RESOURCE).read_text("utf-8"))
-    return {int(v): Catalog.from_json(data) for v, data in raw["versions"].items()}
+    return {int(v): Catalog.from_json(data) for v, data in _raw()["versions"].items()}
 
 
-def expected_catalog(version: int) -> Catalog | None:
-    """The catalog a fresh install of pg-boss schema ``version`` has (``None`` if unknown)."""
-    return _expected_all().get(version)
+@cache
+def _expected_profiles() -> dict[int, dict[str, Catalog]]:
+    return {
+        int(v): {name: Catalog.from_json(data) for name, data in by_profile.items()}
+        for v, by_profile in _raw().get("profiles", {}).items()
+    }
+
+
+def expected_catalog(version: int, profile: str = "postgres") -> Catalog | None:
+    """The catalog a fresh install of pg-boss schema ``version`` has under the backend
+    ``profile`` (``None`` if unknown). Only profiles whose schema differs have their own:
+    ``cockroachdb`` and ``yugabytedb`` at 46."""
+    if profile == "postgres":
+        return _expected_all().get(version)
+    return _expected_profiles().get(version, {}).get(profile)
+
+
+def profile_catalogs(version: int) -> dict[str, Catalog]:
+    """The catalogs of ``version`` under the profiles whose schema is not PostgreSQL's."""
+    return dict(_expected_profiles().get(version, {}))
 
 
 def known_versions() -> list[int]:
@@ -730,6 +756,17 @@ def diagnose(conn: Connection, schema: str) -> Diagnosis:
     if version is None or want is None:
         return Diagnosis(schema, version, recorded)
     live = read_catalog(conn, schema)
+    profile = "postgres"
+    plain = profile_catalogs(version)
+    if plain and JOB_COMMON not in live.tables:
+        # No shared partition: pg-boss's plain tables, compared with the profile's
+        # catalog that differs least (cockroachdb and yugabytedb differ in two flags).
+        def refusals(name: str) -> int:
+            found = _compare(live, plain[name], version)
+            return sum(1 for f in found if f.severity is Severity.REFUSE)
+
+        profile = min(sorted(plain), key=refusals)
+        want = plain[profile]
     findings = [
         replace(f, queue=live.queues.get(f.table)) if f.table in live.queues else f
         for f in _compare(live, want, version) + _invalid_findings(live, version)
@@ -772,9 +809,10 @@ def diagnose(conn: Connection, schema: str) -> Diagnosis:
     rank = {Severity.REFUSE: 0, Severity.HEAL: 1, Severity.WARN: 2}
     findings.sort(key=lambda f: (rank[f.severity], f.kind, f.name))
     closest = None
-    if any(f.severity is Severity.REFUSE and f.kind != "version disagrees" for f in findings):
+    refused = any(f.severity is Severity.REFUSE and f.kind != "version disagrees" for f in findings)
+    if refused and profile == "postgres":
         closest = _closest(live, version)
-    return Diagnosis(schema, version, recorded, tuple(findings), closest)
+    return Diagnosis(schema, version, recorded, tuple(findings), closest, profile)
 
 
 def _closest(live: Catalog, version: int) -> int | None:

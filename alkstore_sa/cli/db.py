@@ -71,11 +71,17 @@ def _upgrade(args: argparse.Namespace) -> int:
     if wanted is not None:
         migrate.schema_version_info(wanted)  # an unknown version: exit 2, before connecting
     with engine_from(args) as engine:
-        # Every profile taken today builds PostgreSQL's schema; one that builds another
-        # (cockroachdb, yugabytedb) is refused here, naming what is not followed yet.
-        resolve_backend(args.backend, dialect=engine.dialect.name)
+        # A profile with noTablePartitioning (cockroachdb, yugabytedb) builds pg-boss's
+        # plain tables; the others build PostgreSQL's schema.
+        backend = resolve_backend(args.backend, dialect=engine.dialect.name)
         # Read under the migration lock: an upgrade that waited for another finds its work.
-        result = migrate.upgrade(engine, schema, args.revision, schema_version=args.schema_version)
+        result = migrate.upgrade(
+            engine,
+            schema,
+            args.revision,
+            schema_version=args.schema_version,
+            backend=backend,
+        )
         before, found, revision = result.before, result.found, result.revision
         healed = list(result.healed)
         version: int | None = None
@@ -217,10 +223,14 @@ def _report(
                 "status": status,
                 "findings": findings,
                 "closest_version": diagnosis.closest,
+                "profile": diagnosis.profile,
             },
         )
         return
-    emit(args, {"schema": schema, "version": diagnosis.version, "status": status})
+    shown: dict[str, object] = {"schema": schema, "version": diagnosis.version, "status": status}
+    if diagnosis.profile != "postgres":
+        shown["profile"] = diagnosis.profile  # the catalog compared: that backend's
+    emit(args, shown)
     for finding in diagnosis.findings:
         print(f"{finding.severity.value}: {finding}")
     if diagnosis.closest is not None:

@@ -77,6 +77,9 @@ _COLUMNS_33 = (*QUEUE_COLUMNS_26, HEARTBEAT_COLUMN, NOTIFY_COLUMN)
 # From 42 on, the queue row is stamped with the schema's clock.
 _COLUMNS_42 = (*_COLUMNS_33, ("created_on", "@S@.job_now()"), ("updated_on", "@S@.job_now()"))
 
+QUEUE_COLUMNS_46 = _COLUMNS_42
+"""The queue row ``create_queue`` writes at 46: ``(column, expression)``, ``@S@`` the schema."""
+
 CREATE_QUEUE_38 = create_queue_function(
     _COLUMNS_33, (I5, I4, I7, I9), POLICY_INDEXES_38, POLICY_CHECKS_28
 )

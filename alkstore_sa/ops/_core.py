@@ -159,8 +159,8 @@ def _check_profile(ctx: Context, version: int) -> Op[None]:
     else:
         differs = (
             "its job table is a plain table, as pg-boss builds it under a backend with "
-            "noTablePartitioning (cockroachdb, yugabytedb), which alkstore_sa does not follow "
-            f"yet; backend {str(ctx.backend)!r} needs it partitioned"
+            f"noTablePartitioning (cockroachdb, yugabytedb); backend {str(ctx.backend)!r} "
+            "needs it partitioned: name the backend the schema was built for"
         )
     raise SchemaProfileError(ctx.schema, version, str(ctx.backend), differs)
 

@@ -57,7 +57,8 @@ _DROP = re.compile(
     rf"DROP INDEX CONCURRENTLY IF EXISTS (?P<schema>{_IDENT})\.(?P<index>{_IDENT})",
     re.IGNORECASE,
 )
-_JOB_TABLE = re.compile(r"job_common|j[0-9a-f]{56}")
+# job itself is the one job table of a schema built without partitions (noTablePartitioning).
+_JOB_TABLE = re.compile(r"job|job_common|j[0-9a-f]{56}")
 
 
 def _ident(text: str) -> str:

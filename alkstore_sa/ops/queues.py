@@ -127,6 +127,12 @@ def _refuse_for_backend(ctx: Context, checked: Mapping[str, Any]) -> None:
             f"backend {str(ctx.backend)!r} has no LISTEN/NOTIFY (noListenNotify): nothing "
             "would hear the queue's notifications; workers there poll",
         )
+    if checked.get("partition") and ctx.backend.has("noTablePartitioning"):
+        raise InvalidOptionsError(
+            "partition",
+            f"backend {str(ctx.backend)!r} builds one plain job table (noTablePartitioning): "
+            "a queue cannot have a partition of its own there",
+        )
 
 
 def _insert_queue(ctx: Context, name: str, checked: Mapping[str, Any]) -> Op[QueueInfo]:

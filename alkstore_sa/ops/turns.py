@@ -263,7 +263,9 @@ def _scope(ctx: Context, plan: PassPlan) -> Op[list[str]]:
     # the cluster's for a day, and Node's background pass covers them all.
     pairs = yield from queue_tables(ctx, None)
     tables = sorted({table for _, table in pairs})
-    return tables or ["job", "job_common"]
+    if tables:
+        return tables
+    return ["job"] if ctx.backend.has("noTablePartitioning") else ["job", "job_common"]
 
 
 def _read(ctx: Context, statement: Any, tables: list[str]) -> Op[list[Any]]:
