@@ -24,18 +24,23 @@ from sqlalchemy.orm import Session
 from support.pgbouncer import pgbouncer
 from support.schemas import SchemaPool
 from support.skips import unavailable, under_ci
-from support.tiers import mark_tiers, unexpected_skips
+from support.tiers import mark_tiers, unexpected_skips, without_profile_double
 from support.upkeep import CatalogVacuum
 from support.worker import Harness
 
-from alkstore_sa import AsyncQueueService, Backend, QueueService, migrate
+from alkstore_sa import AsyncQueueService, Backend, QueueService, backends, migrate
 from alkstore_sa._embedded import EmbeddedUnavailableError, embedded_postgres
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # First, so that `-m "not slow"` (pyproject's addopts) sees the markers added here.
     mark_tiers(items)
+    # A test of a feature the cockroachdb profile does not have runs without that double.
+    unfit = [item for item in items if without_profile_double(item)]
+    if unfit:
+        config.hook.pytest_deselected(items=unfit)
+        items[:] = [item for item in items if item not in unfit]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -350,20 +355,30 @@ SPLIT = Backend("postgres", frozenset({"noMultiMutationCte"}))
 """pg-boss's ``noMultiMutationCte`` forced on (part of its ``__test__distributed``)."""
 
 
-@pytest.fixture(params=["sync", "async", "split"])
+COCKROACHDB = backends.resolve("cockroachdb")
+"""pg-boss's ``cockroachdb`` profile: every flag, on a schema built for it (plain tables)."""
+
+
+@pytest.fixture(params=["sync", "async", "split", "cockroachdb"])
 def env46_or_split(
-    request: pytest.FixtureRequest, engine: Engine, schema46: str, database_url: str
+    request: pytest.FixtureRequest,
+    engine: Engine,
+    schema_pool: SchemaPool,
+    spoken46: None,
+    database_url: str,
 ) -> Iterator[Env]:
-    """``env46``, and once more (sync) with ``noMultiMutationCte`` forced: a module
-    whose ``env46`` is this one runs every test again with its fails, expiry and
-    flows as separate statements (docs/how-to/backends.md), which must do exactly
-    what the single statements do."""
-    split = request.param == "split"
-    e = Env(
-        "sync" if split else request.param, engine, schema46, database_url, SPLIT if split else None
-    )
+    """``env46``, and twice more (sync): with ``noMultiMutationCte`` forced, and under the
+    ``cockroachdb`` profile on a schema built for it. A module whose ``env46`` is this one
+    runs every test again with its fails, expiry and flows as separate statements, and
+    again with every flag of pg-boss's (docs/how-to/backends.md), which must do exactly
+    what the defaults do."""
+    profile = {"split": SPLIT, "cockroachdb": COCKROACHDB}.get(request.param)
+    name = schema_pool.take(46, "cockroachdb" if request.param == "cockroachdb" else None)
+    flavour = "sync" if profile is not None else request.param
+    e = Env(flavour, engine, name, database_url, profile)
     yield e
     e.close()
+    schema_pool.give_back(name)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, Select, func, literal, select
 from sqlalchemy.orm import Session
 from support.direct import in_tx, rows
 from support.node import INTEROP46_DIR, node46, node46_modules, node_url
-from support.schemas import libpq_url, random_schema, schema_exists, throwaway
+from support.schemas import libpq_url, random_schema, throwaway
 from support.worker import wait_for
 
 from alkstore_sa import (
@@ -86,20 +86,20 @@ def test_an_unknown_backend_is_refused_with_the_names(engine: Engine, schema46: 
     assert "'oracle'" in said and "postgres, cockroachdb, yugabytedb, citus, pglite" in said
 
 
-def test_a_profile_whose_flags_are_not_all_followed_yet_is_refused_naming_them() -> None:
-    with pytest.raises(InvalidOptionsError) as refused:
-        backends.resolve("cockroachdb")
-    assert "noTablePartitioning" in str(refused.value) and "Database backends" in str(refused.value)
+def test_cockroachdb_sets_every_flag_and_its_dialect_settles_it() -> None:
+    profile = backends.resolve("cockroachdb")
+    assert profile.flags == frozenset(backends.FLAGS)
+    assert set(backends.FOLLOWED_FLAGS) | set(backends.SCHEMA_FLAGS) == set(backends.FLAGS)
     # The dialect of sqlalchemy-cockroachdb settles the profile, to the same answer.
-    with pytest.raises(InvalidOptionsError, match="cockroachdb"):
-        backends.resolve(None, dialect="cockroachdb")
+    assert backends.resolve(None, dialect="cockroachdb") == profile
     with pytest.raises(InvalidOptionsError, match="that dialect is backend 'cockroachdb'"):
         backends.resolve("citus", dialect="cockroachdb")
 
 
 def test_yugabytedb_is_deprecated_as_in_pg_boss() -> None:
-    with pytest.warns(DeprecationWarning, match="yugabytedb"), pytest.raises(InvalidOptionsError):
-        backends.resolve("yugabytedb")
+    with pytest.warns(DeprecationWarning, match="yugabytedb"):
+        profile = backends.resolve("yugabytedb")
+    assert profile.has("noTablePartitioning") and not profile.has("noSkipLocked")
 
 
 def test_forced_flags_must_be_pg_boss_flags() -> None:
@@ -610,7 +610,8 @@ def test_a_schema_with_a_plain_job_table_is_refused_naming_what_differs(engine: 
             assert session.execute(select(literal(1))).scalar_one() == 1  # still usable
 
 
-def test_a_schema_node_built_for_yugabytedb_is_refused_by_our_runtime(
+@pytest.mark.filterwarnings("ignore:backend 'yugabytedb' is deprecated")
+def test_a_schema_node_built_for_yugabytedb_is_refused_but_under_its_profile(
     engine: Engine, node46: Any
 ) -> None:
     name = random_schema()
@@ -627,17 +628,6 @@ def test_a_schema_node_built_for_yugabytedb_is_refused_by_our_runtime(
         ):
             QueueService(session, schema=name).send("q", {})
         assert rows(engine, name, "SELECT count(*) FROM {s}.job")[0][0] == 0
-
-
-def test_db_upgrade_refuses_a_profile_whose_schema_it_cannot_build(
-    database_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
-) -> None:
-    name = random_schema()
-    args = ["db", "upgrade", "--database-url", database_url, "--schema", name]
-    with throwaway(engine, name):
-        code = main([*args, "--backend", "cockroachdb"])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2
-        assert len(err) == 1 and "backend 'cockroachdb'" in err[0]
-        assert "noTablePartitioning" in err[0]
-        assert not schema_exists(engine, name)
+        with Session(engine) as session, session.begin():
+            assert QueueService(session, schema=name, backend="yugabytedb").send("q", {})
+        assert rows(engine, name, "SELECT count(*) FROM {s}.job")[0][0] == 1

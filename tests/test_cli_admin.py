@@ -112,6 +112,7 @@ def test_db_check_reports_version_26(cli: Cli) -> None:
         "status": "ok",
         "findings": [],
         "closest_version": None,
+        "profile": "postgres",
     }
 
 

@@ -135,6 +135,7 @@ def test_children_run_only_after_every_parent_completed(env46: Any) -> None:
     assert run_one(env46, "q") == ids["c"]
 
 
+@pytest.mark.postgres_only
 def test_a_flow_spans_partitioned_and_shared_queues(env46: Any) -> None:
     env46.tx(lambda q: [q.create_queue("own", partition=True), q.create_queue("shared")])
     ids = env46.tx(
@@ -223,6 +224,7 @@ def test_a_conflicting_job_refuses_the_whole_flow_and_leaves_the_transaction_usa
     assert dependencies(env46) == set()
 
 
+@pytest.mark.postgres_only
 def test_a_flow_announces_the_queues_of_its_ready_jobs(env46: Any, database_url: str) -> None:
     env46.tx(lambda q: [q.create_queue("n"), q.create_queue("plain")])
     env46.sql("UPDATE {s}.queue SET notify = true WHERE name = 'n'")

@@ -340,6 +340,7 @@ def test_redrive_in_the_callers_transaction_rolls_back_with_it(env46: Any) -> No
     assert len(env46.sql("SELECT id FROM {s}.job WHERE name = 'dlq'")) == 1
 
 
+@pytest.mark.postgres_only
 def test_redrive_wakes_listening_workers_of_the_destination(env46: Any) -> None:
     queues(env46)
     dead_lettered(env46)

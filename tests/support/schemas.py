@@ -150,7 +150,8 @@ SELECT quote_ident(c.relname) FROM pg_class c
 
 
 class SchemaPool:
-    """Fresh schemas at 26 or 46 for the tests of one process, reused where that is safe.
+    """Fresh schemas at 26 or 46 (under a backend profile too) for the tests of one
+    process, reused where that is safe.
 
     :meth:`take` hands out an installed schema; :meth:`give_back` empties it for a later
     test when its catalog is still the one it was installed with (the digest
@@ -165,26 +166,31 @@ class SchemaPool:
     def __init__(self, database_url: str, engine: Engine) -> None:
         self.database_url = database_url
         self.engine = engine
-        self._free: dict[int, list[str]] = {}
-        # name -> (version, catalog digest, version row as JSON), as installed
-        self._installed: dict[str, tuple[int, str, str]] = {}
+        self._free: dict[tuple[int, str | None], list[str]] = {}
+        # name -> ((version, backend), catalog digest, version row as JSON), as installed
+        self._installed: dict[str, tuple[tuple[int, str | None], str, str]] = {}
 
-    def take(self, version: int) -> str:
-        """A schema at ``version`` as :func:`install` makes it."""
-        free = self._free.setdefault(version, [])
+    def take(self, version: int, backend: str | None = None) -> str:
+        """A schema at ``version`` as :func:`install` makes it; with a ``backend`` profile,
+        as ``migrate.upgrade`` builds it under that profile (46 only)."""
+        key = (version, backend)
+        free = self._free.setdefault(key, [])
         if free:
             return free.pop()
         name = random_schema()
-        install(self.database_url, name, version)
+        if backend is None:
+            install(self.database_url, name, version)
+        else:
+            migrate.upgrade(self.engine, name, schema_version=version, backend=backend)
         with self.engine.connect() as conn:
             digest = conn.execute(text(_FINGERPRINT), {"s": name}).scalar_one()
             rows = conn.execute(text(f'SELECT json_agg(v) FROM "{name}".version v')).scalar()
-        self._installed[name] = (version, digest, json.dumps(rows))
+        self._installed[name] = (key, digest, json.dumps(rows))
         return name
 
     def give_back(self, name: str) -> None:
         """Keep ``name`` for a later test if it can be emptied safely; else drop it."""
-        version, digest, version_rows = self._installed[name]
+        key, digest, version_rows = self._installed[name]
         engine_state(self.engine).forget(name)
         try:
             with self.engine.begin() as conn:
@@ -206,7 +212,7 @@ class SchemaPool:
             del self._installed[name]
             drop_schema(self.engine, name)
             return
-        self._free[version].append(name)
+        self._free[key].append(name)
 
     def close(self) -> None:
         """Drop every schema still kept."""

@@ -40,8 +40,9 @@ and conflicts (``ops.driver.arun``) on the operations every application calls.""
 
 SPLIT_DOUBLED = ("env46_or_split",)
 """Fixtures that run a service test once more with ``noMultiMutationCte`` forced (its fails,
-expiry, flows and redrive as separate statements): that double runs in the slow tier, and the
-fast tier keeps the flag's own tests (``test_backends.py``)."""
+expiry, flows and redrive as separate statements), and once more under the ``cockroachdb``
+profile on a schema built for it: those doubles run in the slow tier, and the fast tier keeps
+the flags' own tests (``test_backends.py``, ``test_backend_schemas.py``)."""
 
 
 def slow_reason(item: pytest.Item) -> str | None:
@@ -58,6 +59,8 @@ def slow_reason(item: pytest.Item) -> str | None:
         return "the async double of a service test"
     if any(callspec.params.get(name) == "split" for name in SPLIT_DOUBLED):
         return "the noMultiMutationCte double of a service test"
+    if any(callspec.params.get(name) == "cockroachdb" for name in SPLIT_DOUBLED):
+        return "the cockroachdb-profile double of a service test"
     return None
 
 
@@ -79,6 +82,15 @@ def mark_tiers(items: Iterable[pytest.Item]) -> None:
 ALLOWED_SKIPS: frozenset[str] = frozenset()
 """Node ids of tests allowed to skip under CI. Empty: CI installs everything the tests need,
 and ``support.skips.unavailable`` already fails there; this catches any other skip."""
+
+
+def without_profile_double(item: pytest.Item) -> bool:
+    """Whether ``item`` is the ``cockroachdb`` double of a test marked ``postgres_only``
+    (partitioned queues or LISTEN/NOTIFY, which that profile does not have): not run."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or item.get_closest_marker("postgres_only") is None:
+        return False
+    return any(callspec.params.get(name) == "cockroachdb" for name in SPLIT_DOUBLED)
 
 
 def unexpected_skips(skipped: Iterable[str]) -> list[str]:
