@@ -123,7 +123,7 @@ def make_context(
     """The operations' Context for ``schema``, with the engine's caches when there is one,
     and the backend profile ``backend`` names (:func:`alkstore_sa.backends.resolve`, which
     the engine's dialect may settle)."""
-    validate_schema(schema)
+    schema = validate_schema(schema)
     profile = resolve_backend(backend, dialect=engine.dialect.name if engine is not None else None)
     state = engine_state(engine) if engine is not None else None
     ctx = Context(

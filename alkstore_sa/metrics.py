@@ -121,8 +121,7 @@ def queue_metrics_collector(
     names = [schemas] if isinstance(schemas, str) else list(schemas)
     if not names:
         raise InvalidOptionsError("schemas", "name at least one schema")
-    for name in names:
-        validate_schema(name)
+    names = [validate_schema(name) for name in names]
     if len(set(names)) != len(names):
         raise InvalidOptionsError("schemas", f"a schema is named twice in {shown(names)}")
     if (

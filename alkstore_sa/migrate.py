@@ -273,6 +273,7 @@ def upgrade(
     :raises SchemaProfileError: if the schema was built for another profile, or under
         such a profile at a version before 46, before any write.
     """
+    schema = validate_schema(schema)
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, target=target)
     dialect = make_url(bind).get_backend_name() if isinstance(bind, str) else bind.dialect.name
@@ -440,6 +441,7 @@ def downgrade(
     :raises InvalidOptionsError: for an unknown ``schema_version``, before any SQL, or
         for any target but the base on a schema built under ``noTablePartitioning``.
     """
+    schema = validate_schema(schema)
     revision = _target(revision, schema_version, BASE)
     cfg = _checked_config(schema, target=revision)
     own = not isinstance(bind, Connection)
@@ -508,7 +510,7 @@ def current(bind: Bind, schema: str = DEFAULT_SCHEMA) -> str | None:
     :func:`version_of` turns it into a pg-boss schema version; :func:`current_version`
     reads the version pg-boss itself sees.
     """
-    validate_schema(schema)
+    schema = validate_schema(schema)
     with _connection(bind) as conn:
         return recorded_revision(conn, schema)
 
@@ -519,6 +521,7 @@ def current_version(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int | None:
     This is what Node pg-boss reads; it can be ahead of our recorded revision when a
     newer Node pg-boss migrated the schema itself.
     """
+    schema = validate_schema(schema)
     with _connection(bind) as conn:
         return installed_version(conn, schema)
 
@@ -531,6 +534,7 @@ def offline_sql(
     The script is one transaction: the indexes that :func:`upgrade` builds
     ``CONCURRENTLY`` after a revision commits are built inside it.
     """
+    schema = validate_schema(schema)
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
     cfg = _checked_config(schema, url="postgresql+psycopg://", target=target)
     buf = io.StringIO()
@@ -556,6 +560,7 @@ def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:
 
 def check_health(bind: Bind, schema: str = DEFAULT_SCHEMA) -> schema_health.Diagnosis:
     """:func:`check`, returning the whole diagnosis (warnings included) when it passes."""
+    schema = validate_schema(schema)
     with _connection(bind) as conn:
         version = installed_version(conn, schema)
         if version is None:

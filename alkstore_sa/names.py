@@ -33,7 +33,16 @@ the next statement re-reads the version, so a schema another client migrated
 seconds, and at once when a statement fails the way a changed schema makes it fail
 (the "Compatibility with pg-boss, and deliberate differences" page, "Live upgrades")."""
 
-_SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLAIN_SCHEMA = re.compile(r"[a-z_][a-z0-9_]*")
+_SCHEMA_REFUSED = (
+    ('"', "a double quote"),
+    ("'", "a single quote"),
+    ("%", "a percent sign"),
+    ("$", "a dollar sign"),
+    (".", "a period"),
+    ("\\", "a backslash"),
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
 _SCHEMA_MAX = 50
 QUEUE_NAME_MAX = 200
@@ -50,19 +59,49 @@ SEND_IT_QUEUE = "__pgboss__send-it"
 
 
 def validate_schema(schema: object) -> str:
-    """Return ``schema`` if it is an acceptable schema name, else raise.
+    r"""The schema name as PostgreSQL stores it, if ``schema`` is acceptable; else raise.
 
-    Accepted: ``^[A-Za-z_][A-Za-z0-9_]*$`` and at most 50 characters, as in pg-boss.
+    Accepted, as pg-boss 12.38 accepts them: a name in double quotes, taken verbatim
+    (``'"Billing Jobs"'`` is the schema ``Billing Jobs``); or a name without quotes, taken
+    as written (case kept: ``MyApp`` is the schema ``MyApp``). Either way the name has 1
+    to 50 bytes (UTF-8) and none of ``" ' % $ .``, a backslash or a control character, which pg-boss
+    refuses too. A name is quoted wherever it reaches SQL.
+
+    Node pg-boss folds an unquoted name to lower case (its ``MyApp`` is the schema
+    ``myapp``); such a Node service shares its queues with one given ``myapp`` here, but
+    derives its lock keys and notification channel from ``MyApp`` (:func:`schema_key`):
+    give both sides a lower-case name or a quoted one (the "Compatibility with pg-boss"
+    page).
     """
     if not isinstance(schema, str):
         raise InvalidNameError("schema", f"must be a string, not {type(schema).__name__}")
-    if not schema or len(schema) > _SCHEMA_MAX or not _SCHEMA_RE.fullmatch(schema):
-        raise InvalidNameError(
-            "schema",
-            f"{shown(schema)} must match ^[A-Za-z_][A-Za-z0-9_]*$ and have at most "
-            f"{_SCHEMA_MAX} characters",
-        )
-    return schema
+    quoted = len(schema) > 1 and schema.startswith('"') and schema.endswith('"')
+    name = schema[1:-1] if quoted else schema
+    problem = _schema_problem(name)
+    if problem is not None:
+        raise InvalidNameError("schema", f"{shown(schema)} {problem}")
+    return name
+
+
+def _schema_problem(name: str) -> str | None:
+    if not name:
+        return "is empty"
+    if len(name.encode("utf-8", "surrogatepass")) > _SCHEMA_MAX:
+        return f"has more than {_SCHEMA_MAX} bytes (PostgreSQL would cut a longer name short)"
+    for chars, what in _SCHEMA_REFUSED:
+        if any(c in name for c in chars):
+            return f"contains {what}, which pg-boss refuses in a schema name too"
+    if _CONTROL.search(name) or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "contains a control character or a lone surrogate"
+    return None
+
+
+def schema_key(schema: str) -> str:
+    """The text pg-boss derives a schema's advisory lock keys and notification channel
+    from, for the schema stored as ``schema``: the name itself when it is a lower-case
+    identifier that needs no quotes (``pgboss``), else the name in double quotes, as a
+    Node service configured with the quoted name (``'"Billing Jobs"'``) derives them."""
+    return schema if _PLAIN_SCHEMA.fullmatch(schema) else f'"{schema}"'
 
 
 def validate_queue(name: object, option: str = "name") -> str:
@@ -128,4 +167,4 @@ def node_channel(schema: str) -> str:
     database name is not part of it); the payload is the queue name. Node sends
     and listens on it for queues created with ``notify``.
     """
-    return "pgboss_" + hashlib.sha224(schema.encode("utf-8")).hexdigest()[:24]
+    return "pgboss_" + hashlib.sha224(schema_key(schema).encode("utf-8")).hexdigest()[:24]

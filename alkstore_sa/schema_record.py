@@ -158,7 +158,7 @@ def installed_version(conn: Connection, schema: str = DEFAULT_SCHEMA) -> int | N
     Like Node pg-boss, only the existence of ``<schema>.version`` and its row are
     inspected.
     """
-    validate_schema(schema)
+    schema = validate_schema(schema)
     return driver.run(
         conn, read_version(schema), {"schema_translate_map": {DEFAULT_SCHEMA: schema}}
     )

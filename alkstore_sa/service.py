@@ -98,7 +98,7 @@ class QueueService:
         engine: Engine | None = getattr(bind, "engine", None)
         self._engine = engine
         self._ctx, self._state = make_context(schema, notify=notify, engine=engine, backend=backend)
-        self._options = execution_options(schema)
+        self._options = execution_options(self._ctx.schema)
         self._savepoint_reads = True
 
     @property

@@ -31,7 +31,7 @@ from sqlalchemy.dialects import postgresql
 
 from .._pooler import refuse_pooled
 from ..errors import SchemaVersionError
-from ..names import DEFAULT_SCHEMA
+from ..names import DEFAULT_SCHEMA, schema_key
 from ..schema_versions import NO_VERSION_ROW
 from ..sql.common.base import version_row
 
@@ -109,7 +109,7 @@ def lock_key_sql(schema: str) -> str:
     # offline script): one derivation of the key for both.
     from ..sql.common.base import advisory_key
 
-    key = advisory_key(sa.literal(schema, sa.Text))
+    key = advisory_key(sa.literal(schema_key(schema), sa.Text))
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     return str(key.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 

@@ -12,7 +12,7 @@ from sqlalchemy import Executable, Result
 
 from .. import versions
 from ..backends import POSTGRES, Backend
-from ..names import SCHEMA_VERSION, notify_channel
+from ..names import SCHEMA_VERSION, notify_channel, schema_key
 from ..schema_versions import NO_VERSION_ROW
 from ..sql.common.base import job_table_kind, version_row, version_table_exists
 from ..sql.statements import Failing, Statements, statements_for
@@ -99,6 +99,11 @@ class Context:
     @property
     def channel(self) -> str:
         return notify_channel(self.schema)
+
+    @property
+    def lock_name(self) -> str:
+        """The schema as pg-boss's lock keys name it (:func:`~alkstore_sa.names.schema_key`)."""
+        return schema_key(self.schema)
 
     @property
     def sql(self) -> Statements:

@@ -127,7 +127,7 @@ def cache_stats(
     """Count ``names`` (with throughput when ``history`` is written);
     ``(warnings, pin seconds, written, true_up)``: none written when another
     instance held the ``queue-stats`` lock (its claims are handed back)."""
-    params: dict[str, Any] = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
+    params: dict[str, Any] = {"names": list(names), "lock_schema": ctx.lock_name, "now": plan.now}
     if history.write:
         params["reset_seconds"] = stats_history.reset_seconds(plan)
     statement = sql.cache_stats(throughput=history.write, advisory=ctx.sql.advisory_locks)

@@ -240,7 +240,7 @@ def lock(ctx: Context, key: str, plan: PassPlan) -> Op[None]:
     correct without the lock; the lock only spares duplicate work)."""
     if not ctx.sql.advisory_locks:
         return
-    params = {"lock_schema": ctx.schema, "lock_key": key}
+    params = {"lock_schema": ctx.lock_name, "lock_key": key}
     if plan.wait_for_locks:
         yield Call(locks.xact_lock(), params)
         return

@@ -86,7 +86,7 @@ def _lock(ctx: Context, key: str) -> Op[None]:
     # Not under noAdvisoryLocks: the queue functions then rely on the queue row's
     # primary key alone, as pg-boss's do there.
     if ctx.sql.advisory_locks:
-        yield Call(locks.xact_lock(), {"lock_schema": ctx.schema, "lock_key": key})
+        yield Call(locks.xact_lock(), {"lock_schema": ctx.lock_name, "lock_key": key})
 
 
 def create_queue(

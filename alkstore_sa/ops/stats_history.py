@@ -90,7 +90,7 @@ def write_history(
 def true_up(ctx: Context, names: Sequence[str], plan: PassPlan) -> Op[float]:
     """Raise the recent history rows of ``names`` to a recount; the pin seconds
     (0 when another instance held the ``queue-stats`` lock)."""
-    params = {"names": list(names), "lock_schema": ctx.schema, "now": plan.now}
+    params = {"names": list(names), "lock_schema": ctx.lock_name, "now": plan.now}
     statement = sql.true_up(advisory=ctx.sql.advisory_locks)
     row = (yield Call(statement, params)).first()
     return float(row.pin_seconds or 0) if row is not None else 0.0

@@ -243,7 +243,7 @@ def _claim_once(
         lock = ctx.sql.lock_keys(
             policy=policy, priority=priority, ignore_start_after=ignore_start_after
         )
-        locked = yield Call(lock, {**params, "lock_schema": ctx.schema})
+        locked = yield Call(lock, {**params, "lock_schema": ctx.lock_name})
         keys = list(locked.scalars().all())
         # A key too large for the unique index would make the claim statement
         # fail as a whole on activation: its jobs are failed instead, and the
@@ -307,7 +307,7 @@ def _lock_groups(
     held: list[str] = []
     tried: list[str] = []
     for _ in range(_GROUP_LOCK_ROUNDS):
-        result = yield Call(stmt, {**params, "lock_schema": ctx.schema, "tried": tried})
+        result = yield Call(stmt, {**params, "lock_schema": ctx.lock_name, "tried": tried})
         rows = result.all()
         held.extend(row.group_id for row in rows if row.taken)
         tried.extend(row.group_id for row in rows)

@@ -109,10 +109,10 @@ class _Core:
         if on_warning is not None and not callable(on_warning):
             raise InvalidOptionsError("on_warning", f"must be callable, not {shown(on_warning)}")
         self.on_warning = on_warning
-        self._ctx, state = make_context(schema, notify=notify, engine=engine, backend=backend)
+        self._ctx, state = make_context(self.schema, notify=notify, engine=engine, backend=backend)
         assert state is not None  # an engine was given
         self._state = state
-        self._options = execution_options(schema)
+        self._options = execution_options(self.schema)
         self._next: dict[str, dt.datetime] = {}
         self._refusals = Refusals(logger, "supervisor", "paused")
         self.skew_seconds: float | None = None

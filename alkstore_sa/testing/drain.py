@@ -217,7 +217,7 @@ class _Plan:
 
 def _context(schema: str, engine: Any) -> tuple[ops.Context, dict[str, Any]]:
     ctx, _ = make_context(schema, notify=True, engine=engine)
-    return ctx, execution_options(schema)
+    return ctx, execution_options(ctx.schema)
 
 
 def _draining(

@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql
 from alkstore_sa.errors import SchemaVersionError
 from alkstore_sa.migrations import schema_name
 from alkstore_sa.migrations.helpers import run_sql
-from alkstore_sa.names import NEWEST_KNOWN_SCHEMA_VERSION, SPOKEN_SCHEMA_VERSIONS
+from alkstore_sa.names import NEWEST_KNOWN_SCHEMA_VERSION, SPOKEN_SCHEMA_VERSIONS, schema_key
 
 revision: str = "alkstore_0001"
 down_revision: str | None = None
@@ -40,7 +40,7 @@ def _install_lock(schema: str) -> sa.TextClause:
     # env.py without literal_binds would otherwise carry a placeholder.
     return sa.text(
         "SELECT pg_advisory_xact_lock(('x' || encode(sha224((current_database() "
-        "|| '.pgboss.' || " + _lit(schema) + ")::bytea), 'hex'))::bit(64)::bigint)"
+        "|| '.pgboss.' || " + _lit(schema_key(schema)) + ")::bytea), 'hex'))::bit(64)::bigint)"
     )
 
 
