@@ -35,6 +35,7 @@ from alkstore_sa import (
     backends,
 )
 from alkstore_sa.cli import main
+from alkstore_sa.names import schema_key
 from alkstore_sa.ops import Context
 from alkstore_sa.ops.duties46 import backoff_turn
 from alkstore_sa.ops.frame import Tally
@@ -379,7 +380,8 @@ def held(engine: Engine, schema: str, *keys: str) -> Iterator[None]:
     """Hold the advisory locks ``keys`` of ``schema`` (as another instance would)."""
     with engine.connect() as conn, conn.begin():
         for key in keys:
-            conn.execute(select(func.pg_advisory_xact_lock(advisory_key(literal(schema + key)))))
+            name = literal(schema_key(schema) + key)
+            conn.execute(select(func.pg_advisory_xact_lock(advisory_key(name))))
         yield
 
 
@@ -429,7 +431,12 @@ def test_without_advisory_locks_a_singleton_claim_takes_keys_without_locking_the
     lock = statements_for(46).lock_keys(policy="singleton", priority=True, ignore_start_after=False)
     translated = engine.execution_options(schema_translate_map={"pgboss": schema46})
     with translated.connect() as other, other.begin():
-        params = {"qname": "q", "cached_policy": "singleton", "limit": 1, "lock_schema": schema46}
+        params = {
+            "qname": "q",
+            "cached_policy": "singleton",
+            "limit": 1,
+            "lock_schema": schema_key(schema46),
+        }
         assert other.execute(lock, params).scalars().all() == ["k"]
         with Session(engine) as session, session.begin():
             got = QueueService(session, schema=schema46, backend=backend).fetch("q")

@@ -19,6 +19,7 @@ from support.direct import in_tx, rows
 
 from alkstore_sa import InvalidOptionsError
 from alkstore_sa.clock import FakeClock
+from alkstore_sa.names import schema_key
 from alkstore_sa.ops import Settlement
 from alkstore_sa.supervision import QueueWarning, Supervisor
 
@@ -343,7 +344,7 @@ def test_supervise_skips_a_step_whose_pgboss_advisory_lock_is_held(
                 "SELECT pg_advisory_xact_lock(('x' || encode(sha224((current_database()"
                 " || '.pgboss.' || :schema || :key)::bytea), 'hex'))::bit(64)::bigint)"
             ),
-            {"schema": env.schema, "key": lock_key},
+            {"schema": schema_key(env.schema), "key": lock_key},
         )
         report = env.tx(lambda q: q.supervise(force=True))
     assert [b.split(":")[0] for b in report.busy] == [step]

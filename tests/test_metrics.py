@@ -135,7 +135,7 @@ def test_a_schema_that_is_not_installed_is_an_error_metric(engine: Engine, schem
     [
         ("engine", {"engine": create_async_engine("postgresql+psycopg://x@localhost/x")}),
         ("schemas", {"schemas": []}),
-        ("schema", {"schemas": ["bad name"]}),
+        ("schema", {"schemas": ["bad.name"]}),
         ("cache_seconds", {"cache_seconds": -1}),
         ("statement_timeout_ms", {"statement_timeout_ms": 0}),
     ],

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from support.schemas import install
 
+from alkstore_sa.names import schema_key
 from alkstore_sa.ops.duties46 import _groups
 from alkstore_sa.sql.v26 import supervision as sql26
 from alkstore_sa.supervision import Supervisor
@@ -273,7 +274,7 @@ def test_inside_the_callers_transaction_a_held_deletion_lock_hands_the_chunk_bac
     env = env46_sync
     for name in "abc":
         env.tx(lambda q, name=name: q.create_queue(name))
-    key = f"{env.schema}job_commondeletion"
+    key = f"{schema_key(env.schema)}job_commondeletion"
     with env.engine.connect() as holder:
         lock = "SELECT pg_advisory_lock(" + _advisory_key_sql() + ")"
         holder.execute(text(lock), {"k": key})

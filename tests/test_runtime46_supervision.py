@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from alkstore_sa.names import schema_key
 from alkstore_sa.ops.duties46 import occurrence_key, slot_of
 from alkstore_sa.sql.v46 import supervision as supervision46_sql
 from alkstore_sa.supervision import Supervisor
@@ -71,7 +72,7 @@ def test_losing_the_stats_lock_writes_no_counts_and_hands_the_claims_back(
 ) -> None:
     make_queue(engine, schema46, "q")
     sql(engine, schema46, "INSERT INTO {s}.job (name) VALUES ('q')")
-    key = node_key(current_db(engine), schema46, "queue-stats")
+    key = node_key(current_db(engine), schema_key(schema46), "queue-stats")
     with engine.connect() as other:
         other.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
         try:
@@ -313,10 +314,11 @@ def test_the_migration_lock_key_is_node_s_key(engine: Engine) -> None:
 
     from alkstore_sa.migrations.helpers import lock_key_sql
 
+    # A name that needs quotes is configured in Node in quotes, which its key keeps.
     with engine.connect() as conn:
-        for schema in ("pgboss", "Odd'Name"):
+        for schema, configured in (("pgboss", "pgboss"), ("Odd Name", '"Odd Name"')):
             ours = conn.execute(text(f"SELECT {lock_key_sql(schema)}")).scalar_one()
-            assert ours == node_key(current_db(engine), schema, "")
+            assert ours == node_key(current_db(engine), configured, "")
 
 
 def test_a_schedule_at_46_names_its_kind_zone_key_and_missed_policy(env46: Any) -> None:

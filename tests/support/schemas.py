@@ -15,6 +15,8 @@ test instead of being dropped, which costs a fifth of building one.
 from __future__ import annotations
 
 import json
+import os
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,8 +36,16 @@ apart from every :func:`random_schema` name, which is hexadecimal)."""
 _scripts: dict[int, str] = {}
 
 
+HOSTILE_NAMES = os.environ.get("ALKSTORE_TEST_SCHEMA_NAMES") == "hostile"
+"""With ``ALKSTORE_TEST_SCHEMA_NAMES=hostile``, every test schema has a name that must be
+quoted everywhere (upper case, a space, a hyphen, letters beyond ASCII): a sweep of the
+suite over such names (docs/development.md)."""
+
+
 def random_schema(prefix: str = "t_") -> str:
     """A schema name no other test uses."""
+    if HOSTILE_NAMES:
+        return f"{prefix}Ünï Jobs-{uuid.uuid4().hex[:12]}"
     return prefix + uuid.uuid4().hex[:12]
 
 
@@ -64,7 +74,12 @@ def migration_script(version: int, schema: str) -> str:
 
 
 def install(database_url: str, schema: str, version: int) -> None:
-    """Create ``schema`` at pg-boss schema ``version`` with our revisions, in one round trip."""
+    """Create ``schema`` at pg-boss schema ``version`` with our revisions, in one round trip
+    (a name that needs quotes: by ``migrate.upgrade``, the template script's names being
+    bare)."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", schema):
+        migrate.upgrade(database_url, schema, schema_version=version)
+        return
     run_script(database_url, migration_script(version, schema))
 
 
@@ -101,38 +116,41 @@ def schema_exists(engine: Engine, schema: str) -> bool:
 # whether valid), constraints, functions (by body), types and enum labels, triggers,
 # owners and privileges, and the rows of its revision table. Rows of the other tables are
 # data, which a pooled schema has emptied.
-_FINGERPRINT = """
+_NS = "(SELECT oid FROM pg_namespace WHERE nspname = :s)"
+"""The schema's namespace by its name as stored (``to_regnamespace`` would parse it)."""
+
+_FINGERPRINT = f"""
 SELECT md5(string_agg(x, '|' ORDER BY x)) FROM (
   SELECT 'c:' || c.relname || ':' || c.relkind::text || ':' || c.relowner::text || ':'
          || coalesce(c.relacl::text, '') AS x
-    FROM pg_class c WHERE c.relnamespace = to_regnamespace(:s)
+    FROM pg_class c WHERE c.relnamespace = {_NS}
   UNION ALL
   SELECT 'a:' || c.relname || '.' || a.attname || ':' || a.atttypid::text || ':'
          || a.attnotnull::text || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
     FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-   WHERE c.relnamespace = to_regnamespace(:s) AND a.attnum > 0 AND NOT a.attisdropped
+   WHERE c.relnamespace = {_NS} AND a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
   SELECT 'i:' || pg_get_indexdef(i.indexrelid) || ':' || i.indisvalid::text
     FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-   WHERE c.relnamespace = to_regnamespace(:s)
+   WHERE c.relnamespace = {_NS}
   UNION ALL
   SELECT 'k:' || conname || ':' || pg_get_constraintdef(oid)
-    FROM pg_constraint WHERE connamespace = to_regnamespace(:s)
+    FROM pg_constraint WHERE connamespace = {_NS}
   UNION ALL
   SELECT 'p:' || proname || ':' || md5(prosrc) || ':' || proargtypes::text || ':'
          || proowner::text || ':' || coalesce(proacl::text, '')
-    FROM pg_proc WHERE pronamespace = to_regnamespace(:s)
+    FROM pg_proc WHERE pronamespace = {_NS}
   UNION ALL
-  SELECT 't:' || typname FROM pg_type WHERE typnamespace = to_regnamespace(:s)
+  SELECT 't:' || typname FROM pg_type WHERE typnamespace = {_NS}
   UNION ALL
   SELECT 'e:' || e.enumlabel || ':' || e.enumsortorder::text
     FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
-   WHERE t.typnamespace = to_regnamespace(:s)
+   WHERE t.typnamespace = {_NS}
   UNION ALL
   SELECT 'g:' || g.tgname || ':' || g.tgenabled::text
     FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
-   WHERE c.relnamespace = to_regnamespace(:s)
+   WHERE c.relnamespace = {_NS}
   UNION ALL
   SELECT 'n:' || nspowner::text || ':' || coalesce(nspacl::text, '')
     FROM pg_namespace WHERE nspname = :s
@@ -141,9 +159,9 @@ SELECT md5(string_agg(x, '|' ORDER BY x)) FROM (
 
 # The tables whose rows a test writes: every table of the schema but partitions (emptied
 # with their parent), the version row (put back as installed) and our revision table.
-_DATA_TABLES = """
+_DATA_TABLES = f"""
 SELECT quote_ident(c.relname) FROM pg_class c
- WHERE c.relnamespace = to_regnamespace(:s) AND c.relkind IN ('r', 'p')
+ WHERE c.relnamespace = {_NS} AND c.relkind IN ('r', 'p')
    AND NOT c.relispartition AND c.relname NOT IN ('version', 'alkstore_alembic_version')
  ORDER BY c.relname
 """
