@@ -11,7 +11,7 @@ Configured by environment variables (set by ``chaos_support.Children``):
   ``CHAOS_FIRST_SLEEP`` (seconds on a job's first attempt instead, when set),
   ``CHAOS_TRANSACTIONAL`` (``1``: the effect commits with the completion),
   ``CHAOS_BACKEND_FLAGS`` (comma-separated compatibility flags forced on the worker,
-  see :class:`alkstore_sa.Backend`).
+  see :class:`alkstore_sa.Backend`), ``CHAOS_BACKEND`` (a backend profile's name instead).
 
 Every attempt is written to ``chaos_attempt`` in its own transaction *before* the
 handler's work, so an attempt killed midway is still on record. The handler's effect
@@ -101,10 +101,11 @@ def build() -> Worker:
         return {"label": label, "pid": pid}
 
     flags = frozenset(f for f in env.get("CHAOS_BACKEND_FLAGS", "").split(",") if f)
+    profile = env.get("CHAOS_BACKEND") or None
     worker = Worker(
         engine,
         schema=schema,
-        backend=Backend("postgres", flags) if flags else None,
+        backend=profile or (Backend("postgres", flags) if flags else None),
         concurrency=int(env.get("CHAOS_CONCURRENCY", "4")),
         poll_interval=float(env.get("CHAOS_POLL", "0.5")),
         shutdown_timeout=2.0,

@@ -319,11 +319,13 @@ def race(
     jobs: int,
     processes: int,
     sending_url: str | None = None,
+    backend: str | None = None,
     **env: str,
 ) -> Race:
     """``jobs`` no-op jobs (queue ``chaos``, no retries) sent through ``sending_url``
     (default: ``engine``'s database), then worked by ``processes`` chaos workers
-    connected to ``database_url`` (``env`` configures them) until all are completed."""
+    connected to ``database_url`` (``env`` configures them) until all are completed;
+    ``backend`` names the profile the jobs are sent under (the workers' is ``env``'s)."""
     from chaos_app import create_tables
 
     deadline = Deadline(120)
@@ -331,7 +333,7 @@ def race(
     sender = engine if sending_url is None else create_engine(sending_url)
     try:
         with Session(sender) as s, s.begin():
-            svc = QueueService(s, schema=schema)
+            svc = QueueService(s, schema=schema, backend=backend)
             svc.create_queue("chaos", retry_limit=0)
             assert all(svc.send_many("chaos", [{"data": {"n": i}} for i in range(jobs)]))
     finally:
