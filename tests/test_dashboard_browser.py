@@ -196,7 +196,15 @@ def dash(
             unavailable(f"{module} is not installed (the dashboard needs it)")
     from alkstore_sa.dashboard import create_app
 
-    app = create_app(engine, schemas=(schema46,), title="alkstore browser test")
+    # No reloading unless a test asks for it: a reload between two steps of a test would
+    # leave it holding elements of the page before.
+    refresh = request.node.get_closest_marker("refresh")
+    app = create_app(
+        engine,
+        schemas=(schema46,),
+        title="alkstore browser test",
+        refresh_seconds=refresh.args[0] if refresh is not None else 0,
+    )
     server = LiveServer(app)
     # Cookies are per host, not per port: start every test without the previous one's.
     driver.get(server.url + "/healthz")
@@ -350,3 +358,39 @@ def test_a_post_without_the_csrf_token_is_refused(dash: Dashboard) -> None:
 
     dash.visit(dash.spath(f"/jobs/{job_id}"), "after-posts")
     assert json.loads(dash.one("#job-data").text) == {"to": "ada@example.com"}
+
+
+@pytest.mark.refresh(1)
+def test_the_overview_reloads_itself_until_paused_and_follows_a_dark_system(
+    dash: Dashboard,
+) -> None:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    dash.tx(lambda q: q.create_queue("emails"))
+    dash.visit("/", "live")
+    assert dash.one("#live").text.startswith("refreshes every 1 s")
+    # It reloads by itself: the page shown is replaced without a click.
+    WebDriverWait(dash.driver, 5).until(ec.staleness_of(dash.one("html")))
+    dash.leave_page(dash.one("#live-pause").click)
+    dash.shot("paused")
+    assert dash.one("#live-resume").is_displayed()
+    page = dash.one("html")
+    with pytest.raises(TimeoutException):
+        WebDriverWait(dash.driver, 2.5).until(ec.staleness_of(page))
+
+    # The system's dark setting gives the dark theme (Chromium told so through DevTools).
+    def background() -> str:
+        return str(
+            dash.driver.execute_script("return getComputedStyle(document.body).backgroundColor")
+        )
+
+    light = background()
+    dash.driver.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
+    )
+    dark = background()
+    dash.shot("dark")
+    assert light == "rgb(246, 247, 249)" and dark == "rgb(20, 23, 28)"

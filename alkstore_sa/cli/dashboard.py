@@ -53,6 +53,15 @@ def register(sub: Any) -> None:
         help="a Host name the dashboard answers to besides loopback ones (repeatable; "
         "'*' for any); the name a proxy or a tunnel in front passes",
     )
+    p.add_argument(
+        "--refresh",
+        dest="refresh_seconds",
+        type=int,
+        default=5,
+        metavar="SECONDS",
+        help="how often the overview, instances and warnings pages reload themselves "
+        "(default 5; 0: never)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -88,6 +97,7 @@ def serve_dashboard(
     out: Any = None,
     sock: socket.socket | None = None,
     backend: str | None = None,
+    refresh_seconds: int = 5,
 ) -> None:
     """Check the bind, bind (unless ``sock`` is bound already), print the URL, and
     serve the dashboard until interrupted.
@@ -106,6 +116,7 @@ def serve_dashboard(
         basic_auth=auth,
         allowed_hosts=allowed_hosts,
         backend=backend,
+        refresh_seconds=refresh_seconds,
     )
     bare = host.strip().strip("[]")
     if sock is None:
@@ -132,5 +143,6 @@ def _run(args: argparse.Namespace) -> int:
             read_only=args.read_only,
             allowed_hosts=args.allowed_hosts,
             backend=args.backend,
+            refresh_seconds=args.refresh_seconds,
         )
     return 0

@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlencode, urlsplit
+from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -17,34 +17,13 @@ from starlette.responses import RedirectResponse, Response
 from ..errors import shown
 from ..names import queue_ref
 from ..service import QueueService
+from ._security import safe_next
 from ._state import STATES, BadRequest, Dashboard, in_path, parse_uuid
 
 ACTIONS = ("retry", "cancel", "resume", "delete", "redrive")
 BULK_MAX = 1000
 """At most this many jobs per action (one confirmation, one transaction)."""
 SEND_MAX = 1_000_000  # characters of JSON in the send form
-
-
-def safe_next(root: str, value: str | None, fallback: str) -> str:
-    """A redirect target on this dashboard only: a path under ``root``, never
-    another site (no scheme, no ``//host``, no backslash, no control character
-    or space a browser would drop or rewrite)."""
-    if (
-        not value
-        or not value.startswith(root + "/")
-        or value.startswith("//")
-        or "\\" in value
-        or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
-    ):
-        return fallback
-    parts = urlsplit(value)
-    if parts.scheme or parts.netloc:
-        return fallback
-    # No dot segment, plain or percent-encoded: /admin/queues/s/../../evil
-    # would leave the mount point once the browser resolves it.
-    if any(unquote(segment) in (".", "..") for segment in parts.path.split("/")):
-        return fallback
-    return value
 
 
 async def _form(request: Request, d: Dashboard) -> Any:

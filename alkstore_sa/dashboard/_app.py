@@ -33,6 +33,7 @@ from ._pages import (
     instances_page,
     job_detail,
     job_list,
+    live_switch,
     metrics,
     overview,
     queue_detail,
@@ -88,6 +89,7 @@ def create_app(
     title: str = "alkstore",
     allowed_hosts: Sequence[str] | None = None,
     backend: str | Backend | None = None,
+    refresh_seconds: int = 5,
 ) -> Starlette:
     """The dashboard as a Starlette application (the "Browse and act in the dashboard" page).
 
@@ -109,6 +111,9 @@ def create_app(
         authentication, any.
     :param backend: the database backend profile (the "Database backends" page), as
         :class:`~alkstore_sa.QueueService` takes it.
+    :param refresh_seconds: how often the pages without forms (the overview, instances
+        and warnings) reload themselves, 1 to 3600; 0: never. Each viewer can pause it
+        with one click (a cookie), and it needs no script.
     :raises InvalidOptionsError: for a bad argument.
     """
     dashboard = Dashboard(
@@ -122,9 +127,11 @@ def create_app(
         title=title,
         allowed_hosts=allowed_hosts,
         backend=backend,
+        refresh_seconds=refresh_seconds,
     )
     routes = [
         Route("/", overview),
+        Route("/live", live_switch),
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         Route("/static/style.css", style),

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from .. import cron, rrule, versions
 from .._humanize import duration, queue_note, queue_settings
@@ -24,7 +24,16 @@ from ..models.enums import JobState
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
 from ._render import failure, trace_id
-from ._state import HERE, STATES, BadRequest, Dashboard, parse_uuid, parse_when
+from ._security import safe_next
+from ._state import (
+    HERE,
+    LIVE_COOKIE,
+    STATES,
+    BadRequest,
+    Dashboard,
+    parse_uuid,
+    parse_when,
+)
 
 FAILURE_STATES = frozenset(s.value for s in (JobState.FAILED, JobState.RETRY))
 """States in which a job's output is its last attempt's error."""
@@ -78,6 +87,44 @@ def problems(failed: int, queued: int, warning_queued: int, oldest: float | None
     return out
 
 
+def summary(counts: Sequence[JobCounts], *, flagged: int) -> list[tuple[str, str, int]]:
+    """The overview's cards for one schema: ``(key, label, number)``, summed over its
+    queues (queued is created and retry; the counts of the table below)."""
+
+    def total(*states: str) -> int:
+        return sum(c.counts[s] for c in counts for s in states)
+
+    return [
+        ("queues", "queues", len(counts)),
+        ("queued", "queued", total("created", "retry")),
+        ("active", "active", total("active")),
+        ("failed", "failed", total("failed")),
+        ("completed", "completed", total("completed")),
+        ("flagged", "flagged queues", flagged),
+    ]
+
+
+async def live_switch(request: Request) -> Response:
+    """``/live?on=0`` pauses this viewer's live refresh, ``on=1`` resumes it (a cookie),
+    then back to ``next`` (a page of this dashboard) or the overview."""
+    d: Dashboard = request.app.state.dashboard
+    root = d._root(request)
+    target = safe_next(root, request.query_params.get("next"), root + "/")
+    response = RedirectResponse(target, status_code=303)
+    if request.query_params.get("on") == "0":
+        response.set_cookie(
+            LIVE_COOKIE,
+            "off",
+            path=root or "/",
+            httponly=True,
+            samesite="lax",
+            secure=request.url.scheme == "https",
+        )
+    else:
+        response.delete_cookie(LIVE_COOKIE, path=root or "/")
+    return response
+
+
 async def overview(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
     sections: list[dict[str, Any]] = []
@@ -128,6 +175,7 @@ async def overview(request: Request) -> Response:
                 }
             )
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
+        cards = summary(counts, flagged=sum(1 for r in rows if r["problem"]))
         history_since = None if versions.has(version, HISTORY) else versions.since(HISTORY)
         if history_since is None and rows:
             # Sparklines for the first HISTORY_ROWS rows, read in one transaction.
@@ -152,9 +200,12 @@ async def overview(request: Request) -> Response:
                 "rows": rows,
                 "cached": cached,
                 "history_since": history_since,
+                "cards": cards,
             }
         )
-    return d.render(request, "overview.html", sections=sections, history_rows=HISTORY_ROWS)
+    return d.render(
+        request, "overview.html", sections=sections, history_rows=HISTORY_ROWS, live_page=True
+    )
 
 
 async def queue_detail(request: Request) -> Response:
@@ -342,7 +393,7 @@ async def _page_of(
     if refused is not None:
         return refused
     rows = await d.read(schema, work)
-    return d.render(request, f"{key}.html", schema=schema, **{key: rows})
+    return d.render(request, f"{key}.html", schema=schema, live_page=True, **{key: rows})
 
 
 async def instances_page(request: Request) -> Response:

@@ -24,7 +24,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -210,3 +210,25 @@ class SecurityMiddleware:
             await PlainTextResponse("internal error: see the dashboard's log", status_code=500)(
                 scope, receive, send_with_headers
             )
+
+
+def safe_next(root: str, value: str | None, fallback: str) -> str:
+    """A redirect target on this dashboard only: a path under ``root``, never
+    another site (no scheme, no ``//host``, no backslash, no control character
+    or space a browser would drop or rewrite)."""
+    if (
+        not value
+        or not value.startswith(root + "/")
+        or value.startswith("//")
+        or "\\" in value
+        or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+    ):
+        return fallback
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return fallback
+    # No dot segment, plain or percent-encoded: /admin/queues/s/../../evil
+    # would leave the mount point once the browser resolves it.
+    if any(unquote(segment) in (".", "..") for segment in parts.path.split("/")):
+        return fallback
+    return value

@@ -35,6 +35,8 @@ from ._security import normalise_hosts
 T = TypeVar("T")
 
 STATES = tuple(s.value for s in JobState)
+LIVE_COOKIE = "alkstore_live"
+"""``off`` while a viewer has paused the pages' live refresh."""
 HERE = Path(__file__).parent
 
 
@@ -58,6 +60,7 @@ class Dashboard(RequestAuth):
         title: str,
         allowed_hosts: Sequence[str] | None = None,
         backend: str | Backend | None = None,
+        refresh_seconds: int = 5,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidOptionsError(
@@ -73,6 +76,16 @@ class Dashboard(RequestAuth):
             raise InvalidOptionsError("statement_timeout_ms", "must be an integer")
         if statement_timeout_ms < 0:
             raise InvalidOptionsError("statement_timeout_ms", "must be 0 (none) or more")
+        if (
+            isinstance(refresh_seconds, bool)
+            or not isinstance(refresh_seconds, int)
+            or not 0 <= refresh_seconds <= 3600
+        ):
+            raise InvalidOptionsError(
+                "refresh_seconds",
+                f"must be an integer from 0 (never) to 3600, not {shown(refresh_seconds)}",
+            )
+        self.refresh_seconds = refresh_seconds
         if basic_auth is not None and (
             len(basic_auth) != 2 or not all(isinstance(p, str) and p for p in basic_auth)
         ):
@@ -141,6 +154,9 @@ class Dashboard(RequestAuth):
             states=STATES,
             request_path=request.url.path,
             request_full=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            refresh=self.refresh_seconds,
+            live_paused=request.cookies.get(LIVE_COOKIE) == "off",
+            live_page=context.pop("live_page", False),
             **context,
         )
         response = HTMLResponse(body, status_code=status_code)
