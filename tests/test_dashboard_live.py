@@ -86,7 +86,8 @@ def test_the_live_switch_returns_only_to_a_page_of_the_dashboard(
 def test_refresh_can_be_turned_off_and_is_checked(engine: Engine, schema46: str) -> None:
     page = _client(engine, schema46, refresh_seconds=0).get("/").text
     assert REFRESH.findall(page) == [] and 'id="live' not in page
-    for bad in (-1, 3601, 2.5, True, "5"):
+    bad_values: tuple[Any, ...] = (-1, 3601, 2.5, True, "5")
+    for bad in bad_values:
         with pytest.raises(InvalidOptionsError, match="refresh_seconds"):
             create_app(engine, schemas=[schema46], refresh_seconds=bad)
 
