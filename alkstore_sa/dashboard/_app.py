@@ -29,6 +29,7 @@ from ..errors import AlkstoreError, QueueNotFoundError, SchemaFeatureError
 from ._actions import action, save_queue, send_job
 from ._auth import AuthHook
 from ._pages import (
+    health_page,
     healthz,
     instances_page,
     job_detail,
@@ -143,6 +144,7 @@ def create_app(
         Route("/s/{schema}/schedules", schedules_page),
         Route("/s/{schema}/instances", instances_page),
         Route("/s/{schema}/warnings", warnings_page),
+        Route("/s/{schema}/health", health_page),
         Route("/s/{schema}/actions/{action}", action, methods=["POST"]),
     ]
     app = Starlette(

@@ -406,6 +406,15 @@ async def warnings_page(request: Request) -> Response:
     return await _page_of(request, "the warning table", "Warnings", "warnings", work)
 
 
+async def health_page(request: Request) -> Response:
+    """The schema's health, as ``alkstore db check`` reports it: its catalog against its
+    version's, unfinished index builds, our recorded revision."""
+    d: Dashboard = request.app.state.dashboard
+    schema = d.schema_of(request)
+    found = await d.diagnose(schema)
+    return d.render(request, "health.html", schema=schema, health=found)
+
+
 async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from .. import migrate
+from .. import migrate, schema_health
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
 from ..errors import InvalidOptionsError, shown
@@ -128,6 +128,21 @@ class Dashboard(RequestAuth):
     async def write(self, schema: str, work: Callable[[QueueService], T]) -> T:
         """Run ``work`` in a transaction of its own (committed), in the thread pool."""
         return await run_in_threadpool(self._session_work, schema, work, write=True)
+
+    async def diagnose(self, schema: str) -> schema_health.Diagnosis:
+        """What ``alkstore db check`` reports of ``schema``: read only, in the thread pool,
+        under the statement timeout."""
+
+        def read() -> schema_health.Diagnosis:
+            with self.engine.connect() as conn, conn.begin():
+                conn.execute(text("SET TRANSACTION READ ONLY"))
+                conn.execute(
+                    text("SELECT set_config('statement_timeout', :ms, true)"),
+                    {"ms": str(self.timeout_ms)},
+                )
+                return schema_health.diagnose(conn, schema)
+
+        return await run_in_threadpool(read)
 
     async def version(self, schema: str) -> int | None:
         def read() -> int | None:
