@@ -32,6 +32,7 @@ FEATURES: Mapping[str, int] = MappingProxyType(
         "a group filter": 46,
         "redrive filters": 46,
         "queue-stats history": 46,
+        "completion counts": 46,
         "the warning table": 46,
         "the instance registry": 46,
         # Fetch options and queue policies.

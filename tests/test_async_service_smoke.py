@@ -114,6 +114,8 @@ def scenario(env: Env) -> Recorder:
         len(q("complete_many", "smoke", [(by_n[3], {"n": 3})], per_job=True).affected),
     )
 
+    hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    note("count_completions", sum(q("count_completions", ["smoke"], since=hour_ago)["smoke"]))
     note("get_job", q("get_job", "smoke", first).state)
     note("get_jobs", sorted(job.state for job in q("get_jobs", "smoke", [first, *many])))
     note("list_jobs", sorted(job.state for job in q("list_jobs", "smoke")))

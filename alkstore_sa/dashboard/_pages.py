@@ -43,6 +43,8 @@ STALE_READY = 300  # seconds a ready job may wait before its queue is marked
 FLOW_LINKS = 100  # parents and children shown on a job page, each
 HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 HISTORY = "queue-stats history"  # what the sparklines read (a feature of versions.FEATURES)
+RECENT_SECONDS = 3600  # without history, the sparkline covers the last hour...
+RECENT_BUCKET = 300  # ...in 12 points of 5 minutes, from the job table
 CSS = (HERE / "static" / "style.css").read_text(encoding="utf-8")
 
 
@@ -172,6 +174,7 @@ async def overview(request: Request) -> Response:
                     "reasons": reasons,
                     "note": queue_note(c.name),
                     "history": None,
+                    "recent": None,
                 }
             )
         rows.sort(key=lambda r: (not r["problem"], r["counts"].name))
@@ -193,6 +196,20 @@ async def overview(request: Request) -> Response:
 
             for row, points in zip(rows, await d.read(schema, history), strict=False):
                 row["history"] = points
+            # Without recorded history, the last hour from the job table itself.
+            bare = [row for row in rows[:HISTORY_ROWS] if not row["history"]]
+            if bare:
+                since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=RECENT_SECONDS)
+                names = [r["counts"].name for r in bare]
+
+                def recent_of(
+                    q: QueueService, names: list[str] = names, since: dt.datetime = since
+                ) -> dict[str, list[int]]:
+                    return q.count_completions(names, since=since, bucket_seconds=RECENT_BUCKET)
+
+                recent = await d.read(schema, recent_of)
+                for row in bare:
+                    row["recent"] = recent.get(row["counts"].name)
         sections.append(
             {
                 "schema": schema,

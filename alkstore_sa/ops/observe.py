@@ -279,6 +279,48 @@ def get_queue_stats_history(
     return _bucketed(name, rows, lo, hi, width, aggregate, ps)[:cap]
 
 
+# ------------------------------------------------------------------ completions
+
+COMPLETION_QUEUES_MAX = 1000
+COMPLETION_BUCKETS_MAX = 1000
+
+
+def count_completions(
+    ctx: Context, names: object, since: object, bucket_seconds: object
+) -> Op[dict[str, list[int]]]:
+    """Completed jobs per queue of ``names`` and per bucket since ``since``, oldest
+    bucket first, read from the job table (``QueueService.count_completions``)."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise InvalidOptionsError("names", f"must be a list of queue names, not {shown(names)}")
+    wanted = [queue_ref(n, "names") for n in names]
+    if len(wanted) > COMPLETION_QUEUES_MAX:
+        raise InvalidOptionsError("names", f"at most {COMPLETION_QUEUES_MAX} queues at a time")
+    start = in_utc("since", since)
+    check_int("bucket_seconds", bucket_seconds, minimum=1, maximum=86_400)
+    assert isinstance(bucket_seconds, int)
+    span = (dt.datetime.now(dt.UTC) - start).total_seconds()
+    if span <= 0:
+        raise InvalidOptionsError("since", f"must be in the past, not {shown(since)}")
+    count = math.ceil(span / bucket_seconds)
+    if count > 1 and span - (count - 1) * bucket_seconds < 1.0:
+        count -= 1  # a last bucket of under a second (the call's own delay) joins the one before
+    if count > COMPLETION_BUCKETS_MAX:
+        raise InvalidOptionsError(
+            "bucket_seconds",
+            f"{bucket_seconds} s since {start.isoformat()} makes {count} buckets; "
+            f"at most {COMPLETION_BUCKETS_MAX}: widen them",
+        )
+    ctx.require("completion counts")
+    out = {name: [0] * count for name in wanted}
+    if not wanted:
+        return out
+    params = {"names": wanted, "since": start, "bucket": bucket_seconds}
+    for row in (yield Call(sql.completions(), params)).all():
+        if row.bucket >= 0:
+            out[row.name][min(row.bucket, count - 1)] += int(row.n)
+    return out
+
+
 # ------------------------------------------------------------------ warnings
 
 
@@ -380,7 +422,10 @@ def stop_instance(ctx: Context, instance_id: uuid.UUID) -> Op[None]:
 
 
 __all__ = [
+    "COMPLETION_BUCKETS_MAX",
+    "COMPLETION_QUEUES_MAX",
     "LIMIT_MAX",
+    "count_completions",
     "get_instances",
     "get_queue_stats_history",
     "get_warnings",

@@ -37,12 +37,12 @@ from sqlalchemy import (
     tuple_,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID, insert
 
 from ..common.base import seconds
 from ..common.reading import readable_columns
 from . import job_now
-from .tables import INSTANCE, QUEUE_STATS, WARNING
+from .tables import INSTANCE, JOB, QUEUE_STATS, WARNING
 
 INSTANCE_QUIET_BEATS = 3
 """An instance is live until it misses this many heartbeats."""
@@ -395,3 +395,26 @@ __all__ = [
     "stats_history",
     "stop_instance",
 ]
+
+
+@functools.cache
+def completions() -> Select[Any]:
+    """Completed jobs of the queues ``:names`` since ``:since``, counted per bucket of
+    ``:bucket`` seconds (bucket 0 starts at ``:since``): ``name, bucket, n``. A range
+    read of index i16 (``name, completed_on``), never the whole table."""
+    bucket = cast(
+        func.floor(
+            func.extract("epoch", JOB.c.completed_on - bindparam("since", type_=_TIME))
+            / bindparam("bucket", type_=Integer)
+        ),
+        Integer,
+    ).label("bucket")
+    return (
+        select(JOB.c.name, bucket, func.count().label("n"))
+        .where(
+            JOB.c.name == func.any(bindparam("names", type_=ARRAY(Text))),
+            JOB.c.completed_on >= bindparam("since", type_=_TIME),
+            JOB.c.state == literal_column("'completed'"),
+        )
+        .group_by(JOB.c.name, bucket)
+    )
