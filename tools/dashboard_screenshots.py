@@ -53,10 +53,19 @@ def seed(engine: Engine, schema: str) -> str:
         q.create_queue("thumbnails", retry_limit=1)
 
     tx(engine, schema, queues)
-    # A pass on yesterday's clock makes the day partitions of queue_stats the history
-    # below goes into (the queues are empty yet: its own rows count nothing).
-    yesterday = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
-    tx(engine, schema, lambda q: q.supervise(force=True, persist_queue_stats=True, now=yesterday))
+    # A pass makes today's and tomorrow's day partitions of queue_stats, and yesterday's
+    # is made here (a pass's clock may not be that far off): the history below goes into
+    # them (the queues are empty yet: the pass's own rows count nothing).
+    tx(engine, schema, lambda q: q.supervise(force=True, persist_queue_stats=True))
+    day = (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)).date()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'CREATE TABLE IF NOT EXISTS "{schema}".queue_stats_{day:%Y%m%d} PARTITION OF '
+                f"\"{schema}\".queue_stats FOR VALUES FROM ('{day} 00:00:00+00') "
+                f"TO ('{day + dt.timedelta(days=1)} 00:00:00+00')"
+            )
+        )
 
     def fail_to_the_end(queue: str, data: Any, error: str, attempts: int) -> str:
         """Send a job and fail every attempt until it is ``failed``."""
