@@ -101,3 +101,27 @@ def test_the_style_sheet_has_a_dark_theme_for_the_system_setting(
     dark = css.split("@media (prefers-color-scheme: dark)", 1)[1]
     body = re.search(r"body \{[^}]*background: (#[0-9a-f]{6})", dark)
     assert body is not None and int(body.group(1)[1:3], 16) < 0x40  # a dark background
+
+
+def test_a_queue_page_lists_its_newest_jobs_by_state_and_says_why_it_is_flagged(
+    engine: Engine, schema46: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        q.create_queue("mail", retry_limit=0, warning_queued=3)
+        sent = [q.send("mail", {"n": n, "html": "<b>x</b>"}) for n in range(8)]
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema46)
+        [job] = q.fetch("mail")
+        q.fail("mail", job.id, {"error": "bounced"})
+    page = _client(engine, schema46).get(f"/s/{schema46}/queues/mail").text
+    assert 'id="queue-reasons"' in page and "1 failed job" in page
+    failed = re.search(r'data-state="failed">(.*?)</table>', page, re.S)
+    created = re.search(r'data-state="created">(.*?)</table>', page, re.S)
+    assert failed is not None and created is not None
+    assert re.findall(r'data-job-id="([^"]+)"', failed.group(1)) == [str(job.id)]
+    shown = re.findall(r'data-job-id="([^"]+)"', created.group(1))
+    assert len(shown) == 5 and set(shown) <= {str(i) for i in sent} - {str(job.id)}
+    assert "(7, the newest 5" in page
+    assert 'data-state="active"' not in page  # no active job: no list
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page

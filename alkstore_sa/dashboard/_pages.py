@@ -43,6 +43,8 @@ STALE_READY = 300  # seconds a ready job may wait before its queue is marked
 FLOW_LINKS = 100  # parents and children shown on a job page, each
 HISTORY_ROWS = 50  # overview rows (problem queues first) with a sparkline
 HISTORY = "queue-stats history"  # what the sparklines read (a feature of versions.FEATURES)
+QUEUE_PAGE_STATES = ("failed", "active", "retry", "created")  # a queue page's job lists...
+QUEUE_PAGE_JOBS = 5  # ...the newest of each state, with a link to all of them
 RECENT_SECONDS = 3600  # without history, the sparkline covers the last hour...
 RECENT_BUCKET = 300  # ...in 12 points of 5 minutes, from the job table
 CSS = (HERE / "static" / "style.css").read_text(encoding="utf-8")
@@ -235,15 +237,23 @@ async def queue_detail(request: Request) -> Response:
         if info is None:
             raise QueueNotFoundError(name, schema)
         counts = q.count_jobs([name])
-        return (
-            info,
-            counts[0] if counts else None,
-            q.get_schedules(name),
-            q.get_subscriptions(name),
-        )
+        found = counts[0] if counts else None
+        # The newest jobs of each state worth a look, those with any (keyset pages).
+        recent = {
+            st: q.find_jobs(name, state=st, limit=QUEUE_PAGE_JOBS).jobs
+            for st in QUEUE_PAGE_STATES
+            if found is not None and found.counts[st]
+        }
+        return info, found, q.get_schedules(name), q.get_subscriptions(name), recent
 
-    info, counts, schedules, subscriptions = await d.read(schema, read)
+    info, counts, schedules, subscriptions, recent = await d.read(schema, read)
     fires = await _next_fires(schedules)
+    reasons: list[str] = []
+    if counts is not None:
+        queued = counts.counts["created"] + counts.counts["retry"]
+        reasons = problems(
+            counts.counts["failed"], queued, info.warning_queued, counts.oldest_ready_seconds
+        )
     return d.render(
         request,
         "queue.html",
@@ -255,6 +265,9 @@ async def queue_detail(request: Request) -> Response:
         settings=queue_settings(info),
         note=queue_note(info.name),
         policies=("standard", "short", "singleton", "stately", "exclusive", "key_strict_fifo"),
+        recent=recent,
+        reasons=reasons,
+        page_jobs=QUEUE_PAGE_JOBS,
     )
 
 
