@@ -4,6 +4,7 @@ where the system asks for one."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
+from support.direct import rows
 
 from alkstore_sa import InvalidOptionsError, QueueService
 from alkstore_sa.dashboard import create_app
@@ -125,3 +127,53 @@ def test_a_queue_page_lists_its_newest_jobs_by_state_and_says_why_it_is_flagged(
     assert "(7, the newest 5" in page
     assert 'data-state="active"' not in page  # no active job: no list
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+
+
+def _waited_and_completed(engine: Engine, schema: str) -> None:
+    """A job of ``mail`` that waited half a minute for a worker, then completed."""
+    with Session(engine) as session, session.begin():
+        sent = QueueService(session, schema=schema).send("mail", {})
+    rows(
+        engine,
+        schema,
+        "UPDATE {s}.job SET created_on = now() - interval '30 seconds', "
+        "start_after = now() - interval '30 seconds' WHERE id = :id",
+        id=sent,
+    )
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        [job] = q.fetch("mail")
+        q.complete("mail", job.id)
+
+
+def test_a_queue_page_charts_a_day_of_history_or_else_the_last_hour(
+    engine: Engine, schema46: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("mail")
+    _waited_and_completed(engine, schema46)
+    client = _client(engine, schema46)
+    page = client.get(f"/s/{schema46}/queues/mail").text
+    # No history: the last hour from the job table, and how to keep more.
+    assert 'data-source="jobs"' in page and 'id="charts-note"' in page
+    assert "the last hour (most: 1)" in page
+
+    # History recorded by supervision passes: a day, with wait times. A pass counts
+    # what finished between the one before it and 10 s before itself, so the second
+    # one runs on a clock a minute ahead to see the job that waited.
+    def supervise(ahead: float) -> None:
+        now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=ahead)
+        with Session(engine) as session, session.begin():
+            QueueService(session, schema=schema46).supervise(
+                force=True, persist_queue_stats=True, now=now
+            )
+
+    supervise(0)
+    _waited_and_completed(engine, schema46)
+    supervise(60)
+    page = client.get(f"/s/{schema46}/queues/mail").text
+    assert 'data-source="history"' in page and 'id="charts-note"' not in page
+    assert "the last 24 hours" in page and 'class="failed"' in page
+    assert 'class="p95"' in page  # the job waited: a wait-time chart
+    points = re.findall(r'<polyline class="completed" points="([^"]*)"', page)
+    assert len(points) == 2 and all(p.strip() for p in points)

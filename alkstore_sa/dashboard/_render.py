@@ -74,13 +74,18 @@ def when(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def sparkline(values: Sequence[int]) -> str:
-    """An SVG polyline's points for ``values`` (oldest first) in a 120x24 box."""
+def sparkline(
+    values: Sequence[float], width: int = 120, height: int = 24, top: float | None = None
+) -> str:
+    """An SVG polyline's points for ``values`` (oldest first) in a ``width`` x ``height``
+    box, ``top`` (else the highest value) near the top, zero at the bottom: two lines
+    given the same ``top`` share a scale."""
     if not values:
         return ""
-    top = max(values) or 1
-    step = 120 / max(len(values) - 1, 1)
-    return " ".join(f"{i * step:.1f},{24 - 22 * v / top:.1f}" for i, v in enumerate(values))
+    top = top or max(values) or 1
+    step = width / max(len(values) - 1, 1)
+    room = height - 2
+    return " ".join(f"{i * step:.1f},{height - room * v / top:.1f}" for i, v in enumerate(values))
 
 
 @dataclass(frozen=True, slots=True)
