@@ -394,3 +394,44 @@ def test_the_overview_reloads_itself_until_paused_and_follows_a_dark_system(
     dark = background()
     dash.shot("dark")
     assert light == "rgb(246, 247, 249)" and dark == "rgb(20, 23, 28)"
+
+
+def test_every_page_renders_on_a_seeded_database(dash: Dashboard) -> None:
+    """A few thousand jobs over several queues, failures, a flow, a schedule and history:
+    each page answers, shows its heading and no error, and is photographed."""
+    names = ("emails", "reports", "webhooks", "thumbnails")
+
+    def seed(q: QueueService) -> None:
+        for name in names:
+            q.create_queue(name, retry_limit=0)
+            q.send_many(name, [{"data": {"n": n}} for n in range(600)])
+
+    dash.tx(seed)
+    failed = dash.failed("webhooks", {"url": "https://hooks.example.com"}, {"error": "503"})
+    dash.tx(
+        lambda q: q.flow(
+            [
+                {"ref": "a", "name": "reports", "data": {"step": "a"}},
+                {"ref": "b", "name": "emails", "data": {"step": "b"}, "depends_on": ["a"]},
+            ]
+        )
+    )
+    dash.tx(lambda q: q.schedule("reports", "0 * * * *", {"hourly": True}))
+    dash.tx(lambda q: q.supervise(force=True, persist_queue_stats=True))
+    pages = {
+        "overview": "/",
+        **{f"queue-{name}": dash.spath(f"/queues/{name}") for name in names},
+        "jobs": dash.spath("/jobs?queue=emails"),
+        "failed-job": dash.spath(f"/jobs/{failed}?queue=webhooks"),
+        "schedules": dash.spath("/schedules"),
+        "instances": dash.spath("/instances"),
+        "warnings": dash.spath("/warnings"),
+        "health": dash.spath("/health"),
+    }
+    for label, path in pages.items():
+        dash.visit(path, label)
+        assert dash.one("h1").text.strip(), label
+        assert not dash.all("#error-message"), label
+        assert "internal error" not in dash.driver.page_source, label
+    dash.visit(dash.spath("/queues/emails"), "emails-again")
+    assert dash.one('table.recent-jobs[data-state="created"]').is_displayed()

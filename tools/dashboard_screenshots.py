@@ -1,8 +1,8 @@
-"""Regenerate the dashboard screenshots of the docs: ``docs/img/dashboard-overview.png`` and
-``docs/img/dashboard-job.png`` (1280x800).
+"""Regenerate the dashboard screenshots of the docs: ``docs/img/dashboard-overview.png``,
+``dashboard-queue.png``, ``dashboard-job.png`` and ``dashboard-health.png`` (1280x800).
 
 It fills a fresh schema with demo data (a few queues, jobs in every state, some failed with
-their errors), serves the dashboard on a free loopback port and photographs two pages with a
+their errors), serves the dashboard on a free loopback port and photographs four pages with a
 headless Chromium (Selenium; the ``test`` and ``dashboard`` extras, and Chromium with its
 chromedriver)::
 
@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> None:
             base,
             {
                 "dashboard-overview.png": "/",
+                "dashboard-queue.png": f"/s/{args.schema}/queues/webhooks",
                 "dashboard-job.png": f"/s/{args.schema}/jobs/{job_id}",
+                "dashboard-health.png": f"/s/{args.schema}/health",
             },
             args.out,
         )
