@@ -196,13 +196,17 @@ class SchemaPool:
         if free:
             return free.pop()
         name = random_schema()
-        if backend is None:
-            install(self.database_url, name, version)
-        else:
-            migrate.upgrade(self.engine, name, schema_version=version, backend=backend)
-        with self.engine.connect() as conn:
-            digest = conn.execute(text(_FINGERPRINT), {"s": name}).scalar_one()
-            rows = conn.execute(text(f'SELECT json_agg(v) FROM "{name}".version v')).scalar()
+        try:
+            if backend is None:
+                install(self.database_url, name, version)
+            else:
+                migrate.upgrade(self.engine, name, schema_version=version, backend=backend)
+            with self.engine.connect() as conn:
+                digest = conn.execute(text(_FINGERPRINT), {"s": name}).scalar_one()
+                rows = conn.execute(text(f'SELECT json_agg(v) FROM "{name}".version v')).scalar()
+        except Exception:
+            drop_schema(self.engine, name)  # never left behind, whatever failed
+            raise
         self._installed[name] = (key, digest, json.dumps(rows))
         return name
 
