@@ -290,3 +290,18 @@ def test_node_and_python_under_cockroachdb_share_one_queue_both_supervising(
         boss.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []  # our supervisor's passes included
+
+
+@pytest.mark.interop
+def test_a_schema_node_built_under_cockroachdb_is_adopted_by_db_upgrade(
+    engine: Engine, node46: Any
+) -> None:
+    name = random_schema("crdb_")
+    with throwaway(engine, name):
+        node46(name, backend="cockroachdb").call("getQueues")
+        assert migrate.current(engine, name) is None  # nothing of ours recorded yet
+        result = migrate.upgrade(engine, name, backend="cockroachdb")
+        assert result.found == 46 and result.revision == "alkstore_0046"
+        assert any("adopted schema 46" in line for line in result.healed)
+        with engine.connect() as conn:
+            assert schema_health.diagnose(conn, name).findings == ()
