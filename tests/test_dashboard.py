@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -374,7 +375,7 @@ def test_next_cookies_and_limits(engine: Engine, seeded46: tuple[str, dict[str, 
     assert "alkstore_csrf=" in cookie and "path=/ops" in cookie and "httponly" in cookie
     assert "samesite=strict" in cookie and "secure" in cookie
     form = {"ids": str(ids["failed"]), "queue": "mail", "csrf_token": _token(page.text)}
-    fallback = f"/ops/s/{schema}/jobs/{ids['failed']}?queue=mail"
+    fallback = f"/ops/s/{quote(schema)}/jobs/{ids['failed']}?queue=mail"
     for evil in (
         "https://evil.example",
         "//evil.example",
@@ -389,7 +390,7 @@ def test_next_cookies_and_limits(engine: Engine, seeded46: tuple[str, dict[str, 
         )
         assert done.status_code == 303 and done.headers["location"] == fallback, evil
     assert "secure" in done.headers["set-cookie"].lower()  # the flash cookie too
-    kept = f"/ops/s/{schema}/jobs?queue=mail"
+    kept = f"/ops/s/{quote(schema)}/jobs?queue=mail"
     done = client.post(
         f"/ops/s/{schema}/actions/retry",
         data={**form, "confirm": "yes", "next": kept},

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy import Engine, text
@@ -261,7 +262,7 @@ def test_next_with_dot_segments_stays_inside_the_mount(
     client = TestClient(outer, base_url="http://localhost", headers={"origin": "http://localhost"})
     page = client.get(f"/admin/queues/s/{schema}/jobs/{job}?queue=mail")
     form = {"ids": str(job), "queue": "mail", "csrf_token": _token(page.text), "confirm": "yes"}
-    fallback = f"/admin/queues/s/{schema}/jobs/{job}?queue=mail"
+    fallback = f"/admin/queues/s/{quote(schema)}/jobs/{job}?queue=mail"
     for evil in (
         "/admin/queues/s/../../evil",
         "/admin/queues/%2e%2e/evil",

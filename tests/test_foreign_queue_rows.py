@@ -9,6 +9,7 @@ UPDATE), as Node pg-boss or a SQL console could write them: a queue whose name o
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_the_dashboard_links_and_redirects_to_a_queue_by_any_name(env46_sync: An
         headers={"origin": "http://127.0.0.1"},
     )
     overview = client.get("/")
-    link = f"/s/{env.schema}/queues/n%C3%A9%20%231%3Fx"
+    link = f"/s/{quote(env.schema)}/queues/n%C3%A9%20%231%3Fx"
     assert f'href="{link}"' in overview.text
     page = client.get(link)
     assert page.status_code == 200 and f"Queue {name}" in page.text

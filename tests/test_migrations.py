@@ -380,7 +380,7 @@ def test_cli_db_upgrade_records_a_schema_node_moved_past_our_revision(
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:  # as if Node 12.38 had migrated our 26
         conn.execute(
-            text(f"UPDATE {fresh}.alkstore_alembic_version SET version_num = 'alkstore_0001'")
+            text(f"UPDATE \"{fresh}\".alkstore_alembic_version SET version_num = 'alkstore_0001'")
         )
     before = catalog.snapshot(engine, fresh)
     where = ["--database-url", database_url, "--schema", fresh]
@@ -462,13 +462,13 @@ def test_upgrade_adopts_a_node_schema_without_touching_it(
         for statement in statements:
             run_script(database_url, statement)
     with engine.begin() as conn:
-        conn.execute(text(f"INSERT INTO {fresh}.job (name, data) VALUES ('q', '{{\"k\": 1}}')"))
+        conn.execute(text(f"INSERT INTO \"{fresh}\".job (name, data) VALUES ('q', '{{\"k\": 1}}')"))
     before = catalog.snapshot(engine, fresh)
     migrate.upgrade(engine, fresh, schema_version=26)
     catalog.assert_same(before, catalog.snapshot(engine, fresh), ("node", "after adoption"))
     assert migrate.current(engine, fresh) == "alkstore_0001"
     with engine.connect() as conn:
-        assert conn.execute(text(f"SELECT data FROM {fresh}.job")).scalar_one() == {"k": 1}
+        assert conn.execute(text(f'SELECT data FROM "{fresh}".job')).scalar_one() == {"k": 1}
 
 
 @pytest.mark.parametrize(
@@ -490,9 +490,9 @@ def test_upgrade_refuses_another_pgboss_version_and_says_what_to_do(
     install_with_node_plan(database_url, fresh)
     with engine.begin() as conn:
         if found is None:
-            conn.execute(text(f"DELETE FROM {fresh}.version"))
+            conn.execute(text(f'DELETE FROM "{fresh}".version'))
         else:
-            conn.execute(text(f"UPDATE {fresh}.version SET version = :v"), {"v": found})
+            conn.execute(text(f'UPDATE "{fresh}".version SET version = :v'), {"v": found})
     before = catalog.snapshot(engine, fresh)
     with pytest.raises(SchemaVersionError) as caught:
         migrate.upgrade(engine, fresh)
@@ -516,7 +516,7 @@ def test_check_refuses_a_version_between_the_spoken_ones_with_advice(
 ) -> None:
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:
-        conn.execute(text(f"UPDATE {fresh}.version SET version = 27"))
+        conn.execute(text(f'UPDATE "{fresh}".version SET version = 27'))
     with pytest.raises(SchemaVersionError, match="--schema-version 46") as refused:
         migrate.check(engine, fresh)
     assert refused.value.found == 27
@@ -525,7 +525,7 @@ def test_check_refuses_a_version_between_the_spoken_ones_with_advice(
 def test_check_refuses_a_version_newer_than_46(engine: Engine, fresh: str) -> None:
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:
-        conn.execute(text(f"UPDATE {fresh}.version SET version = 47"))
+        conn.execute(text(f'UPDATE "{fresh}".version SET version = 47'))
     with pytest.raises(SchemaVersionError, match="upgrade alkstore_sa"):
         migrate.check(engine, fresh)
 
@@ -539,10 +539,10 @@ def test_downgrade_removes_everything_including_partitions_and_the_schema(
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:
         conn.execute(
-            text(f"SELECT {fresh}.create_queue('p', CAST(:o AS jsonb))"),
+            text(f"SELECT \"{fresh}\".create_queue('p', CAST(:o AS jsonb))"),
             {"o": '{"policy": "short", "partition": true}'},
         )
-        conn.execute(text(f"INSERT INTO {fresh}.job (name) VALUES ('p')"))
+        conn.execute(text(f"INSERT INTO \"{fresh}\".job (name) VALUES ('p')"))
     migrate.downgrade(engine, fresh)
     assert not schema_exists(engine, fresh)
     assert migrate.current(engine, fresh) is None
@@ -551,7 +551,7 @@ def test_downgrade_removes_everything_including_partitions_and_the_schema(
 def test_downgrade_keeps_a_schema_that_holds_other_objects(engine: Engine, fresh: str) -> None:
     migrate.upgrade(engine, fresh)
     with engine.begin() as conn:
-        conn.execute(text(f"CREATE TABLE {fresh}.mine (id int)"))
+        conn.execute(text(f'CREATE TABLE "{fresh}".mine (id int)'))
     migrate.downgrade(engine, fresh)
     snap = catalog.snapshot(engine, fresh, ignore=())
     assert snap["relations"] == [

@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from ..errors import shown
 from ..names import queue_ref
 from ..service import QueueService
+from ._render import segment
 from ._security import safe_next
 from ._state import STATES, BadRequest, Dashboard, in_path, parse_uuid
 
@@ -135,11 +136,12 @@ async def action(request: Request) -> Response:
     ids, queue = _action_targets(name, form)
     root = d._root(request)
     fallback = (
-        f"{root}/s/{schema}/jobs/{ids[0]}" + (f"?{urlencode({'queue': queue})}" if queue else "")
+        f"{root}/s/{segment(schema)}/jobs/{ids[0]}"
+        + (f"?{urlencode({'queue': queue})}" if queue else "")
         if len(ids) == 1 and name != "delete"
-        else f"{root}/s/{schema}/queues/{in_path(queue)}"
+        else f"{root}/s/{segment(schema)}/queues/{in_path(queue)}"
         if queue
-        else f"{root}/s/{schema}/jobs"
+        else f"{root}/s/{segment(schema)}/jobs"
     )
     target = safe_next(root, str(form.get("next", "")), fallback)
     if form.get("confirm") != "yes":
@@ -163,8 +165,8 @@ async def action(request: Request) -> Response:
             back=target,
         )
     message = await d.write(schema, _run_action(name, ids, queue, form))
-    if name == "delete" and target.startswith(f"{root}/s/{schema}/jobs/"):
-        target = fallback if len(ids) != 1 else f"{root}/s/{schema}/jobs"
+    if name == "delete" and target.startswith(f"{root}/s/{segment(schema)}/jobs/"):
+        target = fallback if len(ids) != 1 else f"{root}/s/{segment(schema)}/jobs"
     response = RedirectResponse(target, status_code=303)
     d.set_flash(response, request, message)
     return response
@@ -216,7 +218,7 @@ async def save_queue(request: Request) -> Response:
 
     message = await d.write(schema, work)
     response = RedirectResponse(
-        f"{d._root(request)}/s/{schema}/queues/{in_path(name)}", status_code=303
+        f"{d._root(request)}/s/{segment(schema)}/queues/{in_path(name)}", status_code=303
     )
     d.set_flash(response, request, message)
     return response
@@ -243,11 +245,14 @@ async def send_job(request: Request) -> Response:
     job_id = await d.write(schema, lambda q: q.send(name, data, **options))
     root = d._root(request)
     if job_id is None:
-        response = RedirectResponse(f"{root}/s/{schema}/queues/{in_path(name)}", status_code=303)
+        response = RedirectResponse(
+            f"{root}/s/{segment(schema)}/queues/{in_path(name)}", status_code=303
+        )
         d.set_flash(response, request, "the queue's policy did not accept the job")
     else:
         response = RedirectResponse(
-            f"{root}/s/{schema}/jobs/{job_id}?{urlencode({'queue': name})}", status_code=303
+            f"{root}/s/{segment(schema)}/jobs/{job_id}?{urlencode({'queue': name})}",
+            status_code=303,
         )
         d.set_flash(response, request, f"sent job {job_id}")
     return response

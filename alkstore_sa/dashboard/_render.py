@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 import markupsafe
@@ -72,6 +73,12 @@ def when(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def segment(value: str) -> str:
+    """A schema name as one URL path segment: every character a path would read
+    otherwise (``/``, ``#``, ``?``, a space, letters beyond ASCII) percent-encoded."""
+    return quote(value, safe="")
 
 
 def sparkline(
@@ -172,5 +179,6 @@ def environment(directory: Path) -> jinja2.Environment:
         age=age,
         when=when,
         sparkline=sparkline,
+        segment=segment,
     )
     return templates

@@ -35,6 +35,8 @@ from ._security import normalise_hosts
 T = TypeVar("T")
 
 STATES = tuple(s.value for s in JobState)
+PATH_SAFE = "/:@!$&'()*+,;=-._~"
+"""What a path keeps as it is when written into a URL (RFC 3986's segment characters)."""
 LIVE_COOKIE = "alkstore_live"
 """``off`` while a viewer has paused the pages' live refresh."""
 HERE = Path(__file__).parent
@@ -157,6 +159,9 @@ class Dashboard(RequestAuth):
         self, request: Request, template: str, status_code: int = 200, **context: Any
     ) -> HTMLResponse:
         root = self._root(request)
+        # This page's path as a URL writes it (a schema or queue name may hold spaces or
+        # letters beyond ASCII): the "next" of its forms and links comes back unchanged.
+        here = quote(request.url.path, safe=PATH_SAFE)
         flash = self.take_flash(request) if request.method == "GET" else None
         csrf = self.csrf_token(request)
         body = self.templates.get_template(template).render(
@@ -167,8 +172,8 @@ class Dashboard(RequestAuth):
             csrf_token=csrf,
             flash=flash,
             states=STATES,
-            request_path=request.url.path,
-            request_full=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            request_path=here,
+            request_full=here + (f"?{request.url.query}" if request.url.query else ""),
             refresh=self.refresh_seconds,
             live_paused=request.cookies.get(LIVE_COOKIE) == "off",
             live_page=context.pop("live_page", False),

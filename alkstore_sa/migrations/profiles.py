@@ -113,7 +113,8 @@ def apply(conn: Connection, schema: str, flags: Collection[str]) -> list[str]:
     def moved(definition: str, old: str, new: str) -> str:
         # pg_get_indexdef names the index and its table: both move to the plain table.
         out = re.sub(rf"INDEX {old}_", f"INDEX {new}_", definition, count=1)
-        out = re.sub(rf" ON (?:ONLY )?(\S+)\.{old} USING ", rf" ON \1.{new} USING ", out, count=1)
+        # The schema as written there may hold spaces (quoted), never a period.
+        out = re.sub(rf" ON (?:ONLY )?([^.]+)\.{old} USING ", rf" ON \1.{new} USING ", out, count=1)
         return out if covering else _INCLUDE.sub("", out)
 
     done = []

@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import threading
@@ -212,6 +213,14 @@ def parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def node_schema(schema: str) -> str:
+    """``schema`` as a Node pg-boss configuration names it: a lower-case word as it is,
+    any other name in double quotes (unless it is given in them already)."""
+    if re.fullmatch(r"[a-z_][a-z0-9_]*", schema) or schema.startswith('"'):
+        return schema
+    return f'"{schema}"'
+
+
 class NodeBoss:
     """One Node pg-boss instance in a child process.
 
@@ -225,7 +234,8 @@ class NodeBoss:
     ) -> None:
         config = {
             "connectionString": connection_string,
-            "schema": schema,
+            # A name that needs quotes goes to pg-boss (12.27+) in them, as its users write it.
+            "schema": node_schema(schema),
             "options": options,
             "start": start,
         }
