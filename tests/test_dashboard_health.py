@@ -3,6 +3,8 @@ reports, on a real schema, as a page."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 from support.direct import rows
@@ -24,7 +26,8 @@ def test_a_healthy_schema_says_nothing_is_amiss(engine: Engine, schema46: str) -
     page = _get(engine, schema46, f"/s/{schema46}/health")
     assert "pg-boss schema version 46" in page and "Nothing amiss" in page
     assert 'id="findings"' not in page
-    assert f'href="/s/{schema46}/health"' in _get(engine, schema46, "/")  # in the header
+    link = f'href="/s/{quote(schema46, safe="")}/health"'
+    assert link in _get(engine, schema46, "/")  # in the header
 
 
 def test_a_dropped_index_and_an_unknown_one_are_listed_with_their_severity(

@@ -112,7 +112,7 @@ def test_snapshot_diff_names_the_differing_fact(engine: Engine) -> None:
         migrate.upgrade(engine, schema, schema_version=26)
         before = catalog.snapshot(engine, schema)
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP INDEX {schema}.job_i6")
+            conn.exec_driver_sql(f'DROP INDEX "{schema}".job_i6')
         after = catalog.snapshot(engine, schema)
     found = catalog.diff(before, after)
     assert "-[indexes] job_i6: CREATE UNIQUE INDEX job_i6 ON <schema>.job_common" in found

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 from support.blocking import run_blocked
+from support.node import node_schema
 
 from alkstore_sa import InvalidOptionsError, Job, QueuePolicy, UnreadableJob
 from alkstore_sa.ops import Settlement
@@ -146,8 +147,10 @@ def test_a_notify_queue_is_announced_on_nodes_channel_and_ours(
 
 
 def test_nodes_channel_is_the_one_pgboss_computes(env46: Any) -> None:
+    # From the schema as a Node configuration names it (in quotes unless a lower-case word).
     [(expected,)] = env46.sql(
-        "SELECT 'pgboss_' || left(encode(sha224(CAST(:s AS bytea)), 'hex'), 24)", s=env46.schema
+        "SELECT 'pgboss_' || left(encode(sha224(CAST(:s AS bytea)), 'hex'), 24)",
+        s=node_schema(env46.schema),
     )
     assert node_channel(env46.schema) == expected
 
