@@ -227,8 +227,9 @@ class UpgradeResult:
     revision: str | None
     """Our revision recorded afterwards."""
     healed: tuple[str, ...] = ()
-    """One line per index healed, per Node migration recorded, or for a schema Node made
-    that was adopted (usually none)."""
+    """One line per index healed, per Node migration recorded, for a schema Node made
+    that was adopted, or per step of building a backend profile's plain tables (usually
+    none)."""
 
 
 def upgrade(
