@@ -28,9 +28,13 @@ class _EngineState:
 
     def __init__(self) -> None:
         self.policies = PolicyCache()
+        # schema -> where supervision's sweep of the attempt history stopped.
+        self.sweeps: dict[str, int] = {}
         # schema -> (version, when it was read); a version once seen is kept after
         # its entry expires, so that a change can be told from a first reading.
         self._versions: dict[str, tuple[int, float]] = {}
+        # schema -> whether it held the attempt history table at that reading.
+        self._history: dict[str, bool] = {}
         self._lock = threading.Lock()
 
     def version(self, schema: str) -> int | None:
@@ -51,8 +55,13 @@ class _EngineState:
         hit = self._versions.get(schema)
         return None if hit is None else hit[0]
 
-    def remember(self, schema: str, version: int) -> int | None:
-        """Store a version just read; return the one it replaces if it differs.
+    def history(self, schema: str) -> bool:
+        """Whether ``schema`` held the attempt history table when its version was read."""
+        return self._history.get(schema, False)
+
+    def remember(self, schema: str, version: int, history: bool = False) -> int | None:
+        """Store a version just read (and whether the attempt history table was there);
+        return the version it replaces if it differs.
 
         The first reader to see a change logs it (once per engine and change):
         ``extra={"action": "schema_version_changed", "from": ..., "to": ...}``.
@@ -60,6 +69,7 @@ class _EngineState:
         with self._lock:
             before = self.known(schema)
             self._versions[schema] = (version, time.monotonic())
+            self._history[schema] = history
         if before is None or before == version:
             return None
         log.warning(
@@ -87,10 +97,12 @@ class _EngineState:
                 self._versions[schema] = (hit[0], 0.0)
 
     def forget(self, schema: str) -> None:
-        """Forget everything about ``schema`` (it was dropped or refused): its version
-        and its queues' policies."""
+        """Forget everything about ``schema`` (it was dropped or refused): its version,
+        its queues' policies and where its attempt sweep stopped."""
         with self._lock:
             self._versions.pop(schema, None)
+            self._history.pop(schema, None)
+            self.sweeps.pop(schema, None)
         self.policies.forget(schema)
 
 
@@ -131,6 +143,7 @@ def make_context(
         # No LISTEN/NOTIFY on the backend: nothing to announce a job on.
         notify=notify and not profile.has("noListenNotify"),
         policies=state.policies if state is not None else PolicyCache(),
+        sweeps=state.sweeps if state is not None else {},
         backend=profile,
     )
     return ctx, state
@@ -147,12 +160,13 @@ def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
         cached = state.version(ctx.schema)
         if cached is not None:
             ctx.version = cached
+            ctx.history = state.history(ctx.schema)
             _require_profile(ctx)
             return cached
     version = yield from check_schema(ctx)
     _require_profile(ctx)
     if state is not None:
-        state.remember(ctx.schema, version)
+        state.remember(ctx.schema, version, ctx.history)
     return version
 
 
@@ -171,6 +185,7 @@ def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
     if cached is None:
         return ensure_version(ctx, state)
     ctx.version = cached
+    ctx.history = state.history(ctx.schema)
     _require_profile(ctx)
     return None
 
@@ -265,6 +280,7 @@ def version_unlocked(ctx: Context, state: _EngineState) -> Op[int]:
     cached = state.version(ctx.schema)
     if cached is not None:
         ctx.version = cached
+        ctx.history = state.history(ctx.schema)
         return cached
     from sqlalchemy import text
 

@@ -104,3 +104,10 @@ MAX_RRULE_SECONDS = 2.0
 #: whenever it is shorter, which at schema 26 (``retry_delay`` plus at most 2^17
 #: seconds, 68 years) is always.
 LONGEST_RETRY_DELAY = 3_155_760_000
+
+#: Failed attempts kept per job in the attempt history (``alkstore_job_attempt``, the
+#: "Attempt history" page): the newest ones, written by the statement that fails each
+#: attempt, which also removes the older ones. A job that fails without end (a retry
+#: limit in the thousands, or a client failing it again and again by id) keeps a
+#: bounded record.
+ATTEMPTS_KEPT = 25

@@ -62,6 +62,7 @@ from .errors import (
 from .migrations import (
     SCHEMA_OPTION,
     VERSION_TABLE,
+    attempts,
     profiles,
     refuse_foreign_revisions,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "current",
     "current_version",
     "downgrade",
+    "install_attempt_history",
     "installed_version",
     "normalise_url",
     "offline_sql",
@@ -239,6 +241,7 @@ def upgrade(
     *,
     schema_version: int | None = None,
     backend: str | Backend | None = None,
+    attempt_history: bool = True,
 ) -> UpgradeResult:
     """Create (or adopt) the pg-boss objects in ``schema``, or migrate them forward.
 
@@ -261,6 +264,9 @@ def upgrade(
     with ``noTablePartitioning`` (``cockroachdb``, ``yugabytedb``) a fresh install builds
     what pg-boss 12.38 builds for it, at schema version 46 only, and a schema built for
     another profile is refused (the "Database backends" page).
+
+    ``attempt_history`` (on by default) also creates our attempt history table,
+    ``alkstore_job_attempt``, unless it is there (:func:`install_attempt_history`).
 
     Returns what it found and did (:class:`UpgradeResult`); a second upgrade that waited
     for the lock finds ``before == revision``.
@@ -303,12 +309,29 @@ def upgrade(
         if plain and found is None:
             # A fresh install, in the transaction that built it (few jobs: none).
             done += profiles.apply(conn, schema, profile.flags)
+        if attempt_history:
+            attempts.install(conn, schema)
         # Healing runs after commit, CONCURRENTLY, even for few jobs: a Node background
         # runner may be building on the same tables.
         _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
         after = recorded_revision(conn, schema)
     return UpgradeResult(before, found, after, tuple(done))
+
+
+def install_attempt_history(bind: Bind, schema: str = DEFAULT_SCHEMA) -> bool:
+    """Create the attempt history table (``alkstore_job_attempt``) in ``schema`` unless it
+    is there; whether it was created.
+
+    :func:`upgrade` does this itself; call it from your own Alembic environment after
+    ``alembic upgrade alkstore@head`` (the "Attempt history" page). Workers, services and
+    supervisors notice the table when they next read the schema's version (within
+    :data:`~alkstore_sa.names.SCHEMA_RECHECK_SECONDS`) and record every failed attempt
+    from then on.
+    """
+    schema = validate_schema(schema)
+    with _connection(bind) as conn:
+        return attempts.install(conn, schema)
 
 
 def _job_table_plain(conn: Connection, schema: str) -> bool | None:
@@ -464,6 +487,7 @@ def downgrade(
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, revision)
         if revision == BASE:
+            attempts.remove(conn, schema)
             _drop_leftovers(conn, schema)
 
 
@@ -528,12 +552,17 @@ def current_version(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int | None:
 
 
 def offline_sql(
-    schema: str = DEFAULT_SCHEMA, revision: str | None = None, *, schema_version: int | None = None
+    schema: str = DEFAULT_SCHEMA,
+    revision: str | None = None,
+    *,
+    schema_version: int | None = None,
+    attempt_history: bool = True,
 ) -> str:
     """The SQL script that :func:`upgrade` runs, for review or for a DBA.
 
     The script is one transaction: the indexes that :func:`upgrade` builds
-    ``CONCURRENTLY`` after a revision commits are built inside it.
+    ``CONCURRENTLY`` after a revision commits are built inside it. With
+    ``attempt_history`` (as :func:`upgrade`), it ends with the attempt history table.
     """
     schema = validate_schema(schema)
     target = _target(revision, schema_version, revision_for(DEFAULT_SCHEMA_VERSION))
@@ -541,7 +570,11 @@ def offline_sql(
     buf = io.StringIO()
     cfg.output_buffer = buf
     command.upgrade(cfg, target, sql=True)
-    return buf.getvalue()
+    script = buf.getvalue()
+    if attempt_history:
+        end = script.rstrip().rfind("COMMIT;")
+        script = script[:end] + attempts.offline_sql(schema) + script[end:]
+    return script
 
 
 def check(bind: Bind, schema: str = DEFAULT_SCHEMA) -> int:

@@ -673,6 +673,72 @@ class Instance:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAttempt:
+    """One failed attempt of a job, from the attempt history
+    (:meth:`~alkstore_sa.QueueService.get_job_attempts`; the "Attempt history" page).
+
+    :ivar attempt: which attempt it was, 1 for the first.
+    :ivar cause: ``failed`` (a handler or a client failed it), ``expired`` (its lease
+        ran out), ``heartbeat`` (its heartbeat stopped) or ``poison`` (a row no worker
+        can run, failed for good).
+    :ivar failed_on: when it was failed, by the schema's clock.
+    :ivar started_on: when the attempt started (``None`` if it never did).
+    :ivar error: the output the fail wrote, as stored: ``{name, message, stack}`` for a
+        Python exception, pg-boss's timeout message for an expiry.
+    :ivar worker: the worker that failed it, as ``name@host:pid`` (``None`` for expiry,
+        a poison row, or a fail by a service call).
+    :ivar worker_id: that worker's id in the instance registry (schema 46).
+    """
+
+    id: int
+    name: str
+    job_id: uuid.UUID
+    attempt: int
+    cause: str
+    failed_on: dt.datetime
+    started_on: dt.datetime | None
+    error: Any
+    worker: str | None
+    worker_id: uuid.UUID | None
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Fields that Python cannot read, with why (``error`` is then ``None``); empty for
+    a row that is fine."""
+
+    @property
+    def error_type(self) -> str | None:
+        """The error's type name (``error["name"]``), when it has one."""
+        return _text_field(self.error, "name")
+
+    @property
+    def message(self) -> str | None:
+        """The error's message (``error["message"]``, or the text of a ``{"value": ...}``
+        output), when it has one."""
+        found = _text_field(self.error, "message")
+        if found is None and isinstance(self.error, dict):
+            value = self.error.get("value")
+            found = _text_field(value, "message") if isinstance(value, dict) else None
+            if found is None and isinstance(value, str):
+                found = value
+        return found
+
+    @property
+    def stack(self) -> str | None:
+        """The traceback (``error["stack"]``), when one was written."""
+        return _text_field(self.error, "stack")
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> JobAttempt:
+        """From a row of ``readable_columns``: never raises for what it holds."""
+        values, problems = read_record(row, ("error",))
+        return cls(**values, unreadable=problems)
+
+
+def _text_field(value: Any, key: str) -> str | None:
+    found = value.get(key) if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
+
+
+@dataclass(frozen=True, slots=True)
 class JobPage:
     """One page of :meth:`~alkstore_sa.QueueService.find_jobs`, newest first.
 

@@ -37,7 +37,6 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from .errors import shown
-from .migrations import VERSION_TABLE
 from .schema_record import (
     LOCK_POLL_SECONDS,
     autocommit,
@@ -226,6 +225,10 @@ class Catalog:
         )
 
 
+OWN_PREFIX = "alkstore_"
+"""Tables of ours in the schema (the revision table, the attempt history) start with this;
+the catalog read here, like pg-boss's drift check, sets them aside."""
+
 _TABLES = """
 SELECT c.relname, c.relkind,
        (SELECT p.relname FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent
@@ -291,8 +294,8 @@ def read_catalog(conn: Connection, schema: str) -> Catalog:
     kept: set[str] = set()
     job_partitions: set[str] = set()
     for name, _kind, parent in rows(_TABLES):
-        if name == VERSION_TABLE or parent == "queue_stats":
-            continue
+        if name.startswith(OWN_PREFIX) or parent == "queue_stats":
+            continue  # ours (the revision table, the attempt history), or a stats day
         if parent == "job" and name != JOB_COMMON:
             job_partitions.add(name)
             continue

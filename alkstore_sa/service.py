@@ -45,6 +45,7 @@ from .records import (
     FailResult,
     Instance,
     Job,
+    JobAttempt,
     JobCounts,
     JobDependency,
     JobPage,
@@ -697,6 +698,20 @@ class QueueService:
         """
         jobs = self._run(ops.get_jobs(self._ctx, name, id))
         return jobs[0] if jobs else None
+
+    def get_job_attempts(self, name: str, id: uuid.UUID | str) -> list[JobAttempt]:
+        """Every failed attempt recorded for job ``id`` of queue ``name``, oldest first:
+        when, which attempt, why (``cause``), the error written and which worker
+        (:class:`~alkstore_sa.JobAttempt`; the "Attempt history" page).
+
+        At most :data:`~alkstore_sa.limits.ATTEMPTS_KEPT` (the newest). Empty for a job
+        that never failed, one failed only by Node pg-boss, or a schema without the
+        attempt history table (``alkstore db upgrade`` makes it).
+
+        :raises QueueNotFoundError: if the queue does not exist and nothing is recorded.
+        :raises InvalidOptionsError: for an id that is not a UUID.
+        """
+        return self._run(ops.attempts.get_job_attempts(self._ctx, name, id))
 
     def get_jobs(self, name: str, ids: uuid.UUID | str | Sequence[uuid.UUID | str]) -> list[Job]:
         """Jobs by id (missing ones are left out; unreadable ones as for :meth:`get_job`)."""

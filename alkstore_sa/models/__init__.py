@@ -9,12 +9,15 @@ Each class is named after its table with a ``Row`` suffix (:class:`JobRow` maps
 (:class:`alkstore_sa.Job` is a job as read, not a mapped row).
 """
 
+from .attempts import ATTEMPT_TABLE, JobAttemptRow
 from .base import Base, metadata
 from .enums import JobState, QueuePolicy, job_state_type
 from .tables import JobCommonRow, JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow
 
 __all__ = [
+    "ATTEMPT_TABLE",
     "Base",
+    "JobAttemptRow",
     "JobCommonRow",
     "JobRow",
     "JobState",

@@ -6,7 +6,7 @@ An operation yields :class:`Call` objects and receives each one's buffered
 drift apart: they run the very same code.
 """
 
-from . import flows, heartbeats, inspect, keys, observe, supervision
+from . import attempts, flows, heartbeats, inspect, keys, observe, supervision
 from ._core import (
     Call,
     Conflict,
@@ -61,6 +61,7 @@ __all__ = [
     "Op",
     "PolicyCache",
     "Settlement",
+    "attempts",
     "cancel",
     "check_schema",
     "complete_many",

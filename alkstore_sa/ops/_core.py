@@ -14,7 +14,12 @@ from .. import versions
 from ..backends import POSTGRES, Backend
 from ..names import SCHEMA_VERSION, notify_channel, schema_key
 from ..schema_versions import NO_VERSION_ROW
-from ..sql.common.base import job_table_kind, version_row, version_table_exists
+from ..sql.common.base import (
+    attempt_table_exists,
+    job_table_kind,
+    version_row,
+    version_table_exists,
+)
 from ..sql.statements import Failing, Statements, statements_for
 from ..sql.v46.fail import SplitFail
 
@@ -95,6 +100,12 @@ class Context:
     policies: PolicyCache = field(default_factory=PolicyCache)
     version: int = SCHEMA_VERSION
     backend: Backend = POSTGRES
+    history: bool = False
+    """Whether the schema holds the attempt history table (read with the version):
+    the fails then record each attempt."""
+    sweeps: dict[str, int] = field(default_factory=dict)
+    """Where supervision's sweep of each schema's attempt history stopped (an attempt
+    id), shared by the services of one engine as ``policies`` is."""
 
     @property
     def channel(self) -> str:
@@ -109,7 +120,7 @@ class Context:
     def sql(self) -> Statements:
         """The statement set of the schema's version, as the backend profile's flags
         choose among its statements."""
-        return statements_for(self.version, self.backend.flags)
+        return statements_for(self.version, self.backend.flags, self.history)
 
     def has(self, feature: str) -> bool:
         """Whether the schema's version has ``feature`` (a key of
@@ -123,7 +134,8 @@ class Context:
 
 
 def check_schema(ctx: Context) -> Op[int]:
-    """Read the installed version into ``ctx.version`` and return it.
+    """Read the installed version into ``ctx.version`` and return it (and into
+    ``ctx.history`` whether the attempt history table is there).
 
     Raises :class:`~alkstore_sa.SchemaNotInstalledError` if the schema is missing and
     :class:`~alkstore_sa.SchemaVersionError` (one line of advice) if its version is not
@@ -144,6 +156,7 @@ def check_schema(ctx: Context) -> Op[int]:
         raise SchemaVersionError(ctx.schema, version, expected, spoken=spoken)
     assert version is not None  # spoken versions are numbers
     yield from _check_profile(ctx, version)
+    ctx.history = bool((yield Call(attempt_table_exists(ctx.schema))).scalar())
     ctx.version = found
     return found
 
@@ -290,6 +303,10 @@ def failing(stmt: Failing, params: Mapping[str, Any]) -> Op[list[Any]]:
     yield Call(stmt.remove, keys)
     retried = list((yield Call(stmt.retry, {"rows": picked.rows})).scalars())
     failed = list((yield Call(stmt.fail, {"rows": picked.rows, "retried": retried})).scalars())
+    if stmt.record is not None and stmt.trim is not None:
+        by = {k: params[k] for k in ("worker", "worker_id") if k in params}
+        yield Call(stmt.record, {"rows": picked.rows, **by})
+        yield Call(stmt.trim, keys)
     if len(retried) + len(failed) != len(picked.ids):
         # Each row deleted is inserted again by one of the two: anything else is a
         # job lost, and the transaction must not commit.

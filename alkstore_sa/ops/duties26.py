@@ -25,7 +25,7 @@ from ..records import QueueWarning
 from ..sql.common import locks
 from ..sql.v26 import fail as fail_sql
 from ..sql.v26 import supervision as sql
-from . import frame
+from . import attempts, frame
 from ._core import Call, Conflict, Context, Op, contained
 from .frame import Duty, PassPlan, PassTurn, Tally
 from .queues import create_queue, get_queue
@@ -74,7 +74,7 @@ def expire(ctx: Context, table: str, names: Sequence[str], plan: PassPlan) -> Op
         "timeout_output": opt.encode_json("output", fail_sql.TIMEOUT_OUTPUT),
         "now": plan.now,
     }
-    result = yield Call(fail_sql.expire_jobs(), params)
+    result = yield Call(fail_sql.expire_jobs(ctx.history), params)
     return dict(Counter(row.name for row in result))
 
 
@@ -404,6 +404,7 @@ DUTIES26: tuple[Duty, ...] = (
         locks=(locks.table_key("<table>", "deletion"),),
         reports=("maintained", "deleted"),
     ),
+    Duty("attempt history", "monitor", attempts.sweep_turn),
     *timekeeping(cron_turn, send_it_turn),
 )
 """The duties of a pass at schema 26, in the order it takes them."""

@@ -74,7 +74,7 @@ from ..records import QueueWarning
 from ..sql.common import locks
 from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
-from . import frame, stats_history, turns
+from . import attempts, frame, stats_history, turns
 from ._core import Call, Context, Op
 from .duties26 import cron_step, send_it_rounds, timekeeping, work_send_it
 from .frame import Busy, Duty, PassPlan, Tally
@@ -651,6 +651,7 @@ DUTIES46: tuple[Duty, ...] = (
     Duty("warning retention", "monitor", warning_retention_turn),
     Duty("stats retention", "monitor", stats_retention_turn),
     Duty("upkeep", "monitor", upkeep_turn),
+    Duty("attempt history", "monitor", attempts.sweep_turn),
     Duty(
         "reindex",
         "monitor",

@@ -435,16 +435,26 @@ def complete_many(
 
 
 def fail_many(
-    ctx: Context, name: str, items: Sequence[SettleItem], *, per_job: bool = False
+    ctx: Context,
+    name: str,
+    items: Sequence[SettleItem],
+    *,
+    per_job: bool = False,
+    worker: str | None = None,
+    worker_id: uuid.UUID | None = None,
 ) -> Op[FailResult]:
     """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
     ones while not finished (pg-boss's fail by id). ``per_job`` as for
-    :func:`complete_many`."""
+    :func:`complete_many`. ``worker`` and ``worker_id`` name the worker that failed
+    them in the attempt history (when the schema keeps one)."""
     settled = settlement_items(name, items)
     opt.check_bool("per_job", per_job)
     if not settled:
         return FailResult(0, [], {}, 0, outcomes=[] if per_job else None)
-    rows = yield from failing(ctx.sql.fail_jobs(), _settle_params(name, settled))
+    params = _settle_params(name, settled)
+    if ctx.history:
+        params.update(worker=worker, worker_id=worker_id)
+    rows = yield from failing(ctx.sql.fail_jobs(), params)
     yield from _found_or_missing(ctx, name, rows)
     states = {r.id: JobState(r.state) for r in rows}
     each = (yield from outcomes(ctx, name, settled, states)) if per_job else None

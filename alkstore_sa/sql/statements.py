@@ -58,10 +58,13 @@ class Statements:
     job: ClassVar[Table] = base.JOB
     """The job table as this version has it (for reads that name its columns)."""
 
-    def __init__(self, flags: frozenset[str] = frozenset()) -> None:
+    def __init__(self, flags: frozenset[str] = frozenset(), history: bool = False) -> None:
         self.flags = flags
         """The backend profile's compatibility flags (:mod:`alkstore_sa.backends`) that
         choose among this version's statements, as the version chooses the set."""
+        self.history = history
+        """Whether the schema holds the attempt history table: every fail then records
+        the attempts it fails (:mod:`alkstore_sa.models.attempts`)."""
 
     @property
     def advisory_locks(self) -> bool:
@@ -128,10 +131,12 @@ class Statements:
         return settle26.complete_jobs()
 
     def fail_jobs(self) -> Failing:
-        return fail26.fail_jobs()
+        """Fail jobs by id, fenced or not (binds ``:worker`` and ``:worker_id`` when
+        :attr:`history` is on)."""
+        return fail26.fail_jobs(self.history)
 
     def fail_poison(self) -> Failing:
-        return fail26.fail_poison()
+        return fail26.fail_poison(self.history)
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         """Fail a batch of the active jobs whose lease ran out, or (``heartbeat``)
@@ -264,16 +269,24 @@ class Statements46(Statements):
 
     def fail_jobs(self) -> Failing:
         # The fail that carries every column and backs off as pg-boss 12.38 does.
-        return fail46.fail_jobs_split() if self.splits_mutations else fail46.fail_jobs()
+        if self.splits_mutations:
+            return fail46.fail_jobs_split(self.history)
+        return fail46.fail_jobs(self.history)
 
     def fail_poison(self) -> Failing:
-        return fail46.fail_poison_split() if self.splits_mutations else fail46.fail_poison()
+        if self.splits_mutations:
+            return fail46.fail_poison_split(self.history)
+        return fail46.fail_poison(self.history)
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         if self.splits_mutations:
             skip_locked = "noSkipLocked" not in self.flags
-            return fail46.expire_split(heartbeat=heartbeat, skip_locked=skip_locked)
-        return fail46.expire_heartbeats() if heartbeat else fail46.expire_jobs()
+            return fail46.expire_split(
+                heartbeat=heartbeat, skip_locked=skip_locked, history=self.history
+            )
+        if heartbeat:
+            return fail46.expire_heartbeats(self.history)
+        return fail46.expire_jobs(self.history)
 
     def cancel_jobs(self) -> Executable:
         return settle46.cancel_jobs()
@@ -346,18 +359,21 @@ def register_statements(cls: S) -> S:
     return cls
 
 
-def statements_for(version: int, flags: frozenset[str] = frozenset()) -> Statements:
+def statements_for(
+    version: int, flags: frozenset[str] = frozenset(), history: bool = False
+) -> Statements:
     """The statement set of a schema at ``version``: the newest registered at or
     below it (the oldest set for a version below every one), choosing by the
-    backend profile's ``flags``; one object for each pair."""
-    return _statements_for(version, flags)
+    backend profile's ``flags`` and by whether the schema keeps the attempt
+    ``history``; one object for each combination."""
+    return _statements_for(version, flags, history)
 
 
 @functools.cache
-def _statements_for(version: int, flags: frozenset[str]) -> Statements:
-    # Keyed on both arguments however the caller spelt them.
+def _statements_for(version: int, flags: frozenset[str], history: bool) -> Statements:
+    # Keyed on every argument however the caller spelt them.
     fitting = [v for v in _SETS if v <= version]
-    return _SETS[max(fitting) if fitting else min(_SETS)](flags)
+    return _SETS[max(fitting) if fitting else min(_SETS)](flags, history)
 
 
 register_statements(Statements)

@@ -5,6 +5,8 @@ and outcome, retried until shutdown gives up (the "Architecture" page).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -94,7 +96,14 @@ class Settling(WorkerCore[B]):
             if kind == "complete":
                 op: ops.Op[Any] = ops.complete_many(self._ctx, queue, settlements)
             else:
-                op = ops.fail_many(self._ctx, queue, settlements)
+                op = ops.fail_many(
+                    self._ctx,
+                    queue,
+                    settlements,
+                    # The attempt history's "which worker" (when the schema keeps one).
+                    worker=f"{self.name}@{socket.gethostname()}:{os.getpid()}",
+                    worker_id=self._registration.id,
+                )
             result = yield from self._op(op, autocommit=True)
             # Written: never write these again, even if a later group fails.
             done = set(map(id, items))

@@ -31,7 +31,15 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType, TypeEngine
 
-from ...models import JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow, job_state_type
+from ...models import (
+    ATTEMPT_TABLE,
+    JobRow,
+    QueueRow,
+    ScheduleRow,
+    SubscriptionRow,
+    VersionRow,
+    job_state_type,
+)
 from ...models.enums import JobState
 
 JOB: Table = JobRow.__table__  # type: ignore[assignment]
@@ -200,6 +208,12 @@ def job_table_kind(schema: str) -> Select[Any]:
     table), no row without one; ``schema`` is bound as text, as above."""
     c = table("pg_class", column("oid", OID), column("relkind", Text), schema="pg_catalog")
     return select(c.c.relkind).where(c.c.oid == func.to_regclass(literal(f'"{schema}".job', Text)))
+
+
+def attempt_table_exists(schema: str) -> Select[Any]:
+    """Whether ``<schema>.alkstore_job_attempt`` (the attempt history) exists; ``schema``
+    is bound as text, as above."""
+    return select(func.to_regclass(literal(f'"{schema}".{ATTEMPT_TABLE}', Text)).is_not(None))
 
 
 def version_row() -> Select[Any]:

@@ -28,14 +28,17 @@ from sqlalchemy import (
     column,
     delete,
     func,
+    literal,
     literal_column,
+    null,
     or_,
     select,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, Insert, insert
 
-from ...limits import LONGEST_RETRY_DELAY
+from ...limits import ATTEMPTS_KEPT, LONGEST_RETRY_DELAY
+from ...models.attempts import ATTEMPT
 from ...models.enums import JobState
 from .base import seconds, settle_input, state, state_text
 
@@ -221,3 +224,73 @@ def dead_letter(job: Table, rows: CTE, dlq: Any, copy: Mapping[str, Any]) -> Sel
         r.dead_letter,
         select(func.count()).select_from(dead).scalar_subquery().label("dead_lettered"),
     )
+
+
+_RECORDED = ["name", "job_id", "attempt", "cause", "failed_on", "started_on", "error", "worker"]
+
+
+def attempts_recorded(
+    deleted: Any, now: ColumnElement[Any], cause: str, *, by_worker: bool
+) -> Insert:
+    """Insert each row of ``deleted`` (every job column + ``new_output``) as a failed
+    attempt into the attempt history.
+
+    ``by_worker``: the statement binds ``:worker`` (text) and ``:worker_id`` (UUID), the
+    worker that failed the attempt (either may be NULL); otherwise both are NULL (expiry
+    by supervision, a poison row). The attempt number is the job's ``retry_count`` plus
+    one: a claim counts an attempt when it starts one, not the first.
+    """
+    d = deleted.c
+    worker: Any = bindparam("worker", type_=Text) if by_worker else null()
+    worker_id: Any = bindparam("worker_id", type_=Uuid) if by_worker else null()
+    values = [d.name, d.id, d.retry_count + 1, literal(cause, Text), now, d.started_on]
+    return insert(ATTEMPT).from_select(
+        [*_RECORDED, "worker_id"], select(*values, d.new_output, worker, worker_id)
+    )
+
+
+def attempts_beyond(kept: int, *where: ColumnElement[bool], join: Any = None) -> Select[Any]:
+    """The ids of the attempts of the jobs ``where`` picks (over the attempt history,
+    joined to ``join`` if given) that are not among each job's newest ``kept``."""
+    a = ATTEMPT
+    newer = func.row_number().over(partition_by=(a.c.name, a.c.job_id), order_by=a.c.id.desc())
+    source = a if join is None else a.join(join, and_(*where))
+    ranked = select(a.c.id, newer.label("newer")).select_from(source)
+    if join is None:
+        ranked = ranked.where(*where)
+    r = ranked.subquery("ranked")
+    return select(r.c.id).where(r.c.newer > kept)
+
+
+def record_attempts(
+    deleted: Any, now: ColumnElement[Any], cause: str, *, by_worker: bool
+) -> tuple[CTE, CTE]:
+    """The CTEs ``(recorded, trimmed)`` a fail statement carries (:func:`with_history`):
+    each row of ``deleted`` recorded as a failed attempt (:func:`attempts_recorded`),
+    and each of those jobs trimmed to its newest :data:`~alkstore_sa.limits.ATTEMPTS_KEPT`
+    attempts.
+    """
+    d = deleted.c
+    recorded = attempts_recorded(deleted, now, cause, by_worker=by_worker)
+    # The statement's snapshot holds the job's earlier attempts, not the one recorded
+    # beside this: keep the newest ATTEMPTS_KEPT - 1 of them.
+    old = attempts_beyond(
+        ATTEMPTS_KEPT - 1, ATTEMPT.c.name == d.name, ATTEMPT.c.job_id == d.id, join=deleted
+    )
+    trimmed = delete(ATTEMPT).where(ATTEMPT.c.id.in_(old)).returning(ATTEMPT.c.id)
+    return recorded.returning(ATTEMPT.c.id).cte("recorded"), trimmed.cte("trimmed")
+
+
+def with_history(
+    stmt: Select[Any],
+    deleted: Any,
+    now: ColumnElement[Any],
+    cause: str | None,
+    *,
+    by_worker: bool = False,
+) -> Select[Any]:
+    """``stmt`` (a fail, whose rows come from ``deleted``) also recording each attempt
+    it fails (:func:`record_attempts`) when ``cause`` is given; unchanged without."""
+    if cause is None:
+        return stmt
+    return stmt.add_cte(*record_attempts(deleted, now, cause, by_worker=by_worker))

@@ -27,8 +27,10 @@ TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
 
 
-def _fail_from(deleted: CTE) -> Select[Any]:
-    """Re-insert the rows of ``deleted`` (all job columns + ``new_output``).
+def _fail_from(deleted: CTE, cause: str | None = None, *, by_worker: bool = False) -> Select[Any]:
+    """Re-insert the rows of ``deleted`` (all job columns + ``new_output``); with a
+    ``cause``, record each as a failed attempt too
+    (:func:`~alkstore_sa.sql.common.failing.with_history`).
 
     Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
     or set to retry.
@@ -59,28 +61,31 @@ def _fail_from(deleted: CTE) -> Select[Any]:
         "keep_until": func.now() + seconds(q.c.retention_seconds),
         "deletion_seconds": q.c.deletion_seconds,
     }
-    return _failing.dead_letter(JOB, results, q, dead_letter_copy)
+    stmt = _failing.dead_letter(JOB, results, q, dead_letter_copy)
+    return _failing.with_history(stmt, deleted, func.now(), cause, by_worker=by_worker)
 
 
 @functools.cache
-def fail_jobs() -> Select[Any]:
-    """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``.
+def fail_jobs(history: bool = False) -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``;
+    ``history``: record each attempt, by ``:worker`` and ``:worker_id``.
 
     Guard without a fence: the job is not finished (``state < 'completed'``), as
     pg-boss's fail by id. With a fence: the job is ``active`` in the attempt that
     started at that time (see :func:`alkstore_sa.sql.common.failing.fenced_delete`).
     """
-    return _fail_from(_failing.fenced_delete(JOB))
+    return _fail_from(_failing.fenced_delete(JOB), "failed" if history else None, by_worker=True)
 
 
 @functools.cache
-def expire_jobs() -> Select[Any]:
+def expire_jobs(history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose lease has run out.
 
     The lease is ``started_on + expire_seconds``, compared with ``:now`` (NULL =
     the database clock). Bounded by ``:limit`` rows per statement and ``SKIP
     LOCKED`` so a sweep never waits behind a worker. ``:timeout_output`` is the
-    JSON text stored as output (:data:`TIMEOUT_OUTPUT`).
+    JSON text stored as output (:data:`TIMEOUT_OUTPUT`). ``history``: record each
+    attempt (cause ``expired``).
     """
     j = JOB.alias("j")
     victims = (
@@ -101,16 +106,17 @@ def expire_jobs() -> Select[Any]:
         .returning(*JOB.c, cast(bindparam("timeout_output", type_=Text), JSONB).label("new_output"))
         .cte("deleted")
     )
-    return _fail_from(deleted)
+    return _fail_from(deleted, "expired" if history else None)
 
 
 @functools.cache
-def fail_poison() -> Select[Any]:
+def fail_poison(history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
 
     For jobs that can never run (a row no worker can read or activate): the
     normal fail statement, so the job is dead-lettered like any failed job, but
     with no retry left (see :func:`alkstore_sa.sql.common.failing.poison_delete`).
     Returns ``(id, name, state, dead_letter, dead_lettered)`` per job failed.
+    ``history``: record each attempt (cause ``poison``).
     """
-    return _fail_from(_failing.poison_delete(JOB))
+    return _fail_from(_failing.poison_delete(JOB), "poison" if history else None)

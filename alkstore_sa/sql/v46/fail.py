@@ -40,6 +40,7 @@ sweep: ``<table>failJobsByTimeout`` and ``<table>failJobsByHeartbeat``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
+from ...limits import ATTEMPTS_KEPT
+from ...models.attempts import ATTEMPT
 from ...models.enums import JobState
 from ..common import failing as _failing
 from ..common.base import any_name, job_keys, now_param, seconds, state_text
@@ -171,15 +174,18 @@ _KEPT = [
 """The columns of a failed or retried row that its dead-letter copy and the answer read."""
 
 
-def _fail_from(deleted: CTE) -> Select[Any]:
-    """Insert the rows of ``deleted`` (every job column + ``new_output``) again.
+def _fail_from(deleted: CTE, cause: str | None = None, *, by_worker: bool = False) -> Select[Any]:
+    """Insert the rows of ``deleted`` (every job column + ``new_output``) again; with a
+    ``cause``, record each as a failed attempt too
+    (:func:`~alkstore_sa.sql.common.failing.with_history`).
 
     Returns ``(id, name, state, dead_letter, dead_lettered)`` of every job failed
     or set to retry.
     """
     as_retry, as_failed = _outcomes(deleted)
     retried, failed = _failing.reinsert(JOB, deleted, CARRIED_COLUMNS, as_retry, as_failed)
-    return _dead_letter(_failing.results(retried, failed, _KEPT))
+    stmt = _dead_letter(_failing.results(retried, failed, _KEPT))
+    return _failing.with_history(stmt, deleted, job_now(), cause, by_worker=by_worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +206,9 @@ class SplitFail:
        answers their ids;
     5. :attr:`dead_letter`: copies the failed ones of the jobs ``:ids`` of
        ``:names`` into their dead letter queues and answers what the one-statement
-       fail answers, ``(id, name, state, dead_letter, dead_lettered)``.
+       fail answers, ``(id, name, state, dead_letter, dead_lettered)``;
+    6. with the attempt history, :attr:`record` records each of ``:rows`` as a failed
+       attempt and :attr:`trim` keeps each job's newest ones (``:ids``, ``:names``).
     """
 
     pick: Executable
@@ -208,11 +216,14 @@ class SplitFail:
     retry: Insert
     fail: Insert
     dead_letter: Executable
+    record: Executable | None = None
+    trim: Executable | None = None
 
 
-def _split(picked: Select[Any]) -> SplitFail:
+def _split(picked: Select[Any], cause: str | None = None, *, by_worker: bool = False) -> SplitFail:
     """The separate statements of a fail whose first one is ``picked`` (every job
-    column and ``new_output`` of the rows to fail, row-locked)."""
+    column and ``new_output`` of the rows to fail, row-locked); with a ``cause``, the
+    two that record the attempts too."""
     p = picked.subquery("p")
     pick = select(
         cast(
@@ -254,12 +265,24 @@ def _split(picked: Select[Any]) -> SplitFail:
     results = select(*[JOB.c[c] for c in _KEPT]).where(
         JOB.c.name == pairs.c.name, JOB.c.id == pairs.c.id
     )
-    return SplitFail(pick, remove, retry, fail, _dead_letter(results.cte("results")))
+    split = SplitFail(pick, remove, retry, fail, _dead_letter(results.cte("results")))
+    if cause is None:
+        return split
+    record = _failing.attempts_recorded(d, job_now(), cause, by_worker=by_worker)
+    # One table changed once per statement: the insert, then the trim of the jobs just
+    # failed (their earlier attempts and the one just recorded are all visible then).
+    keys = job_keys()
+    old = _failing.attempts_beyond(
+        ATTEMPTS_KEPT, ATTEMPT.c.name == keys.c.name, ATTEMPT.c.job_id == keys.c.id
+    )
+    trim = delete(ATTEMPT).where(ATTEMPT.c.id.in_(old))
+    return dataclasses.replace(split, record=record, trim=trim)
 
 
 @functools.cache
-def fail_jobs() -> Select[Any]:
-    """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``.
+def fail_jobs(history: bool = False) -> Select[Any]:
+    """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``;
+    ``history``: record each attempt, by ``:worker`` and ``:worker_id``.
 
     Without a fence the job must not be finished (``state < 'completed'``), as
     pg-boss's fail by id. With one it must be ``active`` in the attempt that started
@@ -268,7 +291,7 @@ def fail_jobs() -> Select[Any]:
     for the same reason; ``started_on`` tells attempts apart as well, and is what
     every settle of ours fences on).
     """
-    return _fail_from(_failing.fenced_delete(JOB))
+    return _fail_from(_failing.fenced_delete(JOB), "failed" if history else None, by_worker=True)
 
 
 def _clock() -> ColumnElement[Any]:
@@ -308,7 +331,7 @@ def _heartbeat_lost(c: Any) -> ColumnElement[bool]:
     )
 
 
-def _expire(lapsed: Lapsed) -> Select[Any]:
+def _expire(lapsed: Lapsed, cause: str | None) -> Select[Any]:
     """Fail up to ``:limit`` active jobs of queues ``:names`` for which ``lapsed`` holds.
 
     ``SKIP LOCKED`` so a sweep never waits behind a worker settling the same job,
@@ -316,7 +339,7 @@ def _expire(lapsed: Lapsed) -> Select[Any]:
     was picked is left alone, as pg-boss repeats its predicate). A job failed here
     is inserted again as ``retry`` or ``failed``, which the next batch no longer
     matches, so the caller repeats while batches come back full. ``:output`` is
-    the JSON text stored as output.
+    the JSON text stored as output. With a ``cause``, each attempt is recorded.
     """
     j = JOB.alias("j")
     picked = (
@@ -341,31 +364,31 @@ def _expire(lapsed: Lapsed) -> Select[Any]:
         .returning(*JOB.c, cast(bindparam("output", type_=Text), JSONB).label("new_output"))
         .cte("deleted")
     )
-    return _fail_from(deleted)
+    return _fail_from(deleted, cause)
 
 
 @functools.cache
-def expire_jobs() -> Select[Any]:
+def expire_jobs(history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose lease ran out (pg-boss's
     ``failJobsByTimeout``): ``started_on + expire_seconds`` before ``:now`` (NULL =
     ``job_now()``). Bounded by ``:limit``; ``:output`` is :data:`TIMEOUT_OUTPUT` as JSON.
     """
-    return _expire(_timed_out)
+    return _expire(_timed_out, "expired" if history else None)
 
 
 @functools.cache
-def expire_heartbeats() -> Select[Any]:
+def expire_heartbeats(history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose heartbeat stopped (pg-boss's
     ``failJobsByHeartbeat``): a job with a ``heartbeat_seconds`` whose
     ``heartbeat_on + heartbeat_seconds`` is before ``:now`` (NULL = ``job_now()``).
     A job without a heartbeat interval never expires this way. Bounded by
     ``:limit``; ``:output`` is :data:`HEARTBEAT_OUTPUT` as JSON.
     """
-    return _expire(_heartbeat_lost)
+    return _expire(_heartbeat_lost, "heartbeat" if history else None)
 
 
 @functools.cache
-def fail_poison() -> Select[Any]:
+def fail_poison(history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
 
     For rows that can never run (see :mod:`alkstore_sa.ops.poison`): the fail
@@ -374,27 +397,28 @@ def fail_poison() -> Select[Any]:
     again. ``retry_limit`` is lowered to ``retry_count`` for that, which also
     leaves the record saying how many attempts there were.
     """
-    return _fail_from(_failing.poison_delete(JOB))
+    return _fail_from(_failing.poison_delete(JOB), "poison" if history else None)
 
 
 # ------------------------------------------------- split (noMultiMutationCte)
 
 
 @functools.cache
-def fail_jobs_split() -> SplitFail:
+def fail_jobs_split(history: bool = False) -> SplitFail:
     """:func:`fail_jobs` as separate statements (see :class:`SplitFail`)."""
-    return _split(_failing.fenced_pick(JOB))
+    return _split(_failing.fenced_pick(JOB), "failed" if history else None, by_worker=True)
 
 
 @functools.cache
-def expire_split(*, heartbeat: bool, skip_locked: bool = True) -> SplitFail:
+def expire_split(*, heartbeat: bool, skip_locked: bool = True, history: bool = False) -> SplitFail:
     """:func:`expire_heartbeats` (``heartbeat``) or :func:`expire_jobs` as separate
     statements (see :class:`SplitFail`)."""
     lapsed = _heartbeat_lost if heartbeat else _timed_out
-    return _split(_lapsed_pick(lapsed, skip_locked=skip_locked))
+    cause = ("heartbeat" if heartbeat else "expired") if history else None
+    return _split(_lapsed_pick(lapsed, skip_locked=skip_locked), cause)
 
 
 @functools.cache
-def fail_poison_split() -> SplitFail:
+def fail_poison_split(history: bool = False) -> SplitFail:
     """:func:`fail_poison` as separate statements (see :class:`SplitFail`)."""
-    return _split(_failing.poison_pick(JOB))
+    return _split(_failing.poison_pick(JOB), "poison" if history else None)
