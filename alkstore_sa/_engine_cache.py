@@ -59,7 +59,7 @@ class _EngineState:
         """Whether ``schema`` held the attempt history table when its version was read."""
         return self._history.get(schema, False)
 
-    def remember(self, schema: str, version: int, history: bool = False) -> int | None:
+    def remember(self, schema: str, version: int, *, history: bool = False) -> int | None:
         """Store a version just read (and whether the attempt history table was there);
         return the version it replaces if it differs.
 
@@ -166,7 +166,7 @@ def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
     version = yield from check_schema(ctx)
     _require_profile(ctx)
     if state is not None:
-        state.remember(ctx.schema, version, ctx.history)
+        state.remember(ctx.schema, version, history=ctx.history)
     return version
 
 

@@ -232,6 +232,9 @@ class UpgradeResult:
     """One line per index healed, per Node migration recorded, for a schema Node made
     that was adopted, or per step of building a backend profile's plain tables (usually
     none)."""
+    attempt_history: bool = False
+    """Whether this upgrade created the attempt history table (``alkstore_job_attempt``;
+    ``False`` when it was there already, or not asked for)."""
 
 
 def upgrade(
@@ -309,14 +312,13 @@ def upgrade(
         if plain and found is None:
             # A fresh install, in the transaction that built it (few jobs: none).
             done += profiles.apply(conn, schema, profile.flags)
-        if attempt_history:
-            attempts.install(conn, schema)
+        created = attempt_history and attempts.install(conn, schema)
         # Healing runs after commit, CONCURRENTLY, even for few jobs: a Node background
         # runner may be building on the same tables.
         _end_own_transaction(bind, conn)
         done += schema_health.heal(conn, schema)
         after = recorded_revision(conn, schema)
-    return UpgradeResult(before, found, after, tuple(done))
+    return UpgradeResult(before, found, after, tuple(done), created)
 
 
 def install_attempt_history(bind: Bind, schema: str = DEFAULT_SCHEMA) -> bool:

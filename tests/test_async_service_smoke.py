@@ -117,6 +117,10 @@ def scenario(env: Env) -> Recorder:
     hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     note("count_completions", sum(q("count_completions", ["smoke"], since=hour_ago)["smoke"]))
     note("get_job", q("get_job", "smoke", first).state)
+    note(
+        "get_job_attempts",
+        [(a.attempt, a.cause, a.error) for a in q("get_job_attempts", "smoke", by_n[2].id)],
+    )
     note("get_jobs", sorted(job.state for job in q("get_jobs", "smoke", [first, *many])))
     note("list_jobs", sorted(job.state for job in q("list_jobs", "smoke")))
     note("find_jobs", len(q("find_jobs", "smoke").jobs))
@@ -191,6 +195,7 @@ def test_async_service_answers_every_call_as_the_sync_one(pair: Callable[[str], 
     assert (expected["touch"], expected["fail"], expected["fail_many"]) == (1, 1, 1)
     assert (expected["cancel"], expected["resume"], expected["retry"]) == (1, 1, 0)
     assert expected["get_job"] == "completed"
+    assert expected["get_job_attempts"] == [(1, "failed", {"why": "x"})]
     assert expected["redrive"] == 1
     assert expected["get_schedules"] == [("smoke", "k", "*/5 * * * *")]
     assert (expected["delete_queued_jobs"], expected["delete_stored_jobs"]) == (7, 2)

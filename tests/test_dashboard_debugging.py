@@ -63,7 +63,46 @@ def test_job_page_shows_the_traceback_as_text_with_library_frames_collapsed(
     assert library is not None and "_attempt.py" in library.group(1)
     assert "tasks.py" not in library.group(1)
     assert 'id="job-error"><strong>PaymentError</strong>: card &lt;declined&gt;' in page
-    assert 'id="attempts-note"' in page and "last failed attempt" in page
+    # The attempt history lists the one attempt, its traceback folded the same way.
+    attempts = re.search(r'<ol id="attempts" class="attempts">(.*?)</ol>', page, re.S)
+    assert attempts is not None
+    [item] = re.findall(r'<li data-attempt="(\d+)" data-cause="(\w+)">', attempts.group(1))
+    assert item == ("1", "failed")
+    assert "<strong>PaymentError</strong>: card &lt;declined&gt;" in attempts.group(1)
+    assert '<details class="attempt-traceback"><summary>Traceback</summary>' in attempts.group(1)
+    assert "2 library frames" in attempts.group(1)
+    assert 'id="attempts-note"' not in page
+
+
+def test_job_page_lists_every_failed_attempt_as_text_oldest_first(
+    engine: Engine, schema: str
+) -> None:
+    hostile = '<script>alert("x")</script>\u202e'
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        q.create_queue("pay", retry_limit=2)
+        job_id = q.send("pay", {"n": 1})
+    for n in range(3):
+        with Session(engine) as session, session.begin():
+            q = QueueService(session, schema=schema)
+            [job] = q.fetch("pay", 1, ignore_start_after=True)
+            q.fail("pay", job, {"name": "Err", "message": f"{hostile} {n}", "stack": f"S{n}"})
+    page = _client(engine, schema).get(f"/s/{schema}/jobs/{job_id}?queue=pay").text
+    attempts = re.search(r'<ol id="attempts" class="attempts">(.*?)</ol>', page, re.S)
+    assert attempts is not None
+    numbers = re.findall(r'<li data-attempt="(\d+)"', attempts.group(1))
+    assert numbers == ["1", "2", "3"]
+    assert "<script>" not in page and "\u202e" not in page
+    assert attempts.group(1).count("&lt;script&gt;alert(") == 3
+
+
+def test_job_page_without_recorded_attempts_says_why(engine: Engine, schema: str) -> None:
+    job_id = _failed_job(engine, schema)
+    with engine.begin() as conn:  # as if Node had failed it: no history rows
+        conn.exec_driver_sql(f'DELETE FROM "{schema}".alkstore_job_attempt')
+    page = _client(engine, schema).get(f"/s/{schema}/jobs/{job_id}?queue=pay").text
+    assert 'id="attempts"' not in page
+    assert 'id="attempts-note"' in page and "failed by Node pg-boss" in page
 
 
 def test_job_page_of_a_completed_job_shows_its_output_as_json(engine: Engine, schema: str) -> None:

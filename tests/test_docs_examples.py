@@ -835,6 +835,24 @@ def dead_letters_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert states == ["created", "failed"]  # the original failed, the redriven job waits
 
 
+def attempts_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    [job] = ctx.jobs("invoices")
+    assert job.state == "retry"
+    rows = ctx.sql(
+        "SELECT attempt, cause, error->>'name' FROM pgboss.alkstore_job_attempt"
+        " WHERE job_id = :j ORDER BY id",
+        j=job.id,
+    )
+    assert [tuple(r) for r in rows] == [
+        (1, "failed", "TimeoutError"),
+        (2, "failed", "TimeoutError"),
+    ]
+    assert [
+        a.attempt
+        for a in ns["QueueService"](Session(ctx.engine)).get_job_attempts("invoices", job.id)
+    ] == [1, 2]
+
+
 def flows_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     ran = ns["ran"]
     assert sorted(ran[:2]) == ["eu", "us"] and ran[2:] == ["report", "mail"]
@@ -873,6 +891,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/rrule-schedules.md": Page(rrule_prelude, rrule_check),
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
+    "docs/concepts/attempt-history.md": Page(keys_prelude, attempts_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
     "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
     "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),

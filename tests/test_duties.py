@@ -21,7 +21,13 @@ def test_a_version_takes_the_newest_list_at_or_below_it() -> None:
 
 
 def test_each_version_lists_its_duties_in_the_order_a_pass_takes_them() -> None:
-    assert [d.name for d in DUTIES26] == ["monitor", "maintain", "cron", "send-it"]
+    assert [d.name for d in DUTIES26] == [
+        "monitor",
+        "maintain",
+        "attempt history",
+        "cron",
+        "send-it",
+    ]
     assert [d.name for d in DUTIES46] == [
         "stats history",
         "monitor",
@@ -30,6 +36,7 @@ def test_each_version_lists_its_duties_in_the_order_a_pass_takes_them() -> None:
         "warning retention",
         "stats retention",
         "upkeep",
+        "attempt history",
         "reindex",
         "cron",
         "send-it",

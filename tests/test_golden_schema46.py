@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
 from support import catalog
 from support.node import (
     NodeBoss46,
@@ -200,6 +200,8 @@ def test_node_1238_started_on_our_46_finds_nothing_to_do(
 ) -> None:
     schema = new_schema()
     _ours(engine, database_url, schema, queues=True)
+    # Our attempt history is in the schema Node checks (docs/concepts/attempt-history.md).
+    assert "alkstore_job_attempt" in inspect(engine).get_table_names(schema=schema)
     before = catalog.snapshot(engine, schema)
     bam_before = catalog.bam_rows(engine, schema)
     bodies_before = function_bodies(engine, schema)

@@ -254,6 +254,8 @@ def test_node_completes_and_fails_jobs_python_sent(
     dead = py(engine, schema, lambda q: q.get_job("orders", second))
     assert completed.state == "completed" and completed.output == {"ok": True}
     assert dead.state == "failed" and dead.output == {"reason": "no stock"}
+    # Node's fail knows nothing of our attempt history: the job has none recorded.
+    assert py(engine, schema, lambda q: q.get_job_attempts("orders", second)) == []
 
 
 @pytest.mark.smoke  # one Node round trip each way stays in the fast tier

@@ -25,6 +25,7 @@ def register(sub: Any) -> None:
     )
     up.add_argument("revision", nargs="?", default=None)
     _schema_version_option(up, "the pg-boss schema version to migrate to")
+    _attempt_history_option(up)
     up.set_defaults(handler=_upgrade)
 
     down = leaf(actions, "downgrade", "migrate back, or remove it all (jobs included)")
@@ -38,6 +39,7 @@ def register(sub: Any) -> None:
     sql = leaf(actions, "sql", "print the upgrade script (no database needed)")
     sql.add_argument("revision", nargs="?", default=None)
     _schema_version_option(sql, "the pg-boss schema version the script migrates to")
+    _attempt_history_option(sql)
     sql.set_defaults(handler=_sql)
     leaf(
         actions,
@@ -53,6 +55,16 @@ def _schema_version_option(parser: argparse.ArgumentParser, help: str) -> None:
         type=int,
         metavar="N",
         help=f"{help} ({migrate.OLDEST_SCHEMA_VERSION} to {migrate.NEWEST_SCHEMA_VERSION})",
+    )
+
+
+def _attempt_history_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-attempt-history",
+        dest="attempt_history",
+        action="store_false",
+        help="leave out the attempt history table, alkstore_job_attempt (every failed "
+        "attempt's error, kept beside pg-boss's tables; on by default)",
     )
 
 
@@ -81,6 +93,7 @@ def _upgrade(args: argparse.Namespace) -> int:
             args.revision,
             schema_version=args.schema_version,
             backend=backend,
+            attempt_history=args.attempt_history,
         )
         before, found, revision = result.before, result.found, result.revision
         healed = list(result.healed)
@@ -108,6 +121,10 @@ def _upgrade(args: argparse.Namespace) -> int:
         status, message = "upgraded", f"upgraded to {_at(version, revision)}"
     if healed and status != "healed":
         message += "; " + "; ".join(healed)
+    if result.attempt_history and before is not None:
+        if status == "unchanged":
+            status = "upgraded"
+        message += "; created the attempt history table alkstore_job_attempt"
     shown: dict[str, object] = {
         "schema": schema,
         "status": status,
@@ -188,7 +205,13 @@ def _current(args: argparse.Namespace) -> int:
 
 def _sql(args: argparse.Namespace) -> int:
     schema = schema_of(args)
-    print(migrate.offline_sql(schema, args.revision, schema_version=args.schema_version), end="")
+    script = migrate.offline_sql(
+        schema,
+        args.revision,
+        schema_version=args.schema_version,
+        attempt_history=args.attempt_history,
+    )
+    print(script, end="")
     return 0
 
 

@@ -20,6 +20,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from .. import cron, rrule, versions
 from .._humanize import duration, queue_note, queue_settings
 from ..errors import QueueNotFoundError, shown
+from ..limits import ATTEMPTS_KEPT
 from ..models.enums import JobState
 from ..records import Job, JobCounts, JobDependency, QueueInfo, ScheduleInfo
 from ..service import QueueService
@@ -409,11 +410,21 @@ async def job_detail(request: Request) -> Response:
                 q.get_dependents(name, job_id, limit=FLOW_LINKS),
             ),
         )
+    # Every failed attempt's error, oldest first (the "Attempt history" page): none
+    # for a job failed only by Node, or in a schema without the table.
+    name = job.name
+    history = await d.read(schema, lambda q: q.get_job_attempts(name, job_id))
+    attempts = [
+        (a, failure(a.error), None if a.started_on is None else a.failed_on - a.started_on)
+        for a in history
+    ]
     return d.render(
         request,
         "job.html",
         schema=schema,
         job=job,
+        attempts=attempts,
+        attempts_kept=ATTEMPTS_KEPT,
         parents=parents,
         children=children,
         job_actions=job_actions(str(job.state)),

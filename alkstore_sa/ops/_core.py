@@ -120,7 +120,7 @@ class Context:
     def sql(self) -> Statements:
         """The statement set of the schema's version, as the backend profile's flags
         choose among its statements."""
-        return statements_for(self.version, self.backend.flags, self.history)
+        return statements_for(self.version, self.backend.flags, history=self.history)
 
     def has(self, feature: str) -> bool:
         """Whether the schema's version has ``feature`` (a key of

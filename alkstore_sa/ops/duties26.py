@@ -74,7 +74,7 @@ def expire(ctx: Context, table: str, names: Sequence[str], plan: PassPlan) -> Op
         "timeout_output": opt.encode_json("output", fail_sql.TIMEOUT_OUTPUT),
         "now": plan.now,
     }
-    result = yield Call(fail_sql.expire_jobs(ctx.history), params)
+    result = yield Call(fail_sql.expire_jobs(history=ctx.history), params)
     return dict(Counter(row.name for row in result))
 
 

@@ -58,7 +58,7 @@ class Statements:
     job: ClassVar[Table] = base.JOB
     """The job table as this version has it (for reads that name its columns)."""
 
-    def __init__(self, flags: frozenset[str] = frozenset(), history: bool = False) -> None:
+    def __init__(self, flags: frozenset[str] = frozenset(), *, history: bool = False) -> None:
         self.flags = flags
         """The backend profile's compatibility flags (:mod:`alkstore_sa.backends`) that
         choose among this version's statements, as the version chooses the set."""
@@ -133,10 +133,10 @@ class Statements:
     def fail_jobs(self) -> Failing:
         """Fail jobs by id, fenced or not (binds ``:worker`` and ``:worker_id`` when
         :attr:`history` is on)."""
-        return fail26.fail_jobs(self.history)
+        return fail26.fail_jobs(history=self.history)
 
     def fail_poison(self) -> Failing:
-        return fail26.fail_poison(self.history)
+        return fail26.fail_poison(history=self.history)
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         """Fail a batch of the active jobs whose lease ran out, or (``heartbeat``)
@@ -270,13 +270,13 @@ class Statements46(Statements):
     def fail_jobs(self) -> Failing:
         # The fail that carries every column and backs off as pg-boss 12.38 does.
         if self.splits_mutations:
-            return fail46.fail_jobs_split(self.history)
-        return fail46.fail_jobs(self.history)
+            return fail46.fail_jobs_split(history=self.history)
+        return fail46.fail_jobs(history=self.history)
 
     def fail_poison(self) -> Failing:
         if self.splits_mutations:
-            return fail46.fail_poison_split(self.history)
-        return fail46.fail_poison(self.history)
+            return fail46.fail_poison_split(history=self.history)
+        return fail46.fail_poison(history=self.history)
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         if self.splits_mutations:
@@ -285,8 +285,8 @@ class Statements46(Statements):
                 heartbeat=heartbeat, skip_locked=skip_locked, history=self.history
             )
         if heartbeat:
-            return fail46.expire_heartbeats(self.history)
-        return fail46.expire_jobs(self.history)
+            return fail46.expire_heartbeats(history=self.history)
+        return fail46.expire_jobs(history=self.history)
 
     def cancel_jobs(self) -> Executable:
         return settle46.cancel_jobs()
@@ -360,20 +360,20 @@ def register_statements(cls: S) -> S:
 
 
 def statements_for(
-    version: int, flags: frozenset[str] = frozenset(), history: bool = False
+    version: int, flags: frozenset[str] = frozenset(), *, history: bool = False
 ) -> Statements:
     """The statement set of a schema at ``version``: the newest registered at or
     below it (the oldest set for a version below every one), choosing by the
     backend profile's ``flags`` and by whether the schema keeps the attempt
     ``history``; one object for each combination."""
-    return _statements_for(version, flags, history)
+    return _statements_for(version, flags, history=history)
 
 
 @functools.cache
-def _statements_for(version: int, flags: frozenset[str], history: bool) -> Statements:
+def _statements_for(version: int, flags: frozenset[str], *, history: bool) -> Statements:
     # Keyed on every argument however the caller spelt them.
     fitting = [v for v in _SETS if v <= version]
-    return _SETS[max(fitting) if fitting else min(_SETS)](flags, history)
+    return _SETS[max(fitting) if fitting else min(_SETS)](flags, history=history)
 
 
 register_statements(Statements)

@@ -23,8 +23,8 @@ from sqlalchemy import Connection, Engine, text
 
 Catalog = dict[str, list[str]]
 
-IGNORED_TABLES = frozenset({"alkstore_alembic_version"})
-"""Tables of ours that are not part of the schema-26 contract."""
+IGNORED_TABLES = frozenset({"alkstore_alembic_version", "alkstore_job_attempt"})
+"""Tables of ours that are not part of pg-boss's contract (with their indexes and sequences)."""
 
 _RELATIONS = """
 SELECT c.relname, c.relkind, c.relpersistence, c.relispartition,

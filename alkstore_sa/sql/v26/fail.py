@@ -66,7 +66,7 @@ def _fail_from(deleted: CTE, cause: str | None = None, *, by_worker: bool = Fals
 
 
 @functools.cache
-def fail_jobs(history: bool = False) -> Select[Any]:
+def fail_jobs(*, history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``;
     ``history``: record each attempt, by ``:worker`` and ``:worker_id``.
 
@@ -78,7 +78,7 @@ def fail_jobs(history: bool = False) -> Select[Any]:
 
 
 @functools.cache
-def expire_jobs(history: bool = False) -> Select[Any]:
+def expire_jobs(*, history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose lease has run out.
 
     The lease is ``started_on + expire_seconds``, compared with ``:now`` (NULL =
@@ -110,7 +110,7 @@ def expire_jobs(history: bool = False) -> Select[Any]:
 
 
 @functools.cache
-def fail_poison(history: bool = False) -> Select[Any]:
+def fail_poison(*, history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
 
     For jobs that can never run (a row no worker can read or activate): the

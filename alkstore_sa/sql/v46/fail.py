@@ -280,7 +280,7 @@ def _split(picked: Select[Any], cause: str | None = None, *, by_worker: bool = F
 
 
 @functools.cache
-def fail_jobs(history: bool = False) -> Select[Any]:
+def fail_jobs(*, history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` with per-job ``:outputs`` and ``:fences``;
     ``history``: record each attempt, by ``:worker`` and ``:worker_id``.
 
@@ -368,7 +368,7 @@ def _expire(lapsed: Lapsed, cause: str | None) -> Select[Any]:
 
 
 @functools.cache
-def expire_jobs(history: bool = False) -> Select[Any]:
+def expire_jobs(*, history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose lease ran out (pg-boss's
     ``failJobsByTimeout``): ``started_on + expire_seconds`` before ``:now`` (NULL =
     ``job_now()``). Bounded by ``:limit``; ``:output`` is :data:`TIMEOUT_OUTPUT` as JSON.
@@ -377,7 +377,7 @@ def expire_jobs(history: bool = False) -> Select[Any]:
 
 
 @functools.cache
-def expire_heartbeats(history: bool = False) -> Select[Any]:
+def expire_heartbeats(*, history: bool = False) -> Select[Any]:
     """Fail the active jobs of queues ``:names`` whose heartbeat stopped (pg-boss's
     ``failJobsByHeartbeat``): a job with a ``heartbeat_seconds`` whose
     ``heartbeat_on + heartbeat_seconds`` is before ``:now`` (NULL = ``job_now()``).
@@ -388,7 +388,7 @@ def expire_heartbeats(history: bool = False) -> Select[Any]:
 
 
 @functools.cache
-def fail_poison(history: bool = False) -> Select[Any]:
+def fail_poison(*, history: bool = False) -> Select[Any]:
     """Fail jobs ``:ids`` of queue ``:qname`` for good, with per-job ``:outputs`` (JSON text).
 
     For rows that can never run (see :mod:`alkstore_sa.ops.poison`): the fail
@@ -404,7 +404,7 @@ def fail_poison(history: bool = False) -> Select[Any]:
 
 
 @functools.cache
-def fail_jobs_split(history: bool = False) -> SplitFail:
+def fail_jobs_split(*, history: bool = False) -> SplitFail:
     """:func:`fail_jobs` as separate statements (see :class:`SplitFail`)."""
     return _split(_failing.fenced_pick(JOB), "failed" if history else None, by_worker=True)
 
@@ -419,6 +419,6 @@ def expire_split(*, heartbeat: bool, skip_locked: bool = True, history: bool = F
 
 
 @functools.cache
-def fail_poison_split(history: bool = False) -> SplitFail:
+def fail_poison_split(*, history: bool = False) -> SplitFail:
     """:func:`fail_poison` as separate statements (see :class:`SplitFail`)."""
     return _split(_failing.poison_pick(JOB), "poison" if history else None)
