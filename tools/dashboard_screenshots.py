@@ -1,8 +1,9 @@
 """Regenerate the dashboard screenshots of the docs: ``docs/img/dashboard-overview.png``,
-``dashboard-queue.png``, ``dashboard-job.png`` and ``dashboard-health.png`` (1280x800).
+``dashboard-queue.png``, ``dashboard-job.png``, ``dashboard-health.png``,
+``dashboard-attempts.png`` and ``dashboard-schedules.png`` (1280x800).
 
 It fills a fresh schema with demo data (a few queues, jobs in every state, some failed with
-their errors), serves the dashboard on a free loopback port and photographs four pages with a
+their errors), serves the dashboard on a free loopback port and photographs six pages with a
 headless Chromium (Selenium; the ``test`` and ``dashboard`` extras, and Chromium with its
 chromedriver)::
 
@@ -35,6 +36,44 @@ from alkstore_sa import QueueService, migrate
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH, HEIGHT = 1280, 800
 T = TypeVar("T")
+
+
+# What a worker stores for a handler that raised (alkstore_sa.options.error_output): the
+# traceback of a demo shop's webhook handler, under a worker's own frames.
+STACK = """Traceback (most recent call last):
+  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_attempt.py", line 91, in run
+    result = handler(job)
+             ^^^^^^^^^^^^
+  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_threads.py", line 40, in call
+    return fn(job)
+           ^^^^^^^
+  File "/srv/shop/shop/webhooks.py", line 58, in deliver
+    response.raise_for_status()
+  File "/srv/shop/shop/http.py", line 21, in raise_for_status
+    raise DeliveryError(f"{self.reason} from {self.host}")
+shop.http.DeliveryError: {error}
+"""
+
+
+def raised(queue: str, error: str) -> dict[str, str]:
+    """The output a worker writes when a handler of ``queue`` raised ``error``."""
+    return {"name": "DeliveryError", "message": error, "stack": STACK.replace("{error}", error)}
+
+
+def spread_attempts(engine: Engine, schema: str) -> None:
+    """Space the recorded attempts as a worker's retries would (each took a few seconds,
+    minutes apart) and say which worker ran them: the seed fails them all at once."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'UPDATE "{schema}".alkstore_job_attempt a SET'
+                " failed_on = a.failed_on - make_interval(mins => 7 * (3 - a.attempt)),"
+                " started_on = a.failed_on - make_interval(mins => 7 * (3 - a.attempt))"
+                " - make_interval(secs => 3 + a.attempt * 4),"
+                " worker = 'webhooks@web-' || (1 + a.attempt % 2) || :pid"
+            ),
+            {"pid": ":4121"},
+        )
 
 
 def tx(engine: Engine, schema: str, fn: Callable[[QueueService], T]) -> T:
@@ -73,9 +112,9 @@ def seed(engine: Engine, schema: str) -> str:
         for attempt in range(attempts):
 
             def one_attempt(q: QueueService, attempt: int = attempt) -> None:
-                (job,) = q.fetch(queue)
+                (job,) = q.fetch(queue, ignore_start_after=True)
                 assert str(job.id) == str(job_id)
-                q.fail(queue, job, {"message": error, "attempt": attempt + 1})
+                q.fail(queue, job, raised(queue, error))
 
             tx(engine, schema, one_attempt)
         return str(job_id)
@@ -102,6 +141,8 @@ def seed(engine: Engine, schema: str) -> str:
         for n in range(7):
             q.send("thumbnails", {"image": f"uploads/2026/12/photo-{n:03d}.jpg"})
         q.send("webhooks", {"url": "https://hooks.example.com/orders", "event": "order.paid"})
+        q.schedule("invoices", "0 6 * * 1-5", {"run": "daily"}, key="weekday-run", tz="Europe/Paris")
+        q.schedule("emails", "*/15 * * * *", {"digest": True}, key="digest")
 
     tx(engine, schema, traffic)
 
@@ -115,6 +156,7 @@ def seed(engine: Engine, schema: str) -> str:
 
     tx(engine, schema, work)
     tx(engine, schema, lambda q: q.supervise(force=True))
+    spread_attempts(engine, schema)
     record_history(engine, schema)
     return shown
 
@@ -229,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
                 "dashboard-queue.png": f"/s/{args.schema}/queues/webhooks",
                 "dashboard-job.png": f"/s/{args.schema}/jobs/{job_id}",
                 "dashboard-health.png": f"/s/{args.schema}/health",
+                "dashboard-attempts.png": f"/s/{args.schema}/jobs/{job_id}#attempts",
+                "dashboard-schedules.png": f"/s/{args.schema}/schedules",
             },
             args.out,
         )
