@@ -24,8 +24,8 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from alkstore_sa import InvalidOptionsError, QueueService
+from alkstore_sa._hosts import bind_address
 from alkstore_sa.dashboard import check_bind, create_app
-from alkstore_sa.dashboard._serve import bind_address
 
 Scope = MutableMapping[str, Any]
 

@@ -14,7 +14,7 @@ from alkstore_sa.sql.common.compat import distinct_on
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FLOORED_EXTRAS = ("binary", "embedded", "dashboard", "metrics", "otel")
+FLOORED_EXTRAS = ("binary", "embedded", "dashboard", "api", "metrics", "otel")
 """The extras an application installs; ``test``, ``dev``, ``docs`` and ``bench`` are ours."""
 
 REQUIREMENT = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*>=\s*([0-9][^,;\s]*)")

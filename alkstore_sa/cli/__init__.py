@@ -24,7 +24,7 @@ from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import AlkstoreError, InvalidOptionsError
-from . import dashboard, db, demo, flow, jobs, maintain, observe, queue, schedule, send, worker
+from . import api, dashboard, db, demo, flow, jobs, maintain, observe, queue, schedule, send, worker
 from ._common import (
     DEBUG_ENV,
     CommandError,
@@ -34,7 +34,7 @@ from ._common import (
     describe_url,
 )
 
-COMMANDS = (db, queue, send, flow, jobs, schedule, worker, maintain, observe, dashboard, demo)
+COMMANDS = (db, queue, send, flow, jobs, schedule, worker, maintain, observe, dashboard, api, demo)
 """The sub-command modules, in the order ``alkstore --help`` lists them."""
 
 EXIT_FAILURE = 1

@@ -13,7 +13,8 @@ Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, python-multipart);
 
 from __future__ import annotations
 
+from .._hosts import listen
 from ._app import create_app
-from ._serve import check_bind, listen, serve
+from ._serve import check_bind, serve
 
 __all__ = ["check_bind", "create_app", "listen", "serve"]

@@ -21,16 +21,15 @@ In order, for every HTTP request:
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ..errors import InvalidOptionsError, shown
-from ._serve import is_loopback
+from .._hosts import host_name, is_loopback
+from ..errors import shown
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -51,42 +50,6 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_HOST_CHARS = re.compile(r"[A-Za-z0-9._:-]+")  # a DNS name, IPv4, or IPv6 (brackets gone)
-
-
-def host_name(value: str) -> str | None:
-    """The host of a ``Host`` header or an origin's netloc, lower case, without
-    port or brackets; ``None`` when it is not one (empty, or with a user part)."""
-    value = value.strip()
-    if not value or "@" in value or "/" in value:
-        return None
-    try:
-        parsed = urlsplit("//" + value)
-        name = parsed.hostname
-        parsed.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError:
-        return None
-    if not name or not _HOST_CHARS.fullmatch(name):
-        return None
-    return name.lower().rstrip(".")
-
-
-def normalise_hosts(hosts: Iterable[str] | None) -> frozenset[str] | None:
-    """``allowed_hosts`` as host names (lower case, no port); ``None`` stays ``None``."""
-    if hosts is None:
-        return None
-    if isinstance(hosts, str):
-        hosts = (hosts,)
-    out = set()
-    for raw in hosts:
-        if raw == "*":
-            out.add("*")
-            continue
-        name = host_name(raw) if isinstance(raw, str) else None
-        if name is None:
-            raise InvalidOptionsError("allowed_hosts", f"{shown(raw)} is not a host name")
-        out.add(name)
-    return frozenset(out)
 
 
 class Gate(Protocol):

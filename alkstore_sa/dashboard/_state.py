@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from .. import migrate, schema_health
+from .._hosts import normalise_hosts
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
 from ..errors import InvalidOptionsError, shown
@@ -30,7 +31,6 @@ from ..names import validate_schema
 from ..service import QueueService
 from ._auth import CSRF_COOKIE, FLASH_COOKIE, AuthHook, RequestAuth
 from ._render import environment
-from ._security import normalise_hosts
 
 T = TypeVar("T")
 
