@@ -278,7 +278,7 @@ def test_bad_arguments_to_create_app_are_refused(engine: Engine) -> None:
     with pytest.raises(InvalidOptionsError, match="auth"):
         create_app(engine, auth=[])
     with pytest.raises(InvalidOptionsError, match="auth"):
-        create_app(engine, auth="one-token")  # type: ignore[arg-type]
+        create_app(engine, auth="one-token")
     with pytest.raises(InvalidOptionsError, match="max_batch"):
         create_app(engine, max_batch=0)
     with pytest.raises(InvalidOptionsError, match="schemas"):

@@ -835,6 +835,16 @@ def dead_letters_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert states == ["created", "failed"]  # the original failed, the redriven job waits
 
 
+def http_api_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    from starlette.testclient import TestClient
+
+    client = TestClient(ns["api"], base_url="http://127.0.0.1")
+    token = {"authorization": "Bearer a-long-random-token"}
+    assert client.get("/api/get_queues").status_code == 401
+    assert client.get("/api/get_queues", headers=token).json() == {"ok": True, "result": []}
+    assert client.get("/openapi.json").json()["openapi"] == "3.1.0"
+
+
 def attempts_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     [job] = ctx.jobs("invoices")
     assert job.state == "retry"
@@ -892,6 +902,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/batch-results.md": Page(batch_results_prelude, batch_results_check),
     "docs/how-to/dead-letters.md": Page(dead_letters_prelude, dead_letters_check),
     "docs/concepts/attempt-history.md": Page(keys_prelude, attempts_check),
+    "docs/how-to/http-api.md": Page(keys_prelude, http_api_check),
     "docs/how-to/flows.md": Page(keys_prelude, flows_check),
     "docs/how-to/metrics.md": Page(metrics_prelude, metrics_check),
     "docs/how-to/dashboard.md": Page(dashboard_prelude, dashboard_check),
