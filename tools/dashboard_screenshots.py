@@ -41,10 +41,10 @@ T = TypeVar("T")
 # What a worker stores for a handler that raised (alkstore_sa.options.error_output): the
 # traceback of a demo shop's webhook handler, under a worker's own frames.
 STACK = """Traceback (most recent call last):
-  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_attempt.py", line 91, in run
+  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_run.py", line 91, in run
     result = handler(job)
              ^^^^^^^^^^^^
-  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_threads.py", line 40, in call
+  File "/srv/shop/.venv/lib/python3.12/site-packages/alkstore_sa/worker/_pool.py", line 40, in call
     return fn(job)
            ^^^^^^^
   File "/srv/shop/shop/webhooks.py", line 58, in deliver
@@ -141,7 +141,9 @@ def seed(engine: Engine, schema: str) -> str:
         for n in range(7):
             q.send("thumbnails", {"image": f"uploads/2026/12/photo-{n:03d}.jpg"})
         q.send("webhooks", {"url": "https://hooks.example.com/orders", "event": "order.paid"})
-        q.schedule("invoices", "0 6 * * 1-5", {"run": "daily"}, key="weekday-run", tz="Europe/Paris")
+        q.schedule(
+            "invoices", "0 6 * * 1-5", {"run": "daily"}, key="weekday-run", tz="Europe/Paris"
+        )
         q.schedule("emails", "*/15 * * * *", {"digest": True}, key="digest")
 
     tx(engine, schema, traffic)
