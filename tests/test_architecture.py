@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa.versions",
             "alkstore_sa._pooler",
             "alkstore_sa.backends",
+            "alkstore_sa._hosts",
         ),
     ),
     ("models", ("alkstore_sa.models",)),
@@ -73,7 +74,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "alkstore_sa._embedded",
         ),
     ),
-    ("workers and dashboard", ("alkstore_sa.worker", "alkstore_sa.dashboard")),
+    (
+        "workers, dashboard and HTTP API",
+        ("alkstore_sa.worker", "alkstore_sa.dashboard", "alkstore_sa.api"),
+    ),
     ("entry points", ("alkstore_sa.cli", "alkstore_sa.testing", "alkstore_sa")),
 ]
 

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from alkstore_sa import Backend, QueueService, Settlement
+from alkstore_sa._engine_cache import engine_state
+from alkstore_sa.migrations import attempts
 
 from ..common import QUEUE, Config, Sample, Stopwatch, preload, reset
 from . import Variant
@@ -55,8 +57,38 @@ def _variant(scenario: str, name: str, n: int, batch: int, **kw: Any) -> Variant
     return Variant(scenario, name, run, kw.get("base"), kw.get("note", ""), rounds=3)
 
 
+def _without_history(scenario: str, n: int, batch: int) -> Variant:
+    """The one-statement fail on the same schema with the attempt history table removed
+    for the run (put back after it): what recording each failed attempt costs."""
+
+    def run(cfg: Config) -> list[Sample]:
+        reset(cfg)
+        preload(cfg, QUEUE, n)
+        cfg.exec("UPDATE {s}.job SET retry_limit = 0")
+        with cfg.engine.begin() as conn:
+            attempts.remove(conn, cfg.schema)
+        engine_state(cfg.engine).forget(cfg.schema)  # read the schema again: no table
+        try:
+            rate = _fail_all(cfg, n, batch, None)
+        finally:
+            with cfg.engine.begin() as conn:
+                attempts.install(conn, cfg.schema)
+            engine_state(cfg.engine).forget(cfg.schema)
+        return [Sample(scenario, "QueueService fail_many, no attempt history", "jobs/s", rate)]
+
+    return Variant(
+        scenario,
+        "QueueService fail_many, no attempt history",
+        run,
+        "QueueService fail_many",
+        "the attempt history table removed: the ratio is what recording each attempt costs",
+        rounds=3,
+    )
+
+
 def variants(cfg: Config) -> list[Variant]:
-    """``fail b=1`` and ``fail b=100`` at 46: one statement, and split."""
+    """``fail b=1`` and ``fail b=100`` at 46: one statement, split, and without the
+    attempt history."""
     if cfg.schema_version < 46:
         return []
     n = QUICK_JOBS if cfg.quick else JOBS
@@ -75,5 +107,6 @@ def variants(cfg: Config) -> list[Variant]:
                 base="QueueService fail_many",
                 note="the noMultiMutationCte flag forced on: five statements per fail",
             ),
+            _without_history(scenario, count, batch),
         ]
     return out
