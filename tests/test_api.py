@@ -11,6 +11,7 @@ import pytest
 from openapi_spec_validator import validate
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
+from support.worker import wait_for
 
 from alkstore_sa.api import create_app, openapi_document
 from alkstore_sa.api._operations import OPERATIONS
@@ -294,3 +295,71 @@ def test_ids_in_answers_are_text_and_unknown_ids_are_refused(engine: Engine, sch
         400,
         "InvalidOptionsError",
     )
+
+
+def test_supervise_runs_supervision_while_the_app_runs(engine: Engine, schema46: str) -> None:
+    from sqlalchemy.orm import Session
+
+    from alkstore_sa import QueueService
+
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    app = create_app(engine, schemas=[schema46], supervise=True)
+
+    def monitored() -> bool:
+        with Session(engine) as session:
+            info = QueueService(session, schema=schema46).get_queue("q")
+            return info is not None and info.monitor_on is not None
+
+    assert not monitored()
+    with TestClient(app, base_url=LOCAL):  # the lifespan starts and stops the supervisor
+        wait_for(monitored, timeout=20)
+    # Without supervise, the same app runs none.
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("r")
+    with TestClient(create_app(engine, schemas=[schema46]), base_url=LOCAL) as api:
+        ok(api.get("/api/get_queues"))
+    with Session(engine) as session:
+        info = QueueService(session, schema=schema46).get_queue("r")
+    assert info is not None and info.monitor_on is None
+
+
+@pytest.mark.subprocess
+def test_alkstore_api_serves_until_interrupted_and_refuses_a_public_bind_without_tokens(
+    database_url: str, schema46: str
+) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    cli = [sys.executable, "-m", "alkstore_sa.cli", "api", "--database-url", database_url]
+    refused_bind = subprocess.run(
+        [*cli, "--host", "0.0.0.0"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert refused_bind.returncode == 2
+    assert "ALKSTORE_API_TOKENS" in refused_bind.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [*cli, "--schema", schema46, "--port", str(port)],
+        env={**env, "ALKSTORE_API_TOKENS": f"{TOKEN}, second"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        assert f"http://127.0.0.1:{port}/api" in line
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/get_queues", headers={"Authorization": "Bearer second"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert json.loads(answer.read()) == {"ok": True, "result": []}
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 130  # interrupted, as every command says it
