@@ -363,3 +363,36 @@ def test_alkstore_api_serves_until_interrupted_and_refuses_a_public_bind_without
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=30) == 130  # interrupted, as every command says it
+
+
+def test_a_remote_worker_settles_fenced_on_the_attempt_it_fetched(
+    engine: Engine, schema46: str
+) -> None:
+    api = client(engine, schema46)
+    ok(api.post("/api/create_queue", json={"name": "q", "options": {"retry_limit": 3}}))
+    job_id = ok(api.post("/api/send", json={"name": "q"}))
+    [stale] = ok(api.post("/api/fetch", json={"name": "q"}))
+    # Its lease lapsed and another worker took the job again: a newer attempt.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"UPDATE \"{schema46}\".job SET state = 'retry', start_after = now() - interval '1 s'"
+        )
+    [fresh] = ok(api.post("/api/fetch", json={"name": "q"}))
+    assert fresh["started_on"] != stale["started_on"]
+    late = {"id": job_id, "started_on": stale["started_on"], "output": {"by": "stale"}}
+    refused_item = ok(
+        api.post("/api/complete_many", json={"name": "q", "items": [late], "per_job": True})
+    )
+    assert refused_item["affected"] == [] and refused_item["outcomes"][0]["settled"] is False
+    current = {"id": job_id, "started_on": fresh["started_on"], "output": {"by": "fresh"}}
+    done = ok(api.post("/api/complete_many", json={"name": "q", "items": [current]}))
+    assert done["affected"] == [job_id]
+    got = ok(api.get("/api/get_job", params={"name": "q", "id": job_id}))
+    assert got["output"] == {"by": "fresh"}
+    # An item that is not {id, output, started_on}, or a time that is not one.
+    for item in ({"job": job_id}, {"id": job_id, "started_on": "yesterday"}):
+        refused(
+            api.post("/api/fail_many", json={"name": "q", "items": [item]}),
+            400,
+            "InvalidOptionsError",
+        )

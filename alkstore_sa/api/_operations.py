@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import options as opt
 from ..errors import InvalidOptionsError, shown
+from ..records import Settlement
 from ..service import QueueService
 from ._schema import Schema, option_schema, schema_of
 
@@ -85,7 +86,10 @@ _EXPOSED: tuple[tuple[str, str], ...] = (
     ("fetch", "jobs"),
     ("complete", "jobs"),
     ("fail", "jobs"),
+    ("complete_many", "jobs"),
+    ("fail_many", "jobs"),
     ("touch", "jobs"),
+    ("extend_leases", "jobs"),
     ("cancel", "jobs"),
     ("resume", "jobs"),
     ("retry", "jobs"),
@@ -192,6 +196,33 @@ def _options(operation: Operation, given: object) -> dict[str, Any]:
     return out
 
 
+def _takes_settlements(hint: Any) -> bool:
+    """Whether ``hint`` is a sequence whose items may be :class:`Settlement`."""
+    args = typing.get_args(hint)
+    return bool(args) and Settlement in typing.get_args(args[0])
+
+
+_SETTLEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Settlement))
+
+
+def _settle_item(field: str, item: object) -> object:
+    """One item of ``complete_many``/``fail_many``/``extend_leases`` from JSON: an object
+    ``{id, output, started_on}`` is a :class:`Settlement` (fenced on ``started_on``, the
+    fetched job's), a pair ``[id, output]`` the tuple the service takes; an id stays."""
+    if isinstance(item, dict):
+        unknown = sorted(set(item) - _SETTLEMENT_FIELDS)
+        if unknown or "id" not in item:
+            raise InvalidOptionsError(
+                field,
+                f"an item is {{id, output, started_on}} (id required), not {shown(item)}",
+            )
+        started = _datetime(f"{field}.started_on", item.get("started_on"))
+        return Settlement(item["id"], item.get("output"), started)  # type: ignore[arg-type]
+    if isinstance(item, list) and len(item) == 2:
+        return (item[0], item[1])
+    return item
+
+
 def _count(value: object) -> int:
     return len(value) if isinstance(value, list | dict) else 0
 
@@ -216,7 +247,11 @@ def call_for(operation: Operation, args: Mapping[str, Any], max_batch: int) -> C
         value = args[param.name]
         if _count(value) > max_batch:
             raise BatchTooLarge(param.name, _count(value), max_batch)
-        keywords[param.name] = _datetime(param.name, value) if _is_datetime(param.hint) else value
+        if _is_datetime(param.hint):
+            value = _datetime(param.name, value)
+        elif _takes_settlements(param.hint) and isinstance(value, list):
+            value = [_settle_item(param.name, item) for item in value]
+        keywords[param.name] = value
     options = _options(operation, args.get("options")) if operation.options else {}
     clash = sorted(set(options) & ({p.name for p in operation.params} | {"options"}))
     if clash:

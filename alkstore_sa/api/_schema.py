@@ -22,7 +22,7 @@ from typing import Any
 from .. import options as opt
 from ..groups import GroupConcurrencyConfig
 from ..models.enums import QueuePolicy
-from ..records import Job
+from ..records import Job, Settlement
 
 Schema = dict[str, Any]
 
@@ -159,11 +159,31 @@ def schema_of(hint: Any, components: dict[str, Schema], *, request: bool = False
         return {"type": "object", "additionalProperties": schema_of(value, components)}
     if typing.is_typeddict(hint):
         return _typed_dict_schema(hint, components)
+    if request and hint is Settlement:
+        return _settlement_schema()
     if dataclasses.is_dataclass(hint):
         return _record_schema(hint, components)
     if origin is typing.Literal:
         return {"enum": list(args)}
     raise LookupError(f"no JSON Schema for {hint!r}")
+
+
+def _settlement_schema() -> Schema:
+    """A settlement as a JSON client sends it: the job's id, the output, and the fetched
+    job's ``started_on`` to fence on."""
+    return {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "output": {},
+            "started_on": {
+                "anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}],
+                "description": "the fetched job's started_on: the settlement is fenced on it",
+            },
+        },
+        "required": ["id"],
+        "additionalProperties": False,
+    }
 
 
 def _without_records(hint: Any) -> Any:
