@@ -146,6 +146,19 @@ def test_a_profile_builds_46_only_and_a_partitioned_schema_is_refused_under_it(
     assert _relkind(engine, schema46, "job") == "p"  # untouched
 
 
+def test_rebuilding_as_plain_tables_refuses_a_schema_that_holds_queues(
+    engine: Engine, schema46: str
+) -> None:
+    from alkstore_sa.backends import resolve
+    from alkstore_sa.migrations import profiles
+
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    with engine.connect() as conn, pytest.raises(SchemaProfileError, match="holds queues"):
+        profiles.apply(conn, schema46, resolve("cockroachdb").flags)
+    assert _relkind(engine, schema46, "job") == "p"  # untouched
+
+
 def test_a_profile_s_schema_is_removed_whole_but_not_taken_back_a_version(
     engine: Engine, crdb: str
 ) -> None:

@@ -27,6 +27,9 @@ from collections.abc import Collection
 
 from sqlalchemy import Connection, text
 
+from ..errors import SchemaProfileError
+from ..schema_versions import NEWEST_KNOWN_SCHEMA_VERSION
+
 __all__ = ["apply", "builds_plain"]
 
 
@@ -108,7 +111,15 @@ def apply(conn: Connection, schema: str, flags: Collection[str]) -> list[str]:
     )
     held = f"SELECT (SELECT count(*) FROM {s}.job) + (SELECT count(*) FROM {s}.queue)"
     if conn.execute(text(held)).scalar_one():
-        raise RuntimeError(f"schema {schema!r} holds rows: only a fresh install is rebuilt")
+        # Unreachable through migrate.upgrade, which applies a profile to a schema it has
+        # just created; a caller that names a schema in use gets the library's refusal.
+        raise SchemaProfileError(
+            schema,
+            NEWEST_KNOWN_SCHEMA_VERSION,
+            "a profile with noTablePartitioning",
+            "it already holds queues or jobs, and only a fresh install is rebuilt as plain "
+            "tables",
+        )
 
     def moved(definition: str, old: str, new: str) -> str:
         # pg_get_indexdef names the index and its table: both move to the plain table.
