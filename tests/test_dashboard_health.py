@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 from support.direct import rows
 from support.schemas import drop_schema, random_schema
 
+from alkstore_sa import migrate
 from alkstore_sa.dashboard import create_app
 
 LOCAL = "http://127.0.0.1"
@@ -40,6 +41,20 @@ def test_a_dropped_index_and_an_unknown_one_are_listed_with_their_severity(
     assert 'data-severity="warn"' in page
     assert "&lt;b&gt;mine&lt;/b&gt;" in page and "<b>mine</b>" not in page  # shown as text
     assert "1 unfinished build" in page
+
+
+def test_the_page_says_whether_every_failed_attempt_is_kept(engine: Engine) -> None:
+    schema = random_schema()
+    migrate.upgrade(engine, schema, schema_version=46, attempt_history=False)
+    try:
+        page = _get(engine, schema, f"/s/{schema}/health")
+        assert "No attempt history" in page and "alkstore db upgrade" in page
+        migrate.install_attempt_history(engine, schema)
+        page = _get(engine, schema, f"/s/{schema}/health")
+        assert "Every failed attempt's error is kept" in page
+        assert "No attempt history" not in page
+    finally:
+        drop_schema(engine, schema)
 
 
 def test_a_schema_not_installed_says_how_to_install_it(engine: Engine) -> None:

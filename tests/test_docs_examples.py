@@ -843,6 +843,11 @@ def http_api_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert client.get("/api/get_queues").status_code == 401
     assert client.get("/api/get_queues", headers=token).json() == {"ok": True, "result": []}
     assert client.get("/openapi.json").json()["openapi"] == "3.1.0"
+    both = TestClient(ns["ops"], base_url="http://127.0.0.1")
+    answer = both.get("/queue/api/get_queues", headers=token)
+    assert answer.json() == {"ok": True, "result": []}
+    assert both.get("/admin/queues/").status_code == 401  # the dashboard asks for its login
+    assert both.get("/admin/queues/", auth=("ops", "s3cret")).status_code == 200
 
 
 def attempts_check(ctx: Ctx, ns: dict[str, Any]) -> None:

@@ -503,7 +503,8 @@ async def health_page(request: Request) -> Response:
     d: Dashboard = request.app.state.dashboard
     schema = d.schema_of(request)
     found = await d.diagnose(schema)
-    return d.render(request, "health.html", schema=schema, health=found)
+    history = await d.attempt_history(schema)
+    return d.render(request, "health.html", schema=schema, health=found, history=history)
 
 
 async def healthz(request: Request) -> Response:

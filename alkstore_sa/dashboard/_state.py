@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from .. import migrate, schema_health
+from ..migrations import attempts
 from .._hosts import normalise_hosts
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
@@ -143,6 +144,15 @@ class Dashboard(RequestAuth):
                     {"ms": str(self.timeout_ms)},
                 )
                 return schema_health.diagnose(conn, schema)
+
+        return await run_in_threadpool(read)
+
+    async def attempt_history(self, schema: str) -> bool:
+        """Whether ``schema`` keeps the attempt history (its table is there)."""
+
+        def read() -> bool:
+            with self.engine.connect() as conn:
+                return attempts.exists(conn, schema)
 
         return await run_in_threadpool(read)
 
