@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from .. import migrate, schema_health
-from ..migrations import attempts
 from .._hosts import normalise_hosts
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
 from ..errors import InvalidOptionsError, shown
+from ..migrations import attempts
 from ..models.enums import JobState
 from ..names import validate_schema
 from ..service import QueueService

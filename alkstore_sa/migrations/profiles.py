@@ -117,8 +117,7 @@ def apply(conn: Connection, schema: str, flags: Collection[str]) -> list[str]:
             schema,
             NEWEST_KNOWN_SCHEMA_VERSION,
             "a profile with noTablePartitioning",
-            "it already holds queues or jobs, and only a fresh install is rebuilt as plain "
-            "tables",
+            "it already holds queues or jobs, and only a fresh install is rebuilt as plain tables",
         )
 
     def moved(definition: str, old: str, new: str) -> str:
