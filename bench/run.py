@@ -28,7 +28,18 @@ from .common import (
     percentile,
     spread,
 )
-from .scenarios import Variant, drain, failing, latency, mixed, pgbouncer, scale, scale26, send
+from .scenarios import (
+    Variant,
+    drain,
+    failing,
+    http_api,
+    latency,
+    mixed,
+    pgbouncer,
+    scale,
+    scale26,
+    send,
+)
 from .scenarios import peers as peer_scenarios
 
 SCENARIO_MODULES = {
@@ -38,6 +49,7 @@ SCENARIO_MODULES = {
     "latency": latency,
     "pgbouncer": pgbouncer,
     "mixed": mixed,
+    "http api": http_api,
 }
 # Run only when an --only names them: they load up to a million jobs.
 OPT_IN_MODULES = {"scale": scale, "scale26": scale26}
