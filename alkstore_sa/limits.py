@@ -111,3 +111,9 @@ LONGEST_RETRY_DELAY = 3_155_760_000
 #: limit in the thousands, or a client failing it again and again by id) keeps a
 #: bounded record.
 ATTEMPTS_KEPT = 25
+
+#: Largest error an attempt of the attempt history keeps as written, in bytes of JSON text.
+#: An output over it (a job's output may be up to :data:`MAX_PAYLOAD_BYTES`) is kept as its
+#: ``name``, the first quarter of this of its ``message`` and of its ``stack``, and its size
+#: (``truncated``); the job row itself keeps the whole last output, as pg-boss does.
+MAX_ATTEMPT_ERROR_BYTES = 64 * 1024

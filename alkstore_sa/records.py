@@ -683,8 +683,10 @@ class JobAttempt:
         can run, failed for good).
     :ivar failed_on: when it was failed, by the schema's clock.
     :ivar started_on: when the attempt started (``None`` if it never did).
-    :ivar error: the output the fail wrote, as stored: ``{name, message, stack}`` for a
-        Python exception, pg-boss's timeout message for an expiry.
+    :ivar error: the output the fail wrote: ``{name, message, stack}`` for a Python
+        exception, pg-boss's timeout message for an expiry; over
+        :data:`~alkstore_sa.limits.MAX_ATTEMPT_ERROR_BYTES`, shortened (with ``truncated``,
+        its size in bytes).
     :ivar worker: the worker that failed it, as ``name@host:pid`` (``None`` for expiry,
         a poison row, or a fail by a service call).
     :ivar worker_id: that worker's id in the instance registry (schema 46).

@@ -21,7 +21,7 @@ from alkstore_sa import (
     migrate,
 )
 from alkstore_sa._engine_cache import engine_state
-from alkstore_sa.limits import ATTEMPTS_KEPT
+from alkstore_sa.limits import ATTEMPTS_KEPT, MAX_ATTEMPT_ERROR_BYTES
 from alkstore_sa.ops import attempts as attempts_ops
 
 
@@ -219,3 +219,17 @@ def test_the_sweep_walks_a_big_history_over_several_passes(
     assert svc_passes >= 2  # two rows a pass: the orphans were not in the first window
     left = {r[0] for r in env46.sql("SELECT job_id FROM {s}.alkstore_job_attempt")}
     assert left == set(ids[:3])
+
+
+def test_a_huge_error_is_kept_shortened_and_the_job_keeps_it_whole(env46_or_split: Any) -> None:
+    env = env46_or_split
+    env.tx(lambda q: q.create_queue("q", retry_limit=0))
+    job_id = env.tx(lambda q: q.send("q"))
+    message = "m" * (MAX_ATTEMPT_ERROR_BYTES * 2)
+    fail_once(env, "q", {"name": "Huge", "message": message, "stack": "s" * 100})
+    [attempt] = attempts(env, "q", job_id)
+    assert attempt.error["truncated"] > MAX_ATTEMPT_ERROR_BYTES
+    assert attempt.error_type == "Huge" and attempt.stack == "s" * 100
+    assert attempt.message == "m" * (MAX_ATTEMPT_ERROR_BYTES // 4)
+    [(output,)] = env.sql("SELECT output FROM {s}.job WHERE id = :i", i=job_id)
+    assert output["message"] == message

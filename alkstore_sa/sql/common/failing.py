@@ -37,7 +37,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, Insert, insert
 
-from ...limits import ATTEMPTS_KEPT, LONGEST_RETRY_DELAY
+from ...limits import ATTEMPTS_KEPT, LONGEST_RETRY_DELAY, MAX_ATTEMPT_ERROR_BYTES
 from ...models.attempts import ATTEMPT
 from ...models.enums import JobState
 from .base import seconds, settle_input, state, state_text
@@ -245,8 +245,29 @@ def attempts_recorded(
     worker_id: Any = bindparam("worker_id", type_=Uuid) if by_worker else null()
     values = [d.name, d.id, d.retry_count + 1, literal(cause, Text), now, d.started_on]
     return insert(ATTEMPT).from_select(
-        [*_RECORDED, "worker_id"], select(*values, d.new_output, worker, worker_id)
+        [*_RECORDED, "worker_id"], select(*values, kept_error(d.new_output), worker, worker_id)
     )
+
+
+def kept_error(output: Any) -> ColumnElement[Any]:
+    """The error an attempt keeps: the output as written, or, past
+    :data:`~alkstore_sa.limits.MAX_ATTEMPT_ERROR_BYTES` of JSON text, its ``name``, the
+    start of its ``message`` and of its ``stack``, and how big it was (``truncated``): 25
+    attempts of a job must not each keep a megabyte of output."""
+    size = func.octet_length(cast(output, Text))
+    small = MAX_ATTEMPT_ERROR_BYTES
+    head = MAX_ATTEMPT_ERROR_BYTES // 4
+    shortened = func.jsonb_build_object(
+        "name",
+        output.op("->>")("name"),
+        "message",
+        func.left(output.op("->>")("message"), head),
+        "stack",
+        func.left(output.op("->>")("stack"), head),
+        "truncated",
+        size,
+    )
+    return case((size > small, shortened), else_=output)
 
 
 def attempts_beyond(kept: int, *where: ColumnElement[bool], join: Any = None) -> Select[Any]:
