@@ -489,6 +489,27 @@ def test_jobs_get_with_a_malformed_id_is_an_error(cli: Cli) -> None:
     _one_line_error(cli("jobs", "get", "q", "not-a-uuid"), "not a UUID")
 
 
+def test_jobs_attempts_lists_each_failed_attempt_oldest_first(cli: Cli) -> None:
+    cli.service(lambda q: q.create_queue("q", retry_limit=3))
+    job_id = cli.service(lambda q: q.send("q"))
+    for n in range(2):
+        [job] = cli.service(lambda q: q.fetch("q", ignore_start_after=True))
+        cli.service(lambda q, j=job, n=n: q.fail("q", j, ValueError(f"card declined {n}")))
+    table = cli("jobs", "attempts", "q", str(job_id))
+    assert table.code == 0
+    lines = table.out.splitlines()
+    assert lines[0].split() == ["ATTEMPT", "CAUSE", "FAILED_ON", "TOOK", "WORKER", "ERROR"]
+    assert "ValueError: card declined 0" in lines[1] and lines[1].split()[:2] == ["1", "failed"]
+    assert "ValueError: card declined 1" in lines[2]
+    found = cli.json("jobs", "attempts", "q", str(job_id))
+    assert [(a["attempt"], a["error"]["message"]) for a in found] == [
+        (1, "card declined 0"),
+        (2, "card declined 1"),
+    ]
+    assert cli.json("jobs", "attempts", "q", str(uuid.uuid4())) == []
+    _one_line_error(cli("jobs", "attempts", "nope", str(job_id)), "'nope' does not exist")
+
+
 def test_jobs_cancel_then_resume_moves_the_jobs(cli: Cli) -> None:
     ids = _jobs(cli, 2)
     assert set(cli.json("jobs", "cancel", "q", *ids)["affected"]) == set(ids)

@@ -1,10 +1,11 @@
-"""``alkstore jobs list|get|retry|cancel|resume|delete|redrive``."""
+"""``alkstore jobs list|get|attempts|retry|cancel|resume|delete|redrive``."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from .._humanize import duration
 from ..errors import shown
 from ..models.enums import JobState
 from ..records import Settled
@@ -35,6 +36,11 @@ def register(sub: Any) -> None:
     get.add_argument("queue")
     get.add_argument("id")
     get.set_defaults(handler=_get)
+
+    attempts = leaf(actions, "attempts", "a job's failed attempts, oldest first")
+    attempts.add_argument("queue")
+    attempts.add_argument("id")
+    attempts.set_defaults(handler=_attempts)
 
     for action, help_text in _MOVES.items():
         move = leaf(actions, action, help_text)
@@ -68,6 +74,32 @@ def _get(args: argparse.Namespace) -> int:
     if job is None:
         raise CommandError(f"no job {args.id} in queue {shown(args.queue)}")
     emit(args, job)
+    return 0
+
+
+ATTEMPT_COLUMNS = ("attempt", "cause", "failed_on", "took", "worker", "error")
+
+
+def _attempts(args: argparse.Namespace) -> int:
+    # An unknown queue is QueueNotFoundError from the service; a job without rows has none.
+    found = in_transaction(args, lambda q: q.get_job_attempts(args.queue, args.id))
+    if args.json:
+        emit(args, found)
+        return 0
+    rows = [
+        {
+            "attempt": a.attempt,
+            "cause": a.cause,
+            "failed_on": a.failed_on,
+            "took": None
+            if a.started_on is None
+            else duration((a.failed_on - a.started_on).total_seconds()),
+            "worker": a.worker,
+            "error": ": ".join(p for p in (a.error_type, a.message) if p) or None,
+        }
+        for a in found
+    ]
+    emit(args, rows, columns=ATTEMPT_COLUMNS)
     return 0
 
 
