@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from starlette.testclient import TestClient
 from support.schemas import random_schema, throwaway
 from support.worker import Harness, send, state_of, wait_for
 
@@ -21,6 +23,7 @@ from alkstore_sa import (
     migrate,
 )
 from alkstore_sa._engine_cache import engine_state
+from alkstore_sa.dashboard import create_app
 from alkstore_sa.limits import ATTEMPTS_KEPT, MAX_ATTEMPT_ERROR_BYTES
 from alkstore_sa.ops import attempts as attempts_ops
 
@@ -132,6 +135,12 @@ def test_a_worker_records_which_worker_failed_the_attempt(harness46: Harness) ->
     [attempt] = h.service_tx(lambda q: q.get_job_attempts("q", job_id))
     assert attempt.worker is not None and attempt.worker.startswith("billing@")
     assert attempt.worker_id == w.instance_id
+    # The job page links the worker to its row on the instances page.
+    board = TestClient(create_app(h.engine, schemas=[h.schema]), base_url="http://127.0.0.1")
+    page = board.get(f"/s/{quote(h.schema, safe='')}/jobs/{job_id}?queue=q").text
+    assert f'/instances#instance-{w.instance_id}"><code class="attempt-worker">billing@' in page
+    row = board.get(f"/s/{quote(h.schema, safe='')}/instances").text
+    assert f'id="instance-{w.instance_id}"' in row
     assert (attempt.error_type, attempt.message) == ("KeyError", "'sku-42'")
 
 
