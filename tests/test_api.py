@@ -227,6 +227,18 @@ def test_without_tokens_only_loopback_answers_and_no_other_site(
 
     far = TestClient(from_afar, base_url=LOCAL)
     refused(far.get("/api/get_queues"), 403, "Forbidden")
+    # A name allowed for a tunnel does not open the API to other machines without tokens.
+    tunnel = create_app(engine, schemas=[schema46], allowed_hosts=["queue.tunnel"])
+
+    async def through_tunnel(scope: Any, receive: Any, send: Any) -> None:
+        await tunnel({**scope, "client": ("10.1.2.3", 4444)}, receive, send)
+
+    refused(
+        TestClient(through_tunnel, base_url="http://queue.tunnel").get("/api/get_queues"),
+        403,
+        "Forbidden",
+    )
+    assert ok(TestClient(tunnel, base_url="http://queue.tunnel").get("/api/get_queues")) == []
 
 
 def test_read_only_serves_reads_and_refuses_every_write(engine: Engine, schema46: str) -> None:

@@ -3,8 +3,8 @@
 For every request to ``/api/<operation>`` (or ``/s/<schema>/api/<operation>`` for a
 schema other than the first), in order:
 
-1. **Host.** Without tokens, only a loopback ``Host`` (or one in ``allowed_hosts``), and
-   only from a loopback client address: a page on another site whose name was rebound
+1. **Host.** Without tokens, only from a loopback client address, and only to a loopback
+   ``Host`` (or one in ``allowed_hosts``): a page on another site whose name was rebound
    to 127.0.0.1 sends its own name and is refused.
 2. **Token.** With tokens, ``Authorization: Bearer <token>``, compared in constant time
    with every token (or given to the application's check); else 401.
@@ -182,23 +182,28 @@ class Api:
     # ----------------------------------------------------------- the gates
 
     def check_host(self, request: Request) -> None:
+        """Without tokens, only a loopback client (when its address is known) and a
+        loopback ``Host`` or one of ``allowed_hosts``; with tokens, any ``Host`` unless
+        ``allowed_hosts`` names some."""
+        if not self.has_auth:
+            client = request.client.host if request.client is not None else ""
+            try:
+                remote = ipaddress.ip_address(client.strip("[]"))
+            except ValueError:
+                remote = None  # not an address (an in-process test client): the Host decides
+            if remote is not None and not remote.is_loopback:
+                raise Refused(
+                    403, "Forbidden", "without tokens this API answers loopback clients only"
+                )
         allowed = self.allowed_hosts
         if allowed is not None and "*" in allowed:
             return
-        name = host_name(request.headers.get("host", ""))
-        if name is not None and allowed is not None and name in allowed:
-            return
-        if self.has_auth and allowed is None:
+        if allowed is None and self.has_auth:
             return  # a token is asked for: any name the proxy in front passes
-        client = request.client.host if request.client is not None else ""
-        try:
-            remote = ipaddress.ip_address(client.strip("[]"))
-        except ValueError:
-            remote = None  # not an address (an in-process test client): the Host decides
-        if remote is not None and not remote.is_loopback:
-            raise Refused(403, "Forbidden", "without tokens this API answers loopback clients only")
-        if name is None or not is_loopback(name):
-            raise Refused(403, "Forbidden", f"this API does not answer to the host {shown(name)}")
+        name = host_name(request.headers.get("host", ""))
+        if name is not None and (is_loopback(name) or (allowed is not None and name in allowed)):
+            return
+        raise Refused(403, "Forbidden", f"this API does not answer to the host {shown(name)}")
 
     async def check_token(self, request: Request) -> None:
         if not self.has_auth:
