@@ -30,12 +30,16 @@ to write one of your new revisions into alkstore_sa's package folder or onto its
 revision, because our revision is then the only head). It fires for
 ``alembic revision --autogenerate``, and for plain ``alembic revision`` when
 ``alembic.ini`` sets ``revision_environment = true``.
+
+And it returns :func:`on_version_apply`, which creates our attempt history table
+(``alkstore_job_attempt``, the "Attempt history" page) in the queue schema after each of
+our revisions runs upward, as ``alkstore db upgrade`` does after its revisions.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -44,9 +48,10 @@ from alembic.runtime.environment import (
     IncludeNameFn,
     IncludeObjectFn,
     NameFilterParentNames,
+    OnVersionApplyFn,
     ProcessRevisionDirectiveFn,
 )
-from alembic.runtime.migration import MigrationContext
+from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import Script, ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util import coerce_resource_to_filename
@@ -59,6 +64,7 @@ from .migrations import (
     REVISION_PREFIX,
     VERSION_TABLE,
     AlembicForeignRevisionError,
+    attempts,
     refuse_foreign_revisions,
 )
 from .models import metadata as alkstore_metadata
@@ -80,6 +86,7 @@ class FilterOptions(TypedDict):
     include_name: IncludeNameFn
     include_object: IncludeObjectFn
     process_revision_directives: ProcessRevisionDirectiveFn
+    on_version_apply: OnVersionApplyFn
 
 
 def _schema_from_context() -> str:
@@ -179,11 +186,12 @@ class AlkstoreFilters:
         process_revision_directives(context, revision, directives)
 
     def options(self) -> FilterOptions:
-        """The three hooks, by name, for ``context.configure(**...)``."""
+        """The four hooks, by name, for ``context.configure(**...)``."""
         return {
             "include_name": self.include_name,
             "include_object": self.include_object,
             "process_revision_directives": self.process_revision_directives,
+            "on_version_apply": on_version_apply,
         }
 
 
@@ -216,7 +224,7 @@ def combine(
 
     >>> opts = combine(include_name=lambda name, type_, parents: name != "legacy")
     >>> sorted(opts)
-    ['include_name', 'include_object', 'process_revision_directives']
+    ['include_name', 'include_object', 'on_version_apply', 'process_revision_directives']
     """
     return AlkstoreFilters(
         schemas,
@@ -224,6 +232,27 @@ def combine(
         include_object=include_object,
         process_revision_directives=process_revision_directives,
     ).options()
+
+
+def on_version_apply(
+    ctx: MigrationContext,
+    step: MigrationInfo,
+    heads: Collection[Any],
+    run_args: Mapping[str, Any],
+) -> None:
+    """Alembic hook: after one of our revisions ran upward online, create the attempt
+    history table in the queue schema unless it is there (in the migration's
+    transaction; nothing for your revisions, a downgrade, a stamp or ``--sql``).
+
+    ``alembic upgrade heads`` in your environment then leaves what ``alkstore db upgrade``
+    leaves; without the hook, :func:`alkstore_sa.migrate.install_attempt_history` does it.
+    """
+    revision = step.up_revision_id or ""
+    if not revision.startswith(REVISION_PREFIX) or not step.is_upgrade or step.is_stamp:
+        return
+    if ctx.as_sql or ctx.connection is None:
+        return
+    attempts.install(ctx.connection, _schema_from_context())
 
 
 def process_revision_directives(

@@ -208,7 +208,9 @@ def test_the_pages_walkthrough_keeps_the_apps_revisions_in_the_apps_folder(app: 
             # In the app's folder, never in the package's.
             assert _package_files() == package_before
         elif args[:2] == ["upgrade", "heads"]:
-            assert {"job", "job_common", "queue", "version"} <= app.tables("pgboss")
+            assert {"job", "job_common", "queue", "version", "alkstore_job_attempt"} <= app.tables(
+                "pgboss"
+            )
             # The version table holds the heads: ours, and the app's latest.
             assert app.recorded() == {"alkstore_0046"} | {
                 _declared(p, "revision") for p in made[-1:]
@@ -266,7 +268,7 @@ def test_the_upgrade_from_python_block_installs_the_schema_it_names(app: App) ->
         [sys.executable, "-c", block], cwd=app.root, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert "job_common" in app.tables("jobs")
+    assert {"job_common", "alkstore_job_attempt"} <= app.tables("jobs")
     assert app.recorded() == {"alkstore_0046"}
 
 
@@ -274,7 +276,12 @@ def test_the_own_filters_block_combines_the_users_filter_with_ours() -> None:
     namespace: dict[str, Any] = {}
     exec(_python_blocks()[OWN_FILTERS], namespace)
     options = namespace["alkstore_options"]
-    assert sorted(options) == ["include_name", "include_object", "process_revision_directives"]
+    assert sorted(options) == [
+        "include_name",
+        "include_object",
+        "on_version_apply",
+        "process_revision_directives",
+    ]
     include_name = options["include_name"]
     assert include_name("legacy", "table", {"schema_name": None}) is False  # the user's
     assert include_name("pgboss", "schema", {}) is False  # ours

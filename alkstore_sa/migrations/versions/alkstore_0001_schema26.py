@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql
 from alkstore_sa.errors import SchemaVersionError
 from alkstore_sa.migrations import schema_name
 from alkstore_sa.migrations.helpers import run_sql
+from alkstore_sa.models.attempts import ATTEMPT_TABLE
 from alkstore_sa.names import NEWEST_KNOWN_SCHEMA_VERSION, SPOKEN_SCHEMA_VERSIONS, schema_key
 
 revision: str = "alkstore_0001"
@@ -397,6 +398,9 @@ def downgrade() -> None:
     for table in ("job", "subscription", "schedule", "queue", "version"):
         op.drop_table(table, schema=schema)
     run_sql(f"DROP TYPE IF EXISTS {_q(schema)}.job_state")
+    # Our attempt history, made beside the revisions (by `alkstore db upgrade`, or by the
+    # on_version_apply hook of alkstore_sa.alembic_filters), goes with the queue tables.
+    run_sql(f"DROP TABLE IF EXISTS {_q(schema)}.{ATTEMPT_TABLE}")
     # The schema goes too, unless something else (an Alembic version table, the
     # application's own tables) still lives in it.
     run_sql(
