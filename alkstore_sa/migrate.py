@@ -483,13 +483,13 @@ def downgrade(
                 "it can only be removed (downgrade to base), not taken to an earlier version",
             )
         if _job_table_plain(conn, schema):
+            attempts.remove(conn, schema)  # the partitioned schema's revision 0001 drops it
             _remove_plain(conn, schema)
         else:
             _end_own_transaction(bind, conn)
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, revision)
         if revision == BASE:
-            attempts.remove(conn, schema)
             _drop_leftovers(conn, schema)
 
 

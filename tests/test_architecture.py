@@ -76,7 +76,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "workers, dashboard and HTTP API",
-        ("alkstore_sa.worker", "alkstore_sa.dashboard", "alkstore_sa.api"),
+        ("alkstore_sa.worker", "alkstore_sa._web", "alkstore_sa.dashboard", "alkstore_sa.api"),
     ),
     ("entry points", ("alkstore_sa.cli", "alkstore_sa.testing", "alkstore_sa")),
 ]

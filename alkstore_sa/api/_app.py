@@ -33,10 +33,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from sqlalchemy.orm import Session
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -44,6 +43,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from .._hosts import host_name, is_loopback, normalise_hosts
+from .._web import checked_schemas, in_transaction
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
 from ..errors import (
@@ -53,7 +53,6 @@ from ..errors import (
     SchemaNotInstalledError,
     shown,
 )
-from ..names import validate_schema
 from ..service import QueueService
 from ._openapi import docs_page, openapi_document
 from ._operations import BY_NAME, BatchTooLarge, Operation, call_for, from_query
@@ -138,15 +137,7 @@ class Api:
         backend: str | Backend | None,
         title: str,
     ) -> None:
-        if not isinstance(engine, Engine):
-            raise InvalidOptionsError(
-                "engine", f"must be a synchronous SQLAlchemy Engine, not {type(engine).__name__}"
-            )
-        if isinstance(schemas, str):
-            schemas = (schemas,)
-        if not schemas:
-            raise InvalidOptionsError("schemas", "name at least one schema")
-        self.schemas = tuple(validate_schema(s) for s in schemas)
+        self.schemas = checked_schemas(engine, schemas)
         self.engine = engine
         self.backend = resolve_backend(backend, dialect=engine.dialect.name)
         self.tokens: tuple[bytes, ...] = ()
@@ -280,14 +271,7 @@ class Api:
     def run(self, schema: str, work: Callable[[QueueService], Any], *, write: bool) -> Any:
         """``work`` in a transaction of its own (committed when it writes), with the
         statement timeout; called in the thread pool."""
-        with Session(self.engine) as session, session.begin():
-            if not write:
-                session.execute(text("SET TRANSACTION READ ONLY"))
-            session.execute(
-                text("SELECT set_config('statement_timeout', :ms, true)"),
-                {"ms": str(self.timeout_ms)},
-            )
-            return work(QueueService(session, schema=schema, backend=self.backend))
+        return in_transaction(self.engine, schema, self.backend, self.timeout_ms, work, write=write)
 
 
 def _no_constant(name: str) -> Any:
@@ -370,22 +354,25 @@ def _error(request: Request, exc: Exception) -> Response:
     return problem(500, "InternalError", "the request failed; the server's log says why")
 
 
-async def openapi(request: Request) -> Response:
-    api: Api = request.app.state.api
-    try:
-        api.check_host(request)
-    except Refused as exc:
-        return problem(exc.status, exc.name, str(exc))
-    return JSONResponse(api.document, headers=_HEADERS)
+def _described(respond: Callable[[Api], Response]) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint describing the API (its document, its page): the host check, then
+    ``respond``; no token needed."""
+
+    async def endpoint(request: Request) -> Response:
+        api: Api = request.app.state.api
+        try:
+            api.check_host(request)
+        except Refused as exc:
+            return problem(exc.status, exc.name, str(exc))
+        return respond(api)
+
+    return endpoint
 
 
-async def docs(request: Request) -> Response:
-    api: Api = request.app.state.api
-    try:
-        api.check_host(request)
-    except Refused as exc:
-        return problem(exc.status, exc.name, str(exc))
-    return HTMLResponse(api.page, headers={**_HEADERS, "Content-Security-Policy": _DOCS_CSP})
+openapi = _described(lambda api: JSONResponse(api.document, headers=_HEADERS))
+docs = _described(
+    lambda api: HTMLResponse(api.page, headers={**_HEADERS, "Content-Security-Policy": _DOCS_CSP})
+)
 
 
 async def healthz(request: Request) -> Response:

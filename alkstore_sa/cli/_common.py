@@ -179,6 +179,35 @@ def leaf(
     return parser
 
 
+def server_parser(
+    sub: Any,
+    name: str,
+    help: str,
+    *,
+    port: int,
+    schema_help: str,
+    read_only_help: str,
+    allowed_host_help: str,
+) -> argparse.ArgumentParser:
+    """The parser of a command that serves HTTP (``dashboard``, ``api``): the global
+    options, a repeatable ``--schema`` (replacing the global one), ``--host``, ``--port``,
+    ``--read-only`` and ``--allowed-host``."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_global_options(parent, suppress=True)
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, parents=[parent], conflict_handler="resolve"
+    )
+    p.add_argument("--schema", dest="schemas", action="append", metavar="SCHEMA", help=schema_help)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=port, help=f"port (default {port})")
+    p.add_argument("--read-only", action="store_true", help=read_only_help)
+    p.add_argument(
+        "--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
+        help=allowed_host_help,
+    )  # fmt: skip
+    return p
+
+
 def cannot_listen(exc: OSError, host: str, port: int, option: str) -> CommandError:
     """The one-line error for a server that could not bind ``host:port``, naming
     the option that chooses another port (exit 1)."""

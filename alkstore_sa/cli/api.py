@@ -16,38 +16,22 @@ from typing import Any
 
 from .._hosts import is_loopback, listen
 from ..names import validate_schema
-from ._common import BadInput, CommandError, add_global_options, cannot_listen, engine_from
+from ._common import BadInput, CommandError, cannot_listen, engine_from, server_parser
 
 TOKENS_ENV = "ALKSTORE_API_TOKENS"
 DEFAULT_PORT = 8766
 
 
 def register(sub: Any) -> None:
-    parent = argparse.ArgumentParser(add_help=False)
-    add_global_options(parent, suppress=True)
-    p = sub.add_parser(
+    p = server_parser(
+        sub,
         "api",
-        help="serve the HTTP API (needs the api extra)",
-        parents=[parent],
-        conflict_handler="resolve",
-    )
-    p.add_argument(
-        "--schema",
-        dest="schemas",
-        action="append",
-        metavar="SCHEMA",
-        help="a queue schema to serve (the first at /api, each at /s/SCHEMA/api); repeat "
-        "for more (default: the global --schema)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--read-only", action="store_true", help="refuse every operation that writes")
-    p.add_argument(
-        "--allowed-host",
-        dest="allowed_hosts",
-        action="append",
-        metavar="NAME",
-        help="a Host name answered besides loopback ones (repeatable; '*' for any)",
+        "serve the HTTP API (needs the api extra)",
+        port=DEFAULT_PORT,
+        schema_help="a queue schema to serve (the first at /api, each at /s/SCHEMA/api); "
+        "repeat for more (default: the global --schema)",
+        read_only_help="refuse every operation that writes",
+        allowed_host_help="a Host name answered besides loopback ones (repeatable; '*' for any)",
     )
     p.add_argument(
         "--supervise",

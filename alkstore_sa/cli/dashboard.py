@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from ..names import validate_schema
-from ._common import BadInput, CommandError, add_global_options, cannot_listen, engine_from
+from ._common import BadInput, CommandError, cannot_listen, engine_from, server_parser
 
 USER_ENV = "ALKSTORE_DASHBOARD_USER"
 PASSWORD_ENV = "ALKSTORE_DASHBOARD_PASSWORD"
@@ -26,32 +26,15 @@ DEFAULT_PORT = 8765
 
 
 def register(sub: Any) -> None:
-    parent = argparse.ArgumentParser(add_help=False)
-    add_global_options(parent, suppress=True)
-    # Its --schema is repeatable: it replaces the global one (a single value) here.
-    p = sub.add_parser(
+    p = server_parser(
+        sub,
         "dashboard",
-        help="serve the web dashboard (needs the dashboard extra)",
-        parents=[parent],
-        conflict_handler="resolve",
-    )
-    p.add_argument(
-        "--schema",
-        dest="schemas",
-        action="append",
-        metavar="SCHEMA",
-        help="a queue schema to show; repeat for more (default: the global --schema)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--read-only", action="store_true", help="show no actions; refuse every POST")
-    p.add_argument(
-        "--allowed-host",
-        dest="allowed_hosts",
-        action="append",
-        metavar="NAME",
-        help="a Host name the dashboard answers to besides loopback ones (repeatable; "
-        "'*' for any); the name a proxy or a tunnel in front passes",
+        "serve the web dashboard (needs the dashboard extra)",
+        port=DEFAULT_PORT,
+        schema_help="a queue schema to show; repeat for more (default: the global --schema)",
+        read_only_help="show no actions; refuse every POST",
+        allowed_host_help="a Host name the dashboard answers to besides loopback ones "
+        "(repeatable; '*' for any); the name a proxy or a tunnel in front passes",
     )
     p.add_argument(
         "--refresh",

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Engine, text
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,12 +22,12 @@ from starlette.responses import HTMLResponse
 
 from .. import migrate, schema_health
 from .._hosts import normalise_hosts
+from .._web import checked_schemas, in_transaction
 from ..backends import Backend
 from ..backends import resolve as resolve_backend
 from ..errors import InvalidOptionsError, shown
 from ..migrations import attempts
 from ..models.enums import JobState
-from ..names import validate_schema
 from ..service import QueueService
 from ._auth import CSRF_COOKIE, FLASH_COOKIE, AuthHook, RequestAuth
 from ._render import environment
@@ -65,15 +64,7 @@ class Dashboard(RequestAuth):
         backend: str | Backend | None = None,
         refresh_seconds: int = 5,
     ) -> None:
-        if not isinstance(engine, Engine):
-            raise InvalidOptionsError(
-                "engine", f"must be a synchronous SQLAlchemy Engine, not {type(engine).__name__}"
-            )
-        if isinstance(schemas, str):
-            schemas = (schemas,)
-        if not schemas:
-            raise InvalidOptionsError("schemas", "name at least one schema")
-        self.schemas = tuple(validate_schema(s) for s in schemas)
+        self.schemas = checked_schemas(engine, schemas)
         self.backend = resolve_backend(backend, dialect=engine.dialect.name)
         if isinstance(statement_timeout_ms, bool) or not isinstance(statement_timeout_ms, int):
             raise InvalidOptionsError("statement_timeout_ms", "must be an integer")
@@ -115,14 +106,7 @@ class Dashboard(RequestAuth):
         return schema
 
     def _session_work(self, schema: str, work: Callable[[QueueService], T], *, write: bool) -> T:
-        with Session(self.engine) as session, session.begin():
-            if not write:
-                session.execute(text("SET TRANSACTION READ ONLY"))
-            session.execute(
-                text("SELECT set_config('statement_timeout', :ms, true)"),
-                {"ms": str(self.timeout_ms)},
-            )
-            return work(QueueService(session, schema=schema, backend=self.backend))
+        return in_transaction(self.engine, schema, self.backend, self.timeout_ms, work, write=write)
 
     async def read(self, schema: str, work: Callable[[QueueService], T]) -> T:
         """Run ``work`` in a read-only transaction of its own, in the thread pool."""
