@@ -30,11 +30,10 @@ class _EngineState:
         self.policies = PolicyCache()
         # schema -> where supervision's sweep of the attempt history stopped.
         self.sweeps: dict[str, int] = {}
-        # schema -> (version, when it was read); a version once seen is kept after
-        # its entry expires, so that a change can be told from a first reading.
-        self._versions: dict[str, tuple[int, float]] = {}
-        # schema -> whether it held the attempt history table at that reading.
-        self._history: dict[str, bool] = {}
+        # schema -> (version, when it was read, whether the attempt history table was
+        # there); a version once seen is kept after its entry expires, so that a change
+        # can be told from a first reading.
+        self._versions: dict[str, tuple[int, float, bool]] = {}
         self._lock = threading.Lock()
 
     def version(self, schema: str) -> int | None:
@@ -57,7 +56,8 @@ class _EngineState:
 
     def history(self, schema: str) -> bool:
         """Whether ``schema`` held the attempt history table when its version was read."""
-        return self._history.get(schema, False)
+        hit = self._versions.get(schema)
+        return hit is not None and hit[2]
 
     def remember(self, schema: str, version: int, *, history: bool = False) -> int | None:
         """Store a version just read (and whether the attempt history table was there);
@@ -68,8 +68,7 @@ class _EngineState:
         """
         with self._lock:
             before = self.known(schema)
-            self._versions[schema] = (version, time.monotonic())
-            self._history[schema] = history
+            self._versions[schema] = (version, time.monotonic(), history)
         if before is None or before == version:
             return None
         log.warning(
@@ -94,14 +93,13 @@ class _EngineState:
         with self._lock:
             hit = self._versions.get(schema)
             if hit is not None:
-                self._versions[schema] = (hit[0], 0.0)
+                self._versions[schema] = (hit[0], 0.0, hit[2])
 
     def forget(self, schema: str) -> None:
         """Forget everything about ``schema`` (it was dropped or refused): its version,
         its queues' policies and where its attempt sweep stopped."""
         with self._lock:
             self._versions.pop(schema, None)
-            self._history.pop(schema, None)
             self.sweeps.pop(schema, None)
         self.policies.forget(schema)
 

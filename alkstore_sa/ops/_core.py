@@ -14,12 +14,7 @@ from .. import versions
 from ..backends import POSTGRES, Backend
 from ..names import SCHEMA_VERSION, notify_channel, schema_key
 from ..schema_versions import NO_VERSION_ROW
-from ..sql.common.base import (
-    attempt_table_exists,
-    job_table_kind,
-    version_row,
-    version_table_exists,
-)
+from ..sql.common.base import schema_tables, version_row, version_table_exists
 from ..sql.statements import Failing, Statements, statements_for
 from ..sql.v46.fail import SplitFail
 
@@ -155,18 +150,19 @@ def check_schema(ctx: Context) -> Op[int]:
         expected = min((v for v in spoken if version is None or v >= version), default=max(spoken))
         raise SchemaVersionError(ctx.schema, version, expected, spoken=spoken)
     assert version is not None  # spoken versions are numbers
-    yield from _check_profile(ctx, version)
-    ctx.history = bool((yield Call(attempt_table_exists(ctx.schema))).scalar())
+    tables = (yield Call(schema_tables(ctx.schema))).one()
+    _check_profile(ctx, version, tables.job_kind)
+    ctx.history = bool(tables.attempts)
     ctx.version = found
     return found
 
 
-def _check_profile(ctx: Context, version: int) -> Op[None]:
-    """Refuse a schema built for another backend profile (its job table partitioned or
-    not): :class:`~alkstore_sa.SchemaProfileError`, before anything else is read."""
+def _check_profile(ctx: Context, version: int, kind: str | None) -> None:
+    """Refuse a schema built for another backend profile (its job table's ``kind``,
+    partitioned or not): :class:`~alkstore_sa.SchemaProfileError`, before anything else
+    is read."""
     from ..errors import SchemaProfileError
 
-    kind = (yield Call(job_table_kind(ctx.schema))).scalar()
     if kind is None:
         return  # no job table: the catalog checks (``alkstore db check``) say what is amiss
     plain = ctx.backend.has("noTablePartitioning")

@@ -203,17 +203,16 @@ def version_table_exists(schema: str) -> Select[Any]:
     return select(func.to_regclass(literal(f'"{schema}".version', Text)).is_not(None))
 
 
-def job_table_kind(schema: str) -> Select[Any]:
-    """``pg_class.relkind`` of ``<schema>.job`` (``'p'`` partitioned, ``'r'`` a plain
-    table), no row without one; ``schema`` is bound as text, as above."""
+def schema_tables(schema: str) -> Select[Any]:
+    """One row: ``job_kind``, the ``pg_class.relkind`` of ``<schema>.job`` (``'p'``
+    partitioned, ``'r'`` a plain table, NULL without one), and ``attempts``, whether
+    ``<schema>.alkstore_job_attempt`` (the attempt history) exists; ``schema`` is bound as
+    text, as above."""
     c = table("pg_class", column("oid", OID), column("relkind", Text), schema="pg_catalog")
-    return select(c.c.relkind).where(c.c.oid == func.to_regclass(literal(f'"{schema}".job', Text)))
-
-
-def attempt_table_exists(schema: str) -> Select[Any]:
-    """Whether ``<schema>.alkstore_job_attempt`` (the attempt history) exists; ``schema``
-    is bound as text, as above."""
-    return select(func.to_regclass(literal(f'"{schema}".{ATTEMPT_TABLE}', Text)).is_not(None))
+    job = func.to_regclass(literal(f'"{schema}".job', Text))
+    kind = select(c.c.relkind).where(c.c.oid == job).scalar_subquery()
+    attempts = func.to_regclass(literal(f'"{schema}".{ATTEMPT_TABLE}', Text)).is_not(None)
+    return select(kind.label("job_kind"), attempts.label("attempts"))
 
 
 def version_row() -> Select[Any]:
