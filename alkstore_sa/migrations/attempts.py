@@ -13,24 +13,20 @@ before, with no history kept).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, MetaData, func, literal, select
+from sqlalchemy import Connection, MetaData
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from ..models.attempts import ATTEMPT, ATTEMPT_TABLE
+from ..models.attempts import ATTEMPT
 from ..names import DEFAULT_SCHEMA
+from ..sql.common.base import schema_tables
 
 __all__ = ["exists", "install", "offline_sql", "remove"]
 
 
-def _qualified(conn: Connection, schema: str) -> str:
-    return f"{conn.dialect.identifier_preparer.quote_schema(schema)}.{ATTEMPT_TABLE}"
-
-
 def exists(conn: Connection, schema: str) -> bool:
     """Whether ``schema`` holds the attempt history table."""
-    found = conn.execute(select(func.to_regclass(literal(_qualified(conn, schema))))).scalar()
-    return found is not None
+    return bool(conn.execute(schema_tables(schema)).one().attempts)
 
 
 def install(conn: Connection, schema: str) -> bool:
