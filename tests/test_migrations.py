@@ -10,6 +10,8 @@ reference); aimed at the default (46), the catalog ``migrate.upgrade`` builds at
 from __future__ import annotations
 
 import argparse
+import ast
+import gc
 import io
 import os
 import shutil
@@ -759,12 +761,38 @@ def test_foreign_revisions_are_told_by_the_revision_id_they_declare(versions_cop
     (versions_copy / "no_revision.py").write_text("x = 1\n")
     (versions_copy / "broken.py").write_text("revision = (\n")
     (versions_copy / "alkstore_0002_next.py").write_text('revision: str = "alkstore_0002"\n')
+    (versions_copy / "alkstore_0003_more.py").write_text(
+        '"""revision = "x"\n"""\n'
+        'if True:\n    revision = "nested"\n'
+        "revision = 'alkstore_0003'; x = 1\n"
+    )
+    (versions_copy / "nested_only.py").write_text('if True:\n    revision = "alkstore_0004"\n')
+    (versions_copy / "computed.py").write_text('revision = "alkstore_" + "0005"\n')
     # Files Alembic does not load as revisions are not looked at.
     (versions_copy / "__init__.py").write_text("")
     (versions_copy / ".#alkstore_0001_schema26.py").write_text("")
     (versions_copy / "README").write_text("")
     found = [p.name for p in foreign_revisions(versions_copy)]
-    assert found == ["4f1c_app.py", "broken.py", "no_revision.py"]
+    assert found == ["4f1c_app.py", "broken.py", "computed.py", "nested_only.py", "no_revision.py"]
+
+
+def test_revision_ids_are_read_while_a_finalizer_formats_a_traceback() -> None:
+    # A connection finalized by the garbage collector in the middle of the read logs a
+    # traceback, and on CPython 3.11 formatting one parses source into an AST: an AST
+    # being built at that moment failed with "AST constructor recursion depth mismatch".
+    def format_a_traceback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            ast.parse("a[b](c)")  # what traceback's caret placement does
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(format_a_traceback)
+    gc.set_threshold(1)
+    try:
+        for _ in range(3):
+            assert foreign_revisions() == []
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(format_a_traceback)
 
 
 @pytest.mark.parametrize("call", ["upgrade", "downgrade", "offline_sql"])

@@ -18,9 +18,9 @@ of them runs.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
+import tokenize
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -80,25 +80,58 @@ class AlembicForeignRevisionError(ForeignRevisionError, CommandError):
 def revision_id(path: str | os.PathLike[str]) -> str | None:
     """The ``revision = "..."`` a revision file declares, read without running it.
 
-    ``None`` if the file does not assign a string literal to ``revision`` at top level
-    (or is not valid Python).
+    ``None`` if the file does not assign a plain string literal to ``revision`` at top
+    level (or cannot be read as Python tokens).
+
+    The file is read as tokens, not parsed into an AST: on CPython 3.11 an
+    ``ast.parse`` that a garbage-collection finalizer interrupts with another one (a
+    logged traceback formats itself with ``ast.parse``) fails with ``SystemError``.
     """
     try:
-        tree = ast.parse(Path(path).read_bytes(), filename=os.fspath(path))
-    except (SyntaxError, ValueError):
+        with open(path, "rb") as handle:
+            tokens = list(tokenize.tokenize(handle.readline))
+    except (SyntaxError, tokenize.TokenError, UnicodeDecodeError):
         return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == "revision" for t in targets):
-            value = node.value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                return value.value
+    statement: list[tokenize.TokenInfo] = []
+    depth = 0  # brackets open in the current statement
+    indent = 0  # blocks open: statements inside them are not top level
+    for tok in tokens:
+        if tok.type == tokenize.INDENT:
+            indent += 1
+        elif tok.type == tokenize.DEDENT:
+            indent -= 1
+        elif depth == 0 and (
+            tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or tok.string == ";"
+        ):
+            found = _assigned_revision(statement) if indent == 0 else None
+            if found is not None:
+                return found
+            statement = []
+        elif tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.ENCODING):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth -= 1
+            statement.append(tok)
     return None
+
+
+_PLAIN_STRING = re.compile(r"""^[uU]?(?P<q>['"])(?P<text>[^'"\\\n]*)(?P=q)$""")
+
+
+def _assigned_revision(statement: list[tokenize.TokenInfo]) -> str | None:
+    """The text of ``revision = "..."`` or ``revision: <annotation> = "..."``, else ``None``."""
+    parts = [tok.string for tok in statement]
+    if not parts or parts[0] != "revision" or "=" not in parts:
+        return None
+    equals = parts.index("=")
+    if (equals != 1 and parts[1] != ":") or len(parts) != equals + 2:
+        return None
+    literal = statement[equals + 1]
+    if literal.type != tokenize.STRING:
+        return None
+    plain = _PLAIN_STRING.match(literal.string)
+    return plain.group("text") if plain else None
 
 
 def foreign_revisions(directory: str | os.PathLike[str] = VERSIONS_DIR) -> list[Path]:
