@@ -14,6 +14,8 @@ import ast
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from support.source import parsed
+
 PACKAGE = Path(__file__).resolve().parent.parent / "alkstore_sa"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -109,7 +111,7 @@ def imports_of(name: str, path: Path, is_package: bool, known: Mapping[str, obje
     """The modules of ``known`` that module ``name`` imports, anywhere in its text."""
     here = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
@@ -315,7 +317,7 @@ def positional_bools(package: Path) -> list[tuple[str, str, str]]:
     """Every ``bool`` parameter that can be passed by position: (file, function, name)."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 for arg in node.args.posonlyargs + node.args.args:

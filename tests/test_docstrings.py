@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+from support.source import parsed
+
 PACKAGE = Path(__file__).resolve().parent.parent / "alkstore_sa"
 REPO_PATH = re.compile(r"\b(?:docs/[\w./-]+\.md|tests/[\w./-]+\.py)")
 
@@ -14,7 +16,7 @@ REPO_PATH = re.compile(r"\b(?:docs/[\w./-]+\.md|tests/[\w./-]+\.py)")
 def test_no_docstring_cites_a_path_the_wheel_does_not_ship() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             # Every bare string statement: module, class and function docstrings, and
             # the ones documenting a constant or an attribute.

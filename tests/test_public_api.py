@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.source import parsed
 
 import alkstore_sa
 import alkstore_sa.testing as testing
@@ -125,7 +126,7 @@ def own_docstring(value: Any) -> str:
 
 def attribute_docstrings(module: Any) -> dict[str, str]:
     """Module constants documented by a string right after their assignment."""
-    tree = ast.parse(inspect.getsource(module))
+    tree = parsed(inspect.getsource(module))
     docs: dict[str, str] = {}
     for before, after in zip(tree.body, tree.body[1:], strict=False):
         if (
