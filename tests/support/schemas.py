@@ -237,10 +237,10 @@ class SchemaPool:
         self._free[key].append(name)
 
     def close(self) -> None:
-        """Drop every schema still kept."""
-        for names in self._free.values():
-            for name in names:
-                drop_schema(self.engine, name)
+        """Drop every schema this pool made and has not dropped: kept or still taken."""
+        for name in list(self._installed):
+            drop_schema(self.engine, name)
+            del self._installed[name]
         self._free.clear()
 
 
