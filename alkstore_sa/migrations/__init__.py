@@ -101,21 +101,23 @@ def revision_id(path: str | os.PathLike[str]) -> str | None:
         elif tok.type == tokenize.DEDENT:
             indent -= 1
         elif depth == 0 and (
-            tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or tok.string == ";"
+            tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or tok.exact_type == tokenize.SEMI
         ):
             found = _assigned_revision(statement) if indent == 0 else None
             if found is not None:
                 return found
             statement = []
         elif tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.ENCODING):
-            if tok.type == tokenize.OP and tok.string in "([{":
+            if tok.exact_type in _OPENING:
                 depth += 1
-            elif tok.type == tokenize.OP and tok.string in ")]}":
+            elif tok.exact_type in _CLOSING:
                 depth -= 1
             statement.append(tok)
     return None
 
 
+_OPENING = frozenset({tokenize.LPAR, tokenize.LSQB, tokenize.LBRACE})
+_CLOSING = frozenset({tokenize.RPAR, tokenize.RSQB, tokenize.RBRACE})
 _PLAIN_STRING = re.compile(r"""^[uU]?(?P<q>['"])(?P<text>[^'"\\\n]*)(?P=q)$""")
 
 
@@ -138,7 +140,7 @@ def foreign_revisions(directory: str | os.PathLike[str] = VERSIONS_DIR) -> list[
     """The revision files in ``directory`` that are not alkstore_sa's, sorted.
 
     A file is ours when the revision id it declares starts with ``alkstore_``.
-    The files are parsed, never imported.
+    The files are read as tokens (:func:`revision_id`), never imported.
     """
     folder = Path(directory)
     if not folder.is_dir():
