@@ -23,6 +23,19 @@ How a page is run (one test per page):
 - After the page, its ``check`` asserts what the examples should have done (the job rows, the
   handlers' calls), so an example that runs without error but stores the wrong thing fails.
 
+- A **project page** (``docs/tutorial.md``; ``Page(project=True)``) builds an app in a folder
+  of its own (the test's ``tmp_path/project``), as its reader does: a ``python`` block whose
+  first line is ``# path/to/file.py`` is that file of the project (written, not run); an
+  ``ini`` block's keys are set in the project's ``alembic.ini`` (which ``alembic init`` wrote);
+  each ``$ ...`` line of a ``console`` block runs in the project folder (``python`` is this
+  interpreter) and must exit 0, except a command in ``Page.background``, which is started and
+  left running (as in a terminal of its own) until the next console command or the end of the
+  page, then stopped with SIGINT (Ctrl-C) and must exit 0. Its other ``python`` blocks run in
+  the page's namespace with the project importable; once a background process runs, each
+  such block waits until it has registered its worker and no job due within a minute is
+  unfinished (dead-letter queues aside: nobody works them). Every block's text gets the URL
+  rule, so the app's and its tests' databases are the page's database.
+
 ``docs/how-to/alembic.md`` is not collected here: its blocks belong to an Alembic ``env.py``
 and a migration, and ``tests/test_alembic_app.py`` runs them inside a throw-away Alembic project.
 """
@@ -31,10 +44,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import configparser
 import datetime as dt
 import inspect
 import logging
+import os
 import re
+import shlex
+import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -271,6 +289,8 @@ class Page:
     before_block: dict[int, Callable[[Ctx], None]] = field(default_factory=dict)
     pytest_tests: int | None = None  # the page defines this many pytest tests
     cleanup: Callable[[Ctx], None] | None = None  # undoes what the page did to the process
+    project: bool = False  # builds a project in a folder (see the module's docstring)
+    background: frozenset[str] = frozenset()  # a project's commands that run until stopped
 
 
 def readme_prelude(ctx: Ctx) -> dict[str, Any]:
@@ -681,6 +701,30 @@ def apptests_check(ctx: Ctx, ns: dict[str, Any]) -> None:
     assert [row.shipped for row in ctx.sql("SELECT shipped FROM orders")] == [True]
 
 
+def tutorial_prelude(ctx: Ctx) -> dict[str, Any]:
+    require_module("fastapi", "the tutorial (the examples extra)")
+    require_module("jinja2", "the tutorial's dashboard (the dashboard extra)")
+    return {}  # the page installs everything itself, as its reader does
+
+
+def tutorial_check(ctx: Ctx, ns: dict[str, Any]) -> None:
+    project: Project = ctx.notes["project"]
+    log = "\n".join(project.log)
+    assert (ns["receipt"].state, ns["receipt"].output) == (
+        "completed",
+        {"sent_to": "ada@example.com"},
+    )
+    assert ns["failed"].state == "failed" and ns["failed"].retry_count == 2
+    assert ns["copy"].data == {"order": ns["bad"]["order"]}
+    assert (ns["report"].cron, ns["report"].timezone) == ("0 6 * * *", "Europe/Paris")
+    assert "mail to ada@example.com: Your book is on its way" in log
+    assert "4 passed" in log, log
+    # The tests cleaned up after the walkthrough: only what their last test left.
+    assert [j.data for j in ctx.jobs("receipts-dlq")] == [
+        {"order": row.id} for row in ctx.sql("SELECT id FROM orders")
+    ]
+
+
 def heartbeats_prelude(ctx: Ctx) -> dict[str, Any]:
     install_schema(ctx)
     parts: list[Any] = []
@@ -916,6 +960,12 @@ PAGES: dict[str, Page] = {
     "docs/how-to/flask.md": Page(flask_prelude, flask_check),
     "docs/how-to/pgbouncer.md": Page(pgbouncer_prelude, pgbouncer_check),
     "docs/how-to/backends.md": Page(backends_prelude, backends_check),
+    "docs/tutorial.md": Page(
+        tutorial_prelude,
+        tutorial_check,
+        project=True,
+        background=frozenset({"python -m shop.worker"}),
+    ),
 }
 
 
@@ -1024,6 +1074,186 @@ def run_as_pytest_module(ctx: Ctx, page: str, header: str, expected: int) -> Non
     assert len(outcomes["passed"]) == expected, outcomes
 
 
+# ---------------------------------------------------------------- a project page
+
+FENCE_ANY = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
+FILE_LINE = re.compile(r"^# (?P<path>[\w./-]+\.py)\s*$")
+SETTLE_DEADLINE = 60.0
+"""Seconds a project's background worker may take to register and finish the due jobs."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """One fenced block of a project page, of any language."""
+
+    lang: str
+    line: int
+    code: str
+    not_run: str | None
+
+
+def fences_of(page: str) -> list[Fence]:
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    found: list[Fence] = []
+    i = 0
+    while i < len(lines):
+        match = FENCE_ANY.match(lines[i])
+        if match is None:
+            i += 1
+            continue
+        marker = NOT_RUN.match(lines[i - 1]) if i > 0 else None
+        end = i + 1
+        while end < len(lines) and not FENCE_CLOSE.match(lines[end]):
+            end += 1
+        code = "\n".join(lines[i + 1 : end]) + "\n"
+        found.append(Fence(match["lang"], i + 2, code, marker["reason"] if marker else None))
+        i = end + 1
+    return found
+
+
+@dataclass
+class Project:
+    """The reader's project folder, its commands' outputs and its background processes."""
+
+    ctx: Ctx
+    root: Path
+    background: frozenset[str]
+    running: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTHONPATH", None)  # the project is importable as its reader's is
+        return env
+
+    def command(self, line: str) -> None:
+        self.stop_background()
+        words = shlex.split(line)
+        if words[0] in ("alembic", "pytest"):
+            words[:1] = [sys.executable, "-m", words[0]]
+        elif words[0] == "python":
+            words[0] = sys.executable
+        else:  # mkdir, touch
+            words = ["sh", "-c", line]
+        if line in self.background:
+            out = self.root / f".background-{len(self.running)}.log"
+            with out.open("wb") as sink:
+                proc = subprocess.Popen(
+                    words, cwd=self.root, env=self.env(), stdout=sink, stderr=subprocess.STDOUT
+                )
+            self.running.append((line, proc, out))
+            return
+        done = subprocess.run(
+            words,
+            cwd=self.root,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.log.append(f"$ {line}\n{done.stdout}{done.stderr}")
+        assert done.returncode == 0, "\n".join(self.log)
+
+    def stop_background(self) -> None:
+        while self.running:
+            line, proc, out = self.running.pop()
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            try:
+                code = proc.wait(60)
+            except Exception:
+                proc.kill()
+                proc.wait()
+                raise
+            self.log.append(f"$ {line} (stopped)\n{out.read_text()}")
+            assert code == 0, "\n".join(self.log)
+
+    def settle(self) -> None:
+        """Wait until the background worker registered and the due jobs are done."""
+        if not self.running:
+            return
+        deadline = time.monotonic() + SETTLE_DEADLINE
+        while True:
+            for line, proc, out in self.running:
+                assert proc.poll() is None, f"$ {line} exited:\n{out.read_text()}"
+            [(registered, unfinished)] = self.ctx.sql(
+                "SELECT (SELECT count(*) FROM pgboss.instance WHERE stopped_on IS NULL),"
+                " (SELECT count(*) FROM pgboss.job WHERE state < 'completed'"
+                "  AND start_after < now() + interval '1 minute'"
+                "  AND name NOT IN (SELECT dead_letter FROM pgboss.queue"
+                "                   WHERE dead_letter IS NOT NULL))"
+            )
+            if registered and not unfinished:
+                return
+            assert time.monotonic() < deadline, [out.read_text() for _, _, out in self.running]
+            time.sleep(0.1)
+
+    def write(self, fence: Fence) -> None:
+        first = fence.code.partition("\n")[0]
+        match = FILE_LINE.match(first)
+        assert match is not None
+        path = self.root / match["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(with_database(fence.code, self.ctx.url))
+
+    def set_ini(self, fence: Fence) -> None:
+        wanted = configparser.ConfigParser(interpolation=None)
+        wanted.read_string(with_database(fence.code, self.ctx.url))
+        ini = configparser.ConfigParser(interpolation=None)
+        ini.read(self.root / "alembic.ini")
+        for section in wanted.sections():
+            for key, value in wanted[section].items():
+                ini[section][key] = value
+        with (self.root / "alembic.ini").open("w") as out:
+            ini.write(out)
+
+
+def run_project(ctx: Ctx, page: str, ns: dict[str, Any]) -> None:
+    spec = PAGES[page]
+    root = ctx.tmp_path / "project"
+    root.mkdir()
+    project = Project(ctx, root, spec.background)
+    ctx.notes["project"] = project
+    sys.path.insert(0, str(root))
+    try:
+        for fence in fences_of(page):
+            if fence.not_run is not None or fence.lang == "text":
+                continue
+            if fence.lang == "console":
+                for line in fence.code.splitlines():
+                    if line.startswith("$ "):
+                        project.command(line.removeprefix("$ "))
+            elif fence.lang == "ini":
+                project.set_ini(fence)
+            elif fence.lang == "python" and FILE_LINE.match(fence.code.partition("\n")[0]):
+                project.write(fence)
+            elif fence.lang == "python":
+                project.settle()
+                code = compiled(Block(page, fence.line, fence.code, None), ctx.url)
+                exec(code, ns)
+            else:
+                raise AssertionError(f"{page}:{fence.line}: a {fence.lang!r} block")
+        project.stop_background()
+    finally:
+        for _, proc, _ in project.running:
+            proc.kill()
+            proc.wait()
+        sys.path.remove(str(root))
+        # The project's modules the page imported (its engines with them).
+        mine = [
+            name
+            for name, module in sys.modules.items()
+            if str(getattr(module, "__file__", None) or "").startswith(str(root))
+        ]
+        for name in mine:
+            module = sys.modules.pop(name)
+            engine = getattr(module, "engine", None)
+            if isinstance(engine, Engine):
+                engine.dispose()
+
+
 def dispose_engines(ctx: Ctx, ns: dict[str, Any]) -> None:
     engines = [v for v in ns.values() if isinstance(v, Engine | AsyncEngine)]
     engines += [w.engine for w in workers_in(ns)]
@@ -1057,6 +1287,8 @@ def test_the_python_examples_of_the_page_run(page: str, page_url: str, tmp_path:
         ns.update(spec.prelude(ctx))
         if spec.pytest_tests is not None:
             run_as_pytest_module(ctx, page, ns.pop("__header__", ""), spec.pytest_tests)
+        elif spec.project:
+            run_project(ctx, page, ns)
         else:
             run_blocks(ctx, page, ns)
         spec.check(ctx, ns)
