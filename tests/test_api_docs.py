@@ -47,3 +47,25 @@ def test_docstrings_become_markdown() -> None:
         "Send it.\n\nUses `Job` and `code`.\n\n"
         "- `name`: the queue, on two lines.\n- raises `QueueNotFoundError`: if missing."
     )
+
+
+def test_the_index_links_every_section_and_object_once() -> None:
+    generator = load_generator()
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    start, end = lines.index(generator.INDEX_OPEN), lines.index(generator.INDEX_CLOSE)
+    entries = "\n".join(lines[start:end])
+    body = lines[:start] + lines[end:]
+    for level, text in generator._headings(body):
+        if level <= 3:
+            assert f"[{text}](#{generator.slug(text)})" in entries, text
+
+
+def test_a_repeated_anchor_links_to_the_heading_above_it() -> None:
+    index = load_generator().index
+    page = ["## A", "### `m`", "#### `f`", "## B", "### `n`", "#### `f`", "#### `g`"]
+    assert index(page) == [
+        "- [A](#a)",
+        "    - [`m`](#m): [`f`](#f)",
+        "- [B](#b)",
+        "    - [`n`](#n): [`f`](#n) · [`g`](#g)",
+    ]

@@ -8,6 +8,9 @@ building anything. Its hand-written parts stay as they are; each line
 is followed by that object's generated reference, up to the next ``<!-- /api -->``, which
 this tool rewrites: the signature, the docstring turned from the reST our docstrings use into
 Markdown, and, for a class, each public method and property; for a module, its public names.
+Between ``<!-- api-index -->`` and ``<!-- /api-index -->`` it writes the page's index: a link
+to each section, to each object of the section, and to each method of a class or name of a
+module, so that a reader finds any name in two clicks.
 
     python tools/gen_api_docs.py           # rewrite the page
     python tools/gen_api_docs.py --check   # exit 1 if the page is not what it would write
@@ -34,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reference" / "api.md"
 OPEN = re.compile(r"^<!-- api: (?P<target>[\w.]+) -->$")
 CLOSE = "<!-- /api -->"
+INDEX_OPEN = "<!-- api-index -->"
+INDEX_CLOSE = "<!-- /api-index -->"
+_HEADING = re.compile(r"^(?P<level>#{2,4}) (?P<text>.+?)\s*$")
 
 _ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`(?P<tilde>~?)(?P<target>[^`]+)`")
 _BORDER = re.compile(r"\s*=+( +=+)+\s*")
@@ -340,8 +346,80 @@ def render(target: str) -> str:
     return "\n\n".join(parts)
 
 
+def slug(heading: str) -> str:
+    """The anchor the docs site's table of contents gives ``heading`` (Python-Markdown's
+    ``toc``: the text without its inline markup and punctuation, lower case, dashes)."""
+    text = re.sub(r"[`*]", "", heading)
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _headings(lines: list[str]) -> Iterator[tuple[int, str]]:
+    """``(level, text)`` of the level 2 to 4 headings outside fenced blocks."""
+    fenced = False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        match = None if fenced else _HEADING.match(line)
+        if match is not None:
+            yield len(match.group("level")), match.group("text")
+
+
+def index(lines: list[str]) -> list[str]:
+    """The page's index: each section (``##``), its objects (``###``) and their members
+    (``####``, on one line). A heading whose anchor an earlier one took (the site would
+    suffix its anchor) links to the heading above it instead."""
+    seen: set[str] = set()
+    parents = {2: "", 3: ""}
+
+    def link(text: str, level: int, label: str | None = None) -> str:
+        anchor = slug(text)
+        shown = label if label is not None else text
+        if anchor in seen:
+            anchor = parents[level - 1] if level > 2 else ""
+        else:
+            seen.add(anchor)
+        if level in parents:
+            parents[level] = anchor
+        return f"[{shown}](#{anchor})" if anchor else shown
+
+    out: list[str] = []
+    members: list[str] = []
+
+    def flush() -> None:
+        if members:
+            out[-1] += ": " + " · ".join(members)
+            members.clear()
+
+    for level, text in _headings(lines):
+        if level == 2:
+            flush()
+            out.append(f"- {link(text, 2)}")
+        elif level == 3:
+            flush()
+            out.append(f"    - {link(text, 3)}")
+        elif out and out[-1].startswith("    - "):
+            code = re.match(r"`([^`]+)`", text)
+            name = code.group(1).rsplit(".", 1)[-1] if code else text
+            members.append(link(text, 4, f"`{name}`"))
+    flush()
+    return out
+
+
+def _with_index(lines: list[str]) -> list[str]:
+    if INDEX_OPEN not in lines:
+        return lines
+    start = lines.index(INDEX_OPEN)
+    if INDEX_CLOSE not in lines[start:]:
+        raise SystemExit(f"{PAGE.name}: {INDEX_OPEN} has no {INDEX_CLOSE}")
+    end = lines.index(INDEX_CLOSE, start)
+    rest = lines[:start] + lines[end + 1 :]
+    return [*lines[: start + 1], "", *index(rest), "", *lines[end:]]
+
+
 def page(text: str) -> str:
-    """``text`` (the page) with every generated part rewritten."""
+    """``text`` (the page) with every generated part, and its index, rewritten."""
     out: list[str] = []
     lines = text.splitlines()
     i = 0
@@ -358,7 +436,7 @@ def page(text: str) -> str:
             raise SystemExit(f"{PAGE.name}: {line} has no {CLOSE}")
         out.extend(["", render(match.group("target")), "", CLOSE])
         i += 1
-    return "\n".join(out) + "\n"
+    return "\n".join(_with_index("\n".join(out).splitlines())) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
