@@ -691,7 +691,7 @@ def apptests_prelude(ctx: Ctx) -> dict[str, Any]:
     (app / "__init__.py").write_text(MYAPP)
     (app / "jobs.py").write_text(MYAPP_JOBS.format(url=ctx.url))
     header = (
-        "from myapp import EmailTaken, place_order, send_email, shipped_orders, signup,"
+        "from myapp import EmailTaken, Order, place_order, send_email, shipped_orders, signup,"
         " signup_with\n"
     )
     return {"__header__": header}
@@ -942,7 +942,7 @@ PAGES: dict[str, Page] = {
     "docs/how-to/upgrade-alongside-node.md": Page(upgrade_prelude, upgrade_check),
     "docs/how-to/observability.md": Page(observability_prelude, observability_check),
     "docs/how-to/tracing.md": Page(tracing_prelude, tracing_check, cleanup=tracing_cleanup),
-    "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=5),
+    "docs/how-to/testing.md": Page(apptests_prelude, apptests_check, pytest_tests=6),
     "docs/concepts/limits.md": Page(limits_prelude, limits_check, cleanup=limits_cleanup),
     "docs/how-to/key-strict-fifo.md": Page(keys_prelude, fifo_check),
     "docs/how-to/upserts.md": Page(keys_prelude, upserts_check),
