@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -23,12 +24,19 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+import psycopg
 from sqlalchemy.engine import make_url
 
 from ..errors import InvalidOptionsError, shown
 
-__all__ = ["POOL_MODES", "PgBouncerUnavailableError", "pgbouncer_program", "run_pgbouncer"]
+__all__ = [
+    "POOL_MODES",
+    "PgBouncerUnavailableError",
+    "pgbouncer_program",
+    "run_pgbouncer",
+]
 
 POOL_MODES = ("session", "transaction")
 """The ``pool_mode`` values :func:`run_pgbouncer` takes."""
@@ -56,12 +64,44 @@ def _free_port() -> int:
         return port
 
 
-def _ini(database_url: str, pool_mode: str, port: int, directory: str) -> str:
-    url = make_url(database_url)
+class _Upstream(NamedTuple):
+    """Where the database is, as libpq resolved it: ``host`` is a socket's folder
+    (``/run/postgresql``) or a host name or address."""
+
+    host: str
+    port: int
+    dbname: str
+    user: str
+
+
+def _upstream(database_url: str) -> _Upstream:
+    """Where ``database_url`` leads, asked of libpq itself by connecting once: TCP and
+    Unix-socket URLs alike (``host`` in the authority or in the query, ``port`` likewise,
+    or neither: ``PGHOST`` and the compiled-in socket folder), with the user and database
+    libpq defaults to."""
+    url = make_url(database_url).set(drivername="postgresql")
+    with psycopg.connect(url.render_as_string(hide_password=False), connect_timeout=10) as conn:
+        info = conn.info
+        return _Upstream(info.host, info.port, info.dbname, info.user)
+
+
+def _run_as(upstream: _Upstream) -> str:
+    """Whom PgBouncer, which refuses root, runs as when we are root: the owner of the
+    server's socket folder, who can reach the socket in it (an embedded server's data
+    folder is its own user's alone), else ``postgres``."""
+    if upstream.host.startswith("/"):
+        with contextlib.suppress(OSError, KeyError):
+            owner = pwd.getpwuid(os.stat(upstream.host).st_uid).pw_name
+            if owner != "root":
+                return owner
+    return "postgres"
+
+
+def _ini(upstream: _Upstream, pool_mode: str, port: int, directory: str) -> str:
     return (
         "[databases]\n"
-        f"{url.database} = host={url.host or '127.0.0.1'} port={url.port or 5432}"
-        f" dbname={url.database} user={url.username or 'postgres'}\n"
+        f"{upstream.dbname} = host={upstream.host} port={upstream.port}"
+        f" dbname={upstream.dbname} user={upstream.user}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"
@@ -78,6 +118,26 @@ def _ini(database_url: str, pool_mode: str, port: int, directory: str) -> str:
     )
 
 
+def _pooled_url(database_url: str, port: int, upstream: _Upstream) -> str:
+    """``database_url`` pointed at a PgBouncer on ``127.0.0.1:port``: its driver and other
+    query options kept, a socket folder or port given in its query dropped (they named the
+    server, not the pooler), and the database and user libpq resolved made explicit."""
+    url = make_url(database_url)
+    query = {k: v for k, v in url.query.items() if k not in _WHERE_KEYS}
+    through = url.set(
+        host="127.0.0.1",
+        port=port,
+        database=upstream.dbname,
+        username=url.username or upstream.user,
+        query=query,
+    )
+    return through.render_as_string(hide_password=False)
+
+
+_WHERE_KEYS = frozenset({"host", "hostaddr", "port"})
+"""Query keys of a URL that say where the server is (libpq's names)."""
+
+
 @contextlib.contextmanager
 def run_pgbouncer(
     database_url: str, pool_mode: str = "transaction", *, start_timeout: float = 10.0
@@ -85,9 +145,11 @@ def run_pgbouncer(
     """Run a PgBouncer in ``pool_mode`` (``"transaction"`` or ``"session"``) in front of
     ``database_url``'s database, on a free port of 127.0.0.1, until the block ends.
 
-    Yields the URL of the same database through it (``database_url`` with PgBouncer's host
-    and port, its driver kept). Run as root, PgBouncer (which refuses root) runs as the
-    ``postgres`` user.
+    ``database_url`` may name its server over TCP or a Unix socket (``?host=/run/postgresql``,
+    or no host at all: libpq's default); PgBouncer reaches the server the same way. Yields
+    the URL of the same database through it (PgBouncer's host and port,
+    its driver kept). Run as root, PgBouncer (which refuses root) runs as the
+    owner of the server's socket folder, or else as the ``postgres`` user.
 
     :raises InvalidOptionsError: for another ``pool_mode``, before anything is started.
     :raises PgBouncerUnavailableError: when PgBouncer is not installed or does not accept
@@ -98,15 +160,16 @@ def run_pgbouncer(
             "pool_mode", f"expected 'transaction' or 'session', got {shown(pool_mode)}"
         )
     program = pgbouncer_program()
+    upstream = _upstream(database_url)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="alkstore-pgbouncer-") as directory:
         os.chmod(directory, 0o777)  # PgBouncer, as postgres, writes its log here
         ini = Path(directory, "pgbouncer.ini")
-        ini.write_text(_ini(database_url, pool_mode, port, directory))
+        ini.write_text(_ini(upstream, pool_mode, port, directory))
         os.chmod(ini, 0o644)
         command = [program, str(ini)]
         if os.geteuid() == 0:
-            command[1:1] = ["-u", "postgres"]
+            command[1:1] = ["-u", _run_as(upstream)]
         # Its output goes to a file, never to a pipe: nobody reads a pipe meanwhile, and
         # once its buffer is full PgBouncer blocks writing a log line, and every client
         # with it.
@@ -125,9 +188,7 @@ def run_pgbouncer(
                     said = output.read_text(errors="replace").strip()
                     raise PgBouncerUnavailableError(f"pgbouncer did not start: {said}")
                 time.sleep(0.05)
-            url = make_url(database_url)
-            through = url.set(host="127.0.0.1", port=port, username=url.username or "postgres")
-            yield through.render_as_string(hide_password=False)
+            yield _pooled_url(database_url, port, upstream)
         finally:
             process.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
