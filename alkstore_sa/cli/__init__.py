@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy.exc import DBAPIError
 
+from .._version import __version__
 from ..errors import AlkstoreError, InvalidOptionsError
 from . import api, dashboard, db, demo, flow, jobs, maintain, observe, queue, schedule, send, worker
 from ._common import (
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="alkstore",
         description="PostgreSQL job queue for SQLAlchemy, schema-compatible with pg-boss.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"alkstore {__version__}",
+        help="print the version of alkstore_sa and exit",
     )
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
