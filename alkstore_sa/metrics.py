@@ -34,10 +34,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
+from ._extras import missing_extra
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.registry import Collector
+except ModuleNotFoundError as exc:
+    raise missing_extra("alkstore_sa.metrics", "metrics", exc) from exc
 from sqlalchemy import Engine, func, select
 
 from . import names, versions

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundations",
         (
             "alkstore_sa._version",
+            "alkstore_sa._extras",
             "alkstore_sa.schema_versions",
             "alkstore_sa.names",
             "alkstore_sa.clock",

@@ -10,8 +10,13 @@ Needs the ``api`` extra (Starlette, and uvicorn for ``alkstore api``)::
 
 from __future__ import annotations
 
-from ._app import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, TokenCheck, create_app
-from ._openapi import openapi_document
+from .._extras import missing_extra
+
+try:
+    from ._app import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, TokenCheck, create_app
+    from ._openapi import openapi_document
+except ModuleNotFoundError as exc:
+    raise missing_extra("alkstore_sa.api", "api", exc) from exc
 
 __all__ = [
     "DEFAULT_MAX_BATCH",

@@ -13,8 +13,13 @@ Needs the ``dashboard`` extra (Starlette, Jinja2, uvicorn, python-multipart);
 
 from __future__ import annotations
 
+from .._extras import missing_extra
 from .._hosts import listen
-from ._app import create_app
-from ._serve import check_bind, serve
+
+try:
+    from ._app import create_app
+    from ._serve import check_bind, serve
+except ModuleNotFoundError as exc:
+    raise missing_extra("alkstore_sa.dashboard", "dashboard", exc) from exc
 
 __all__ = ["check_bind", "create_app", "listen", "serve"]
