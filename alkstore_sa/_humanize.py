@@ -1,7 +1,8 @@
 """Values as people read them: durations in units, a queue's settings with what
-each one means. The CLI (``alkstore queue show``) and the dashboard's queue page
-show settings through :func:`queue_settings`, so both say the same thing; the
-docs' glossary uses the same words.
+each one means, how far a job is through its attempts. The CLI (``alkstore queue
+show``, ``alkstore jobs``), the dashboard and the worker's log say these through
+the functions here, so all say the same thing; the docs' glossary uses the same
+words.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from .names import SEND_IT_QUEUE
 
 if TYPE_CHECKING:
-    from .records import QueueInfo
+    from .records import Job, QueueInfo
 
 _UNITS = (("day", 86_400), ("h", 3_600), ("min", 60), ("s", 1))
 
@@ -38,6 +39,53 @@ def duration(seconds: float | None) -> str:
         if count:
             parts.append(f"{count} {unit}" + ("s" if unit == "day" and count != 1 else ""))
     return " ".join(parts)
+
+
+def attempts_made(job: Job) -> int:
+    """The attempts ``job`` has had, the running one included: 0 before its first
+    start, else ``retry_count + 1``.
+
+    pg-boss raises ``retry_count`` when it claims a job that ran before, not when an
+    attempt fails, so while a job is active ``retry_count + 1`` is the attempt that
+    runs, and once it failed (``retry`` or ``failed``) or completed it is the last
+    attempt made. A job that never started (``started_on`` unset) has had none.
+    """
+    return 0 if job.started_on is None else job.retry_count + 1
+
+
+def attempts_allowed(job: Job) -> int:
+    """The attempts ``job`` may have in all: its first and ``retry_limit`` retries."""
+    return job.retry_limit + 1
+
+
+def attempt_of(attempt: int, allowed: int) -> str:
+    """``"attempt 2 of 3"``: the one wording of an attempt number, in the worker's
+    log, the CLI and the dashboard (``attempt`` counts from 1)."""
+    return f"attempt {attempt} of {allowed}"
+
+
+def job_attempt(job: Job) -> str:
+    """Where ``job`` is in its attempts, for a person: ``"attempt 2 of 3"``; a job
+    waiting for a retry adds which attempt is next (``"attempt 1 of 3 failed,
+    attempt 2 next"``), one that never started says so (``"no attempt yet, 3
+    allowed"``). :func:`job_attempt_short` is the same in a table cell."""
+    made, allowed = attempts_made(job), attempts_allowed(job)
+    if made == 0:
+        return f"no attempt yet, {allowed} allowed"
+    text = attempt_of(made, allowed)
+    if _state(job) == "retry":
+        return f"{text} failed, attempt {made + 1} next"
+    return text
+
+
+def job_attempt_short(job: Job) -> str:
+    """``"2 of 3"``: attempts made (the running one included) of attempts allowed,
+    for a table column headed "attempt"."""
+    return f"{attempts_made(job)} of {attempts_allowed(job)}"
+
+
+def _state(job: Job) -> str:
+    return str(getattr(job.state, "value", job.state))
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,30 @@ def test_job_page_lists_every_failed_attempt_as_text_oldest_first(
     assert numbers == ["1", "2", "3"]
     assert "<script>" not in page and "\u202e" not in page
     assert attempts.group(1).count("&lt;script&gt;alert(") == 3
+    # The job's attempt reads as the worker's log says it, not as pg-boss's retry_count.
+    assert '<span id="job-attempt">attempt 3 of 3</span>' in page
+    listing = _client(engine, schema).get(f"/s/{schema}/jobs?queue=pay").text
+    assert "<th>attempt</th>" in listing
+    assert '<td class="num attempt">3 of 3</td>' in listing
+
+
+def test_job_page_of_a_job_waiting_to_retry_says_which_attempt_is_next(
+    engine: Engine, schema: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        q.create_queue("pay", retry_limit=2, retry_delay=60)
+        waiting = q.send("pay", {"n": 1})
+    with Session(engine) as session, session.begin():
+        q = QueueService(session, schema=schema)
+        [job] = q.fetch("pay", 1)
+        q.fail("pay", job, {"message": "no"})
+        fresh = q.send("pay", {"n": 2})
+    client = _client(engine, schema)
+    page = client.get(f"/s/{schema}/jobs/{waiting}?queue=pay").text
+    assert '<span id="job-attempt">attempt 1 of 3 failed, attempt 2 next</span>' in page
+    page = client.get(f"/s/{schema}/jobs/{fresh}?queue=pay").text
+    assert '<span id="job-attempt">no attempt yet, 3 allowed</span>' in page
 
 
 def test_job_page_without_recorded_attempts_says_why(engine: Engine, schema: str) -> None:

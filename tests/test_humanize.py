@@ -1,14 +1,23 @@
-"""Durations and queue settings as the CLI and the dashboard print them."""
+"""Durations, queue settings and a job's attempt as the CLI, the dashboard and the
+worker's log say them."""
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 import pytest
 
-from alkstore_sa._humanize import duration, queue_note, queue_settings
-from alkstore_sa.models.enums import QueuePolicy
-from alkstore_sa.records import QueueInfo
+from alkstore_sa._humanize import (
+    attempt_of,
+    duration,
+    job_attempt,
+    job_attempt_short,
+    queue_note,
+    queue_settings,
+)
+from alkstore_sa.models.enums import JobState, QueuePolicy
+from alkstore_sa.records import Job, QueueInfo
 
 
 @pytest.mark.parametrize(
@@ -83,3 +92,55 @@ def test_queue_note_names_the_internal_queues_only() -> None:
     assert note is not None and "cron" in note
     assert queue_note("__pgboss__other") == "internal to pg-boss"
     assert queue_note("payments") is None
+
+
+def _job(state: str, retry_count: int, retry_limit: int, *, started: bool = True) -> Job:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return Job(
+        id=uuid.uuid4(),
+        name="payments",
+        data=None,
+        state=JobState(state),
+        priority=0,
+        retry_limit=retry_limit,
+        retry_count=retry_count,
+        retry_delay=0,
+        retry_backoff=False,
+        retry_delay_max=None,
+        expire_seconds=900,
+        deletion_seconds=604_800,
+        singleton_key=None,
+        singleton_on=None,
+        start_after=now,
+        created_on=now,
+        started_on=now if started else None,
+        completed_on=None,
+        keep_until=now,
+        output=None,
+        dead_letter=None,
+        policy=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("job", "long", "short"),
+    [
+        # pg-boss raises retry_count when it claims a job that ran before: while active,
+        # retry_count + 1 is the attempt that runs.
+        (_job("created", 0, 2, started=False), "no attempt yet, 3 allowed", "0 of 3"),
+        (_job("active", 0, 2), "attempt 1 of 3", "1 of 3"),
+        (_job("retry", 0, 2), "attempt 1 of 3 failed, attempt 2 next", "1 of 3"),
+        (_job("active", 2, 2), "attempt 3 of 3", "3 of 3"),
+        (_job("failed", 2, 2), "attempt 3 of 3", "3 of 3"),
+        (_job("completed", 1, 2), "attempt 2 of 3", "2 of 3"),
+        (_job("cancelled", 0, 0, started=False), "no attempt yet, 1 allowed", "0 of 1"),
+    ],
+)
+def test_a_jobs_attempt_reads_as_attempts_made_of_attempts_allowed(
+    job: Job, long: str, short: str
+) -> None:
+    assert (job_attempt(job), job_attempt_short(job)) == (long, short)
+
+
+def test_attempt_of_is_the_one_wording_of_an_attempt_number() -> None:
+    assert attempt_of(2, 3) == "attempt 2 of 3"

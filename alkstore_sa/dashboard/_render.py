@@ -18,6 +18,8 @@ from urllib.parse import quote
 import jinja2
 import markupsafe
 
+from .._humanize import job_attempt, job_attempt_short
+
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
@@ -180,5 +182,7 @@ def environment(directory: Path) -> jinja2.Environment:
         when=when,
         sparkline=sparkline,
         segment=segment,
+        attempt=job_attempt,
+        attempt_short=job_attempt_short,
     )
     return templates

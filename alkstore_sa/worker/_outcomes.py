@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .._humanize import attempt_of, attempts_allowed, attempts_made
 from .._humanize import duration as human_duration
 from ..limits import LONGEST_RETRY_DELAY
 from ..models.enums import JobState
@@ -58,7 +59,7 @@ def failed(p: Pending, state: JobState | None, worker: str, *, copied: bool) -> 
     job = p.attempt.job
     error_type, message = _error(p.output)
     step, delay, words = _next_step(p, state, copied=copied)
-    attempt = job.retry_count + 1
+    attempt = attempts_made(job)  # the fetched row: the attempt that ran
     extra: dict[str, Any] = {
         "action": "job_failed",
         "worker": worker,
@@ -77,11 +78,10 @@ def failed(p: Pending, state: JobState | None, worker: str, *, copied: bool) -> 
     }
     exc = p.error
     log.warning(
-        "job %s of %r failed (attempt %d of %d): %s: %s; %s",
+        "job %s of %r failed (%s): %s: %s; %s",
         job.id,
         job.name,
-        attempt,
-        job.retry_limit + 1,
+        attempt_of(attempt, attempts_allowed(job)),
         error_type,
         message,
         words,
@@ -94,18 +94,17 @@ def completed(attempt: Attempt, worker: str, seconds: float | None) -> None:
     """Log one completion at DEBUG; the caller checked that DEBUG is on."""
     job = attempt.job
     log.debug(
-        "job %s of %r completed (attempt %d of %d) in %s",
+        "job %s of %r completed (%s) in %s",
         job.id,
         job.name,
-        job.retry_count + 1,
-        job.retry_limit + 1,
+        attempt_of(attempts_made(job), attempts_allowed(job)),
         human_duration(seconds),
         extra={
             "action": "job_completed",
             "worker": worker,
             "queue": job.name,
             "job_id": str(job.id),
-            "attempt": job.retry_count + 1,
+            "attempt": attempts_made(job),
             "retry_limit": job.retry_limit,
             "duration_ms": None if seconds is None else round(seconds * 1000, 3),
         },
