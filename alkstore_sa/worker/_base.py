@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import threading
 from typing import TypeVar
 
+from .._engine_cache import version_due
+from .._humanize import duration as human_duration
 from ..errors import InvalidOptionsError
-from ..steps import Invoke, Join, Steps, Wait
+from ..steps import Invoke, Join, Run, Steps, Wait
+from ._attempt import RUNNING
 from ._core import WorkerCore, listen_conninfo, monotonic
 from ._instance import InstanceRegistration
 from ._leases import Leases
@@ -37,6 +41,14 @@ FETCH_JOIN_SECONDS = 10.0
 (SKIP LOCKED); the bound is for a database that stopped answering."""
 
 
+def _signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for its number; the number for one Python does not name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class WorkerBase(Leases[B], InstanceRegistration[B]):
     """Every loop common to both workers, put together; starting and stopping them.
 
@@ -55,12 +67,14 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             # Registered before the first fetch, as Node registers in start() before work.
             yield from self._beat()
         self._helpers.append(self._spawn(self._completing(), "alkstore-completer"))
+        listening: bool | None = None  # None: not asked to listen
         if self.listen:
             conninfo = self.listen_dsn or listen_conninfo(self.engine.url)
             self._listener = Listener.acquire(conninfo)
             self._subscription = self._listener.subscribe(self.channel, self._notified)
-            listening = Invoke(self._listener.wait_listening, (self.channel, 2.0), blocking=True)
-            if not (yield listening):
+            wait = Invoke(self._listener.wait_listening, (self.channel, 2.0), blocking=True)
+            listening = bool((yield wait))
+            if not listening:
                 log.warning(
                     "not listening yet; relying on polling until the listener connects",
                     extra={"action": "listener_pending", "worker": self.name},
@@ -81,23 +95,106 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             with self._book:  # not once a stop that raced this start has deregistered
                 if not self._deregistered:
                     self._registrar = self._spawn(self._registering(), "alkstore-registrar")
-        # Start and a clean stop are DEBUG: a host app's log at INFO stays quiet
-        # unless something needs a look (the "Logging" page).
-        log.debug(
-            "worker %s started on schema %r: %s",
+        version = yield from self._version_at_start()
+        self._log_started(version, listening)
+
+    def _version_at_start(self) -> Steps[int | None]:
+        """The schema's version for the start line: the engine's cached reading, else
+        one read (the instance registration has usually made it). ``None`` when it
+        cannot be read now; the fetch loops then say why, and wait."""
+        try:
+            due = version_due(self._ctx, self._engine_state)
+            if due is not None:
+                yield Run(due, autocommit=True)
+        except Exception:
+            return None
+        return self._ctx.version
+
+    def _log_started(self, version: int | None, listening: bool | None) -> None:
+        """The one INFO line of a start: what the worker runs and how it hears of jobs
+        (the "Logging" page)."""
+        specs = list(self._specs.values())
+        queues = ", ".join(
+            f"{s.queue} (concurrency {s.concurrency}, prefetch {s.ahead}, batch {s.fetch_size})"
+            for s in specs
+        )
+        poll = min(s.poll_interval for s in specs)
+        if listening is None:
+            why = (
+                "no LISTEN/NOTIFY on this backend"
+                if self.backend.has("noListenNotify")
+                else ("listen=False")
+            )
+            wakeups = f"listener off ({why}): polling every {human_duration(poll)}"
+        elif listening:
+            wakeups = f"listener on (LISTEN {self.channel}), polling every {human_duration(poll)}"
+        else:
+            wakeups = (
+                f"listener not connected yet: polling every {human_duration(poll)} until it is"
+            )
+        log.info(
+            "worker %s started on schema %r (version %s): %s; %s; supervisor %s",
             self.name,
             self.schema,
-            ", ".join(f"{s.queue} (x{s.concurrency})" for s in self._specs.values()),
-            extra={"action": "worker_started", "worker": self.name, "queues": list(self._specs)},
+            "unknown yet" if version is None else version,
+            queues,
+            wakeups,
+            "on" if self._supervisor is not None else "off",
+            extra={
+                "action": "worker_started",
+                "worker": self.name,
+                "schema": self.schema,
+                "schema_version": version,
+                "queues": [s.queue for s in specs],
+                "concurrency": {s.queue: s.concurrency for s in specs},
+                "prefetch": {s.queue: s.ahead for s in specs},
+                "batch_size": {s.queue: s.fetch_size for s in specs},
+                "listening": listening,
+                "supervise": self._supervisor is not None,
+            },
         )
 
     def _signal(self, signum: int) -> None:
-        """SIGINT/SIGTERM: the first asks for a graceful stop, the second for an immediate one."""
+        """SIGINT/SIGTERM: the first asks for a graceful stop, the second for an immediate one.
+
+        Each says so at INFO or WARNING, with what happens next: how long running
+        handlers get, and what a second signal does."""
+        name = _signal_name(signum)
+        # Counted without the bookkeeping lock: a signal handler may run while the
+        # thread it interrupts holds it.
+        running = sum(1 for a in list(self._attempts.values()) if a.status == RUNNING)
         if self._stop_requested.is_set():
-            log.warning("second signal: stopping now", extra={"action": "worker_force_stop"})
+            log.warning(
+                "worker %s: second signal (%s): stopping now; %d running job(s) are failed "
+                "as WorkerShutdown (retried if they have retries left)",
+                self.name,
+                name,
+                running,
+                extra={
+                    "action": "worker_force_stop",
+                    "worker": self.name,
+                    "signal": name,
+                    "running": running,
+                },
+            )
             self._force.set()
         else:
-            log.info("signal %d: stopping", signum, extra={"action": "worker_signal"})
+            log.info(
+                "worker %s: %s received: stopping; waiting up to %s (shutdown_timeout) for "
+                "%d running job(s), then failing those still running as WorkerShutdown; "
+                "a second SIGINT or SIGTERM stops at once",
+                self.name,
+                name,
+                human_duration(self.shutdown_timeout),
+                running,
+                extra={
+                    "action": "worker_signal",
+                    "worker": self.name,
+                    "signal": name,
+                    "shutdown_timeout": self.shutdown_timeout,
+                    "running": running,
+                },
+            )
             self._stop_requested.set()
 
     def _probe_wakeups(self, listener: Listener, listening_on: str) -> None:
@@ -144,7 +241,10 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
         self._closing.set()
         self._inbox.event.set()
         completer, keeper = self._helpers
-        if not (yield Join([completer], max(5.0, timeout))):
+        # After a second signal nothing more is waited for than the settlements
+        # of the jobs just failed need.
+        forced = self._force.is_set()
+        if not (yield Join([completer], 5.0 if forced else max(5.0, timeout))):
             self._give_up.set()
             yield Join([completer], 1.0)
         self._keeper_stop.set()
@@ -159,7 +259,7 @@ class WorkerBase(Leases[B], InstanceRegistration[B]):
             self._listener.release(*subs)
         if self._supervisor is not None:
             try:
-                yield Invoke(self._supervisor.stop, (timeout,))
+                yield Invoke(self._supervisor.stop, (0.0 if self._force.is_set() else timeout,))
             except Exception as exc:
                 log.exception("supervisor stop failed", extra={"action": "supervisor_error"})
                 self._report(exc, None)

@@ -5,10 +5,13 @@ free up, and the runners that take them from the buffer (the "Architecture" page
 from __future__ import annotations
 
 import logging
+import shlex
 from typing import Any, TypeVar
 
 from .. import ops
-from ..errors import SchemaVersionError
+from .._humanize import duration as human_duration
+from ..errors import QueueNotFoundError, SchemaVersionError
+from ..names import DEFAULT_SCHEMA
 from ..ops import working
 from ..records import Job
 from ..steps import Steps, Wait
@@ -22,6 +25,21 @@ from .config import HandlerSpec, spec_group_limits
 log = logging.getLogger("alkstore_sa.worker")
 
 B = TypeVar("B")
+
+MISSING_QUEUE_REPEAT_SECONDS = 300.0
+"""How often a fetch loop whose queue does not exist says so again at WARNING."""
+
+
+def create_command(queue: str, schema: str) -> str:
+    """The ``alkstore`` command that creates ``queue`` in ``schema``."""
+    where = "" if schema == DEFAULT_SCHEMA else f" --schema {shlex.quote(schema)}"
+    return f"alkstore queue create {shlex.quote(queue)}{where}"
+
+
+def create_call(queue: str, schema: str) -> str:
+    """The Python call that creates ``queue`` in ``schema``."""
+    where = "" if schema == DEFAULT_SCHEMA else f", schema={schema!r}"
+    return f"QueueService(session{where}).create_queue({queue!r})"
 
 
 class Fetching(Running[B]):
@@ -44,6 +62,11 @@ class Fetching(Running[B]):
             fetched_at = monotonic()
             try:
                 jobs = yield from self._claiming(spec, want, state.group_counts())
+            except QueueNotFoundError as exc:
+                delay = backoff.next()
+                self._queue_missing(state, exc, delay)
+                yield Wait(self._stopping, delay)
+                continue
             except SchemaVersionError as exc:
                 # The schema is (now) at a version this release does not speak:
                 # claim nothing and look again later (no crash loop; queued jobs
@@ -57,6 +80,8 @@ class Fetching(Running[B]):
                 continue
             backoff.reset()
             self._refusals.clear()
+            if state.missing_since is not None:
+                self._queue_found(state)
             self._count(spec.queue, "claims")
             if jobs and self._metrics is not None:
                 self._metrics.claimed(spec.queue, jobs)
@@ -66,6 +91,57 @@ class Fetching(Running[B]):
             self._dispatch(state)
             if len(jobs) < want:
                 yield Wait(state.wake, spec.poll_interval)
+
+    def _queue_missing(self, state: QueueState, exc: QueueNotFoundError, delay: float) -> None:
+        """A claim found no queue: say how to create it, at WARNING once and then every
+        :data:`MISSING_QUEUE_REPEAT_SECONDS` while it is missing (DEBUG between), and
+        report it to ``on_error`` as often."""
+        now = monotonic()
+        queue = state.spec.queue
+        first = state.missing_since is None
+        if first:
+            state.missing_since = now
+        elif now - state.missing_said < MISSING_QUEUE_REPEAT_SECONDS:
+            log.debug(
+                "queue %r still does not exist; looking again in %.1f s",
+                queue,
+                delay,
+                extra={"action": "queue_missing", "worker": self.name, "queue": queue},
+            )
+            return
+        state.missing_said = now
+        log.warning(
+            "worker %s: queue %r does not exist in schema %r%s, so its handler gets no jobs; "
+            "create it with `%s` or %s; the worker looks again every few seconds "
+            "and repeats this every %s while it is missing",
+            self.name,
+            queue,
+            self.schema,
+            "" if first else f" (for {human_duration(now - (state.missing_since or now))})",
+            create_command(queue, self.schema),
+            create_call(queue, self.schema),
+            human_duration(MISSING_QUEUE_REPEAT_SECONDS),
+            extra={
+                "action": "queue_missing",
+                "worker": self.name,
+                "queue": queue,
+                "schema": self.schema,
+                "delay": delay,
+            },
+        )
+        self._report(exc, None)
+
+    def _queue_found(self, state: QueueState) -> None:
+        """A queue said missing answered a claim: say so once."""
+        queue, since = state.spec.queue, state.missing_since
+        state.missing_since = None
+        log.info(
+            "worker %s: queue %r exists now (missing for %s); fetching its jobs",
+            self.name,
+            queue,
+            human_duration(monotonic() - (since or 0.0)),
+            extra={"action": "queue_found", "worker": self.name, "queue": queue},
+        )
 
     def _claiming(
         self, spec: HandlerSpec, want: int, group_counts: dict[str, int] | None = None

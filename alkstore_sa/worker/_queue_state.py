@@ -48,6 +48,10 @@ class QueueState:
         self.run_seconds: float | None = None  # moving average of the handlers' run time
         # local_group_concurrency: the group of each of our claimed jobs that has one.
         self.grouped: dict[Any, str] = {}
+        # The queue did not exist at a claim: since when, and when that was last said
+        # at WARNING (monotonic seconds; see Fetching._queue_missing).
+        self.missing_since: float | None = None
+        self.missing_said = 0.0
 
     # ------------------------------------------------------------ groups
 
