@@ -9,6 +9,7 @@ one line on stderr.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,13 +262,56 @@ def test_queue_create_with_a_bad_option_names_it_and_writes_nothing(cli: Cli) ->
     assert cli.sql("SELECT count(*) FROM {s}.queue") == [(0,)]
 
 
+def _table(out: str) -> tuple[str, list[str], list[str]]:
+    """``queue list`` output: its header, its rows, and the lines after the table."""
+    table, _, after = out.strip().partition("\n\n")
+    header, *rows = table.splitlines()
+    return header, rows, after.splitlines()
+
+
 def test_queue_list_prints_a_table(cli: Cli) -> None:
     cli.json("queue", "create", "alpha", "--policy", "stately")
     cli.json("queue", "create", "beta")
     ran = cli("queue", "list")
-    header, *rows = ran.out.strip().splitlines()
+    header, rows, _ = _table(ran.out)
     assert header.split()[:3] == ["NAME", "POLICY", "PARTITION"]
     assert [r.split()[:2] for r in rows] == [["alpha", "stately"], ["beta", "standard"]]
+
+
+def test_queue_list_says_its_counts_are_cached_and_live_counts_now(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    job_id = cli.service(lambda q: q.send("q"))
+    cli.service(lambda q: q.supervise("q", force=True))  # caches the counters: one queued
+    [job] = cli.service(lambda q: q.fetch("q"))
+    cli.service(lambda q: q.complete("q", job))
+    assert job.id == job_id
+
+    header, rows, note = _table(cli("queue", "list").out)
+    [row] = [r for r in rows if r.split()[0] == "q"]  # (the pass made __pgboss__send-it)
+    cells = dict(zip(header.lower().split(), row.split(), strict=False))
+    # The completed job is still counted as queued: the counter is as cached, and says so.
+    assert (cells["queued_count"], cells["total_count"]) == ("1", "1")
+    assert re.search(r"\bCOUNTED\b", header) and re.search(r"\d+ (ms|s) ago", row)
+    assert note == [
+        "counts: cached counters, refreshed by a running supervisor (every 60 s by default), "
+        "COUNTED says when; `alkstore queue list --live` counts the job table now"
+    ]
+
+    header, rows, note = _table(cli("queue", "list", "--live").out)
+    [row] = [r for r in rows if r.split()[0] == "q"]
+    cells = dict(zip(header.lower().split(), row.split(), strict=False))
+    assert (cells["queued_count"], cells["active_count"], cells["total_count"]) == ("0", "0", "1")
+    assert cells["counted"] == "now"
+    assert note == ["counts: live, counted in the job table now"]
+    [live] = [i for i in cli.json("queue", "list", "--live") if i["name"] == "q"]
+    [cached] = [i for i in cli.json("queue", "list") if i["name"] == "q"]
+    assert (live["queued_count"], cached["queued_count"]) == (0, 1)
+
+
+def test_queue_list_of_counters_never_cached_says_never(cli: Cli) -> None:
+    cli.json("queue", "create", "q")
+    header, [row], _ = _table(cli("queue", "list").out)
+    assert row[header.index("COUNTED") :].split()[0] == "never"
 
 
 def test_queue_list_json_lists_every_field(cli: Cli) -> None:
@@ -283,7 +327,7 @@ def test_queue_list_of_no_queues_says_none(cli: Cli) -> None:
 def test_queue_list_says_what_an_internal_queue_is(cli: Cli) -> None:
     cli.json("queue", "create", "__pgboss__send-it")
     cli.json("queue", "create", "orders")
-    rows = {r.split()[0]: r for r in cli("queue", "list").out.strip().splitlines()[1:]}
+    rows = {r.split()[0]: r for r in _table(cli("queue", "list").out)[1]}
     assert "internal: cron files each due schedule here" in rows["__pgboss__send-it"]
     assert rows["orders"].rstrip().endswith("-")
 
@@ -458,6 +502,29 @@ def test_jobs_list_shows_the_data_cut_to_the_cell_width(cli: Cli) -> None:
     cell = long_row[header.index("DATA") :]
     assert cell.endswith("…") and len(cell) == 60
     assert cli.json("jobs", "list", "q")[0]["data"] == {"note": "x" * 200}
+
+
+def test_jobs_list_and_get_read_the_attempt_as_the_worker_log_does(cli: Cli) -> None:
+    cli.service(lambda q: q.create_queue("q", retry_limit=2, retry_delay=60))
+    waiting = cli.service(lambda q: q.send("q", 1))
+    [job] = cli.service(lambda q: q.fetch("q"))
+    cli.service(lambda q: q.fail("q", job, ValueError("card declined")))
+    fresh = cli.service(lambda q: q.send("q", 2))
+    header, *rows = cli("jobs", "list", "q").out.splitlines()
+    assert "RETRY_COUNT" not in header and "RETRY_LIMIT" not in header
+    start = header.index("ATTEMPT")
+    attempts = {r.split()[0]: r[start:].split()[:3] for r in rows}
+    assert attempts == {str(fresh): ["0", "of", "3"], str(waiting): ["1", "of", "3"]}
+    lines = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in cli("jobs", "get", "q", str(waiting)).out.splitlines()
+    }
+    assert lines["attempt"] == "attempt 1 of 3 failed, attempt 2 next"
+    assert (lines["retry_count"], lines["retry_limit"]) == ("0", "2")  # pg-boss's fields stay
+    # JSON keeps the raw fields only.
+    got = cli.json("jobs", "get", "q", str(waiting))
+    assert (got["retry_count"], got["retry_limit"]) == (0, 2) and "attempt" not in got
+    assert "attempt" not in cli.json("jobs", "list", "q")[0]
 
 
 def test_jobs_list_filters_by_state_and_limit(cli: Cli) -> None:

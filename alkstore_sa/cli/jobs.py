@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from typing import Any
 
-from .._humanize import duration
+from .._humanize import duration, job_attempt, job_attempt_short
 from ..errors import shown
 from ..models.enums import JobState
-from ..records import Settled
+from ..records import Job, Settled
 from ..service import QueueService
 from ._common import CommandError, emit, leaf
 from ._service import JOB_COLUMNS, in_transaction
@@ -60,11 +61,23 @@ def register(sub: Any) -> None:
     redrive.set_defaults(handler=_redrive)
 
 
+LIST_COLUMNS = tuple(
+    "attempt" if c == "retry_count" else c for c in JOB_COLUMNS if c != "retry_limit"
+)
+"""The table of ``jobs list``: the job columns, with pg-boss's ``retry_count`` and
+``retry_limit`` read as one ``attempt`` ("2 of 3", as the worker's log and the
+dashboard say it); ``--json`` keeps the raw fields."""
+
+
 def _list(args: argparse.Namespace) -> int:
-    rows = in_transaction(
+    jobs = in_transaction(
         args, lambda q: q.list_jobs(args.queue, state=args.state, limit=args.limit)
     )
-    emit(args, rows, columns=JOB_COLUMNS)
+    if args.json:
+        emit(args, jobs)
+    else:
+        rows = [{**asdict(job), "attempt": job_attempt_short(job)} for job in jobs]
+        emit(args, rows, columns=LIST_COLUMNS)
     return 0
 
 
@@ -73,8 +86,19 @@ def _get(args: argparse.Namespace) -> int:
     job = in_transaction(args, lambda q: q.get_job(args.queue, args.id))
     if job is None:
         raise CommandError(f"no job {args.id} in queue {shown(args.queue)}")
-    emit(args, job)
+    emit(args, job if args.json else _with_attempt(job))
     return 0
+
+
+def _with_attempt(job: Job) -> dict[str, object]:
+    """``job``'s fields with an ``attempt`` line after ``state`` ("attempt 2 of 3");
+    ``retry_count`` and ``retry_limit`` stay, as pg-boss names them."""
+    fields: dict[str, object] = {}
+    for key, value in asdict(job).items():
+        fields[key] = value
+        if key == "state":
+            fields["attempt"] = job_attempt(job)
+    return fields
 
 
 ATTEMPT_COLUMNS = ("attempt", "cause", "failed_on", "took", "worker", "error")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+import datetime as dt
+from dataclasses import asdict, replace
 from typing import Any
+
+from sqlalchemy import func, select
 
 from .._humanize import duration, queue_note, queue_settings
 from ..errors import QueueNotFoundError
-from ..records import JobCounts, QueueInfo, ScheduleInfo
+from ..records import JobCounts, QueueInfo, QueueStats, ScheduleInfo
 from ..service import QueueService
 from ._common import BadInput, emit, leaf, log_to_stderr
 from ._options import QUEUE_CREATE, QUEUE_UPDATE, add_options, given_options
@@ -23,8 +26,18 @@ LIST_COLUMNS = (
     "queued_count",
     "active_count",
     "total_count",
+    "counted",
     "note",
 )
+"""The table of ``queue list``: ``counted`` says when the counts were counted (how
+long ago the supervisor cached them, or ``now`` with ``--live``)."""
+
+CACHED_NOTE = (
+    "counts: cached counters, refreshed by a running supervisor (every 60 s by default), "
+    "COUNTED says when; `alkstore queue list --live` counts the job table now"
+)
+LIVE_NOTE = "counts: live, counted in the job table now"
+
 STATS_COLUMNS = ("name", "deferred_count", "queued_count", "active_count", "total_count")
 
 
@@ -56,7 +69,19 @@ def register(sub: Any) -> None:
     add_options(update, QUEUE_UPDATE)
     update.set_defaults(handler=_update)
 
-    leaf(actions, "list", "all queues with their cached counters").set_defaults(handler=_list)
+    listing = leaf(
+        actions,
+        "list",
+        "all queues with their job counts: the cached counters (and when they were "
+        "counted), or live ones with --live",
+    )
+    listing.add_argument(
+        "--live",
+        action="store_true",
+        help="count each queue's jobs in the job table now (one count per queue) instead "
+        "of showing the counters the supervisor caches",
+    )
+    listing.set_defaults(handler=_list)
 
     show = leaf(actions, "show", "one queue: its settings in plain units, job counts, schedules")
     show.add_argument("name")
@@ -115,13 +140,50 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    queues = in_transaction(args, lambda q: q.get_queues())
+    def read(q: QueueService) -> tuple[list[QueueInfo], dt.datetime]:
+        queues = q.get_queues()
+        if args.live:
+            queues = [_with_live_counts(info, q.get_queue_stats(info.name)) for info in queues]
+        # The database's clock: the cached counters were stamped by it.
+        now = q.session.execute(select(func.now())).scalar_one()
+        return queues, now
+
+    queues, now = in_transaction(args, read)
     if args.json:
         emit(args, queues)
-    else:
-        rows = [{**asdict(info), "note": queue_note(info.name)} for info in queues]
-        emit(args, rows, columns=LIST_COLUMNS)
+        return 0
+    rows = [
+        {
+            **asdict(info),
+            "counted": "now" if args.live else _counted(info.monitor_on, now),
+            "note": queue_note(info.name),
+        }
+        for info in queues
+    ]
+    emit(args, rows, columns=LIST_COLUMNS)
+    if queues:
+        print()
+        print(LIVE_NOTE if args.live else CACHED_NOTE)
     return 0
+
+
+def _with_live_counts(info: QueueInfo, live: QueueStats) -> QueueInfo:
+    """``info`` with the counts of ``live`` in place of the cached counters."""
+    return replace(
+        info,
+        deferred_count=live.deferred_count,
+        queued_count=live.queued_count,
+        active_count=live.active_count,
+        total_count=live.total_count,
+        singletons_active=live.singletons_active,
+    )
+
+
+def _counted(monitor_on: dt.datetime | None, now: dt.datetime) -> str:
+    """How long ago the supervisor cached a queue's counters, or ``never``."""
+    if monitor_on is None:
+        return "never"
+    return f"{duration(max(0.0, (now - monitor_on).total_seconds()))} ago"
 
 
 def _show(args: argparse.Namespace) -> int:
