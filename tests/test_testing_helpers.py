@@ -123,10 +123,35 @@ def test_drain_retries_a_failing_job_until_it_is_dead_lettered(engine: Engine, s
 
     result = drain(engine, {"q": boom}, schema=schema)
     assert (result.completed, result.failed) == (0, 2)
+    # One job, two attempts: the counts say which is which.
+    assert (result.jobs_completed, result.jobs_failed, result.jobs_retrying) == (0, 1, 0)
+    assert result.attempts_failed == 2
     assert [str(e) for _, e in result.errors] == ["nope", "nope"]
     job = committed(engine, schema, lambda q: q.get_job("q", job_id))
     assert job.state.value == "failed"
     assert_enqueued(engine, "dlq", data="x", count=1, schema=schema)
+
+
+def test_drained_counts_jobs_and_attempts_apart(engine: Engine, schema: str) -> None:
+    committed(engine, schema, lambda q: q.create_queue("flaky", retry_limit=2))
+    committed(engine, schema, lambda q: q.create_queue("later", retry_limit=1, retry_delay=60))
+    committed(engine, schema, lambda q: q.send("flaky", "x"))
+    committed(engine, schema, lambda q: q.send("later", "y"))
+    tries: list[str] = []
+
+    def twice_then_ok(job: Job) -> None:
+        tries.append(job.data)
+        if len(tries) < 3:
+            raise ValueError(f"try {len(tries)}")
+
+    def boom(job: Job) -> None:
+        raise ValueError("not yet")
+
+    result = drain(engine, {"flaky": twice_then_ok, "later": boom}, schema=schema)
+    # flaky: failed twice, then completed; later: failed once, its retry due in a minute.
+    assert (result.jobs_completed, result.jobs_failed, result.jobs_retrying) == (1, 0, 1)
+    assert (result.attempts_failed, result.failed, result.completed) == (3, 3, 1)
+    assert sorted(str(e) for _, e in result.errors) == ["not yet", "try 1", "try 2"]
 
 
 def test_drain_inside_a_test_transaction_leaves_nothing_behind(

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from .. import ops
 from .._engine_cache import execution_options, make_context
 from ..errors import InvalidOptionsError, shown
+from ..models.enums import JobState
 from ..names import DEFAULT_SCHEMA
 from ..ops import driver
 from ..records import Job
@@ -32,14 +33,43 @@ Handlers = Worker | AsyncWorker | Mapping[str, Callable[..., Any] | HandlerSpec]
 
 @dataclass(frozen=True)
 class Drained:
-    """What :func:`drain` did: attempts that completed and attempts that failed.
+    """What :func:`drain` did, with jobs and attempts counted apart.
 
-    ``errors`` holds ``(job, exception)`` for each failed attempt, in order.
+    A job that fails twice and then completes is one job completed and two
+    attempts failed: ``jobs_completed == 1``, ``attempts_failed == 2``,
+    ``jobs_failed == 0``.
+
+    :ivar completed: jobs completed (also :attr:`jobs_completed`). A job completes
+        once, so this is also the attempts that completed.
+    :ivar failed: attempts that failed (also :attr:`attempts_failed`), counting
+        each retry of a job again; not the jobs that failed, which is
+        :attr:`jobs_failed`. Kept under this name for compatibility.
+    :ivar errors: ``(job, exception)`` for each failed attempt whose handler
+        raised, in order (a result JSON cannot encode fails the attempt too, with
+        no exception here).
+    :ivar jobs_failed: jobs whose last attempt in the drain failed them for good:
+        they are in state ``failed`` (and copied to the dead letter queue, if the
+        queue has one).
+    :ivar jobs_retrying: jobs whose last attempt in the drain failed with retries
+        left and that wait in state ``retry`` for a retry not due yet (a retry due
+        at once runs in the same drain).
     """
 
     completed: int = 0
     failed: int = 0
     errors: list[tuple[Job, BaseException]] = field(default_factory=list)
+    jobs_failed: int = 0
+    jobs_retrying: int = 0
+
+    @property
+    def jobs_completed(self) -> int:
+        """Jobs completed: the same number as :attr:`completed`."""
+        return self.completed
+
+    @property
+    def attempts_failed(self) -> int:
+        """Attempts that failed, each retry counted: the same number as :attr:`failed`."""
+        return self.failed
 
 
 def handler_specs(handlers: Handlers, queue: str | None, *, want_async: bool) -> list[HandlerSpec]:
@@ -71,21 +101,35 @@ class _Tally:
     def __init__(self, limit: int) -> None:
         self.limit, self.completed, self.failed = limit, 0, 0
         self.errors: list[tuple[Job, BaseException]] = []
+        self.ended: dict[Any, JobState] = {}  # each failed job's state after its last fail
 
-    def count(self, job: Job, outcome: Outcome | None) -> None:
+    def count(self, job: Job, outcome: Outcome | None, state: JobState | None = None) -> None:
+        """One attempt of ``job`` ended: completed, or failed into ``state``."""
         if outcome is None or outcome[0] == "complete":
             self.completed += 1
+            self.ended.pop(job.id, None)
         else:
             self.failed += 1
             if outcome[2] is not None:
                 self.errors.append((job, outcome[2]))
+            if state is None:
+                self.ended.pop(job.id, None)  # not failed by this drain (fenced)
+            else:
+                self.ended[job.id] = state
         if self.completed + self.failed > self.limit:
             raise InvalidOptionsError(
                 "max_jobs", f"more than {self.limit} attempts: do handlers keep sending jobs?"
             )
 
     def result(self) -> Drained:
-        return Drained(self.completed, self.failed, self.errors)
+        states = list(self.ended.values())
+        return Drained(
+            self.completed,
+            self.failed,
+            self.errors,
+            jobs_failed=states.count(JobState.FAILED),
+            jobs_retrying=states.count(JobState.RETRY),
+        )
 
 
 def drain(
@@ -113,8 +157,9 @@ def drain(
 
     Example::
 
-        drain(engine, worker).completed
-        # -> 3
+        result = drain(engine, worker)
+        (result.jobs_completed, result.jobs_failed, result.attempts_failed)
+        # -> (3, 0, 1)
 
     :raises InvalidOptionsError: for async handlers (use :func:`adrain`), or
         after ``max_jobs`` attempts (handlers that keep sending jobs).
@@ -242,11 +287,15 @@ def _draining(
             for job in jobs:
                 progressed = True
                 outcome = yield from _attempt(spec, job, in_transaction)
+                state: JobState | None = None
                 if outcome is not None:
                     kind, output, _ = outcome
-                    settle = ops.complete_many if kind == "complete" else ops.fail_many
-                    yield Run(settle(ctx, job.name, [(job, output)]))
-                tally.count(job, outcome)
+                    if kind == "complete":
+                        yield Run(ops.complete_many(ctx, job.name, [(job, output)]))
+                    else:
+                        failed = yield Run(ops.fail_many(ctx, job.name, [(job, output)]))
+                        state = failed.states.get(job.id)
+                tally.count(job, outcome, state)
     return tally.result()
 
 
