@@ -84,7 +84,12 @@ def _docker_url() -> str | None:
     from testcontainers.postgres import PostgresContainer
 
     container = PostgresContainer("postgres:15", driver="psycopg")
-    container.start()
+    try:
+        container.start()
+    except Exception:
+        # An engine that answers but cannot pull or start the image (offline, no room):
+        # the embedded server is next.
+        return None
     import atexit
 
     atexit.register(container.stop)

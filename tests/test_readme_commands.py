@@ -34,3 +34,21 @@ def test_tox_installs_the_extras_the_readme_names() -> None:
     testenv = tox.split("[testenv]", 1)[1].split("\n[", 1)[0]
     listed = set(re.search(r"extras =\n((?:    .*\n)+)", testenv).group(1).split())  # type: ignore[union-attr]
     assert listed == extras
+
+
+def test_tox_installs_the_dependency_groups_the_readme_names() -> None:
+    _, tests = readme_commands()
+    groups = set(re.findall(r"--group (\S+)", tests))
+    assert "test" in groups
+    tox = (ROOT / "tox.ini").read_text()
+    testenv = tox.split("[testenv]", 1)[1].split("\n[", 1)[0]
+    listed = set(re.search(r"dependency_groups =\n((?:    .*\n)+)", testenv).group(1).split())  # type: ignore[union-attr]
+    assert listed == groups
+
+
+def test_the_readme_installs_a_pip_that_knows_dependency_groups_first() -> None:
+    """``pip install --group`` needs pip 25.1; an older pip stops at the unknown option."""
+    _, tests = readme_commands()
+    steps = [step.strip() for step in tests.split("&&")]
+    assert steps[0] == 'python -m pip install -U "pip>=25.1"'
+    assert "--group test" in steps[1]
