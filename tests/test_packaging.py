@@ -68,3 +68,37 @@ def test_psycopg_implementation_is_the_applications_choice(wheel: zipfile.ZipFil
 
 def _version(wheel: zipfile.ZipFile) -> str:
     return dict(metadata(wheel))["Version"]
+
+
+def test_wheel_metadata_is_what_pypi_shows(wheel: zipfile.ZipFile) -> None:
+    from alkstore_sa import __version__
+
+    fields = metadata(wheel)
+    classifiers = {value for key, value in fields if key == "Classifier"}
+    assert {
+        "Typing :: Typed",
+        "Framework :: AsyncIO",
+        "Programming Language :: Python :: 3.11",
+    } <= classifiers
+    assert any(c.startswith("Development Status :: ") for c in classifiers)
+    # Only the Python versions CI runs are claimed.
+    claimed = {c.rsplit(" :: ", 1)[1] for c in classifiers if c.count("::") == 2 and "3." in c}
+    assert claimed == {"3.11"}
+    urls = {value.split(",", 1)[0] for key, value in fields if key == "Project-URL"}
+    assert {"Homepage", "Documentation", "Repository", "Changelog", "Issues"} <= urls
+    assert dict(fields)["Version"] == __version__
+    assert dict(fields).get("Author") or dict(fields).get("Author-email")
+    assert dict(fields).get("Keywords")
+
+
+def test_development_tools_are_not_published_as_extras(wheel: zipfile.ZipFile) -> None:
+    extras = {value for key, value in metadata(wheel) if key == "Provides-Extra"}
+    assert extras == {"binary", "embedded", "metrics", "otel", "dashboard", "api"}
+
+
+def test_the_cli_reports_the_wheels_version(wheel: zipfile.ZipFile) -> None:
+    for command in (["alkstore"], [sys.executable, "-m", "alkstore_sa"]):
+        done = subprocess.run(
+            [*command, "--version"], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert done.stdout.strip() == f"alkstore {_version(wheel)}"
