@@ -317,11 +317,15 @@ def _lock_groups(
 
 
 def _fence(value: object) -> datetime | None:
-    if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
-        return value
-    raise InvalidOptionsError(
-        "started_on", f"must be an aware datetime or None, not {shown(value)}"
-    )
+    # In UTC, as every other time bound to a statement (options.in_utc): PostgreSQL
+    # refuses an offset of 16 hours or more, or one that is not a whole minute.
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise InvalidOptionsError(
+            "started_on", f"must be an aware datetime or None, not {shown(value)}"
+        )
+    return opt.in_utc("started_on", value)
 
 
 def _of_job(name: str, job: Job, output: Any) -> Settlement:
@@ -378,7 +382,9 @@ def settlement_items(name: str, items: object) -> list[Settlement]:
     out: list[Settlement] = []
     for item in items:
         if isinstance(item, Settlement):
-            out.append(item)
+            # Normalised here, before any SQL: the id as a UUID (outcomes match it
+            # by value), the fence in UTC.
+            out.append(Settlement(opt.job_id(item.id), item.output, _fence(item.started_on)))
         elif isinstance(item, tuple):
             if len(item) != 2:
                 raise InvalidOptionsError(
