@@ -262,6 +262,9 @@ SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) AS definition
   JOIN pg_class c ON c.oid = k.conrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = :schema
+   -- PostgreSQL 18 keeps NOT NULL as a constraint row too; a column's nullability is
+   -- compared with the columns, so these rows would only repeat it.
+   AND k.contype <> 'n'
 """
 
 _FUNCTIONS = """
