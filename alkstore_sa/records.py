@@ -569,6 +569,12 @@ class QueueStatsSnapshot:
     :ivar ready_oldest_seconds: how long the oldest ready job had waited.
     :ivar percentiles: with ``percentiles=``, one entry per percent asked for,
         read from this snapshot's histograms; else ``None``.
+    :ivar unreadable: what another client wrote that Python cannot hold or that is
+        not a histogram of ours, by field, with why: a time such as ``infinity``
+        (the nearest time Python holds stands in), a histogram past 48 slots (kept as
+        stored; its percentiles count the slots past the 48th in the last), with
+        negative counts (counted as 0), or of more than one dimension (``None``).
+        In a bucket, those of its rows. Empty for a row that is fine.
     """
 
     name: str
@@ -588,6 +594,7 @@ class QueueStatsSnapshot:
     ready_oldest_seconds: int | None
     captured_on: dt.datetime
     percentiles: tuple[QueueStatsPercentile, ...] | None = None
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,11 @@ from ..records import (
     PersistedWarning,
     QueueStatsPercentile,
     QueueStatsSnapshot,
+    read_record,
 )
 from ..sql.v46 import observe as sql
 from ..sql.v46 import supervision as sup_sql
+from ..sql.v46.stats import LATENCY_SLOTS
 from ._core import Call, Context, Op
 from .queues import require_queue
 
@@ -65,24 +67,29 @@ def percentile(bins: Sequence[int] | None, p: float) -> float | None:
     interpolated within their slot; ``None`` for no or an empty histogram.
 
     A percentile in the first slot is only known to be under 10 ms, and one in
-    the last only past its lower edge: those edges are returned.
+    the last only past its lower edge: those edges are returned. A histogram
+    another client wrote past the 48 slots counts the slots from the 48th on in
+    the last, and a negative count as 0: the answer is always a finite number.
     """
     if not bins:
         return None
-    n = sum(bins)
+    counts = [max(n, 0) for n in bins]
+    if len(counts) > LATENCY_SLOTS:
+        counts[LATENCY_SLOTS - 1 :] = [sum(counts[LATENCY_SLOTS - 1 :])]
+    n = sum(counts)
     if n == 0:
         return None
     target = p / 100 * n
     k, seen = 0, 0
-    while k < len(bins) - 1 and not (bins[k] > 0 and seen + bins[k] >= target):
-        seen += bins[k]
+    while k < len(counts) - 1 and not (counts[k] > 0 and seen + counts[k] >= target):
+        seen += counts[k]
         k += 1
     if k == 0:
         return LATENCY_MIN_SECONDS
     low = LATENCY_MIN_SECONDS * math.sqrt(2) ** (k - 1)
-    if k == len(bins) - 1:
+    if k == len(counts) - 1:
         return low
-    return float(low * math.sqrt(2) ** ((target - seen) / bins[k]))
+    return float(low * math.sqrt(2) ** ((target - seen) / counts[k]))
 
 
 def _percentiles(value: object) -> tuple[float, ...] | None:
@@ -110,15 +117,45 @@ def _time(option: str, value: object) -> dt.datetime | None:
     return None if value is None else in_utc(option, value)
 
 
-def _bins(value: Any) -> tuple[int, ...] | None:
-    # A slot stored as NULL (no job landed there) reads as 0.
-    return None if value is None else tuple(0 if n is None else int(n) for n in value)
+def _bins(value: Any) -> tuple[tuple[int, ...] | None, str | None]:
+    """A histogram column as stored, and what is wrong with it (``None``: nothing).
+
+    A slot stored as NULL (no job landed there) reads as 0. An int[] column may hold
+    what no writer of pg-boss's writes: more slots, negative counts (kept as stored,
+    see :func:`percentile`), more dimensions (unreadable: ``None``)."""
+    if value is None:
+        return None, None
+    if any(isinstance(n, list) for n in value):
+        return None, "is an array of more than one dimension, not a histogram"
+    out = tuple(0 if n is None else int(n) for n in value)
+    if len(out) > LATENCY_SLOTS:
+        return out, (
+            f"holds {len(out)} slots, past the {LATENCY_SLOTS} of a histogram: its "
+            f"percentiles count the slots from the {LATENCY_SLOTS}th on in the last"
+        )
+    if any(n < 0 for n in out):
+        return out, "holds negative counts: its percentiles count them as 0"
+    return out, None
+
+
+def _read_row(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """A row of ``stats_history`` (through ``readable_columns``) as values that never
+    raise downstream: times in Python's range, histograms checked (see :func:`_bins`);
+    what could not be read as stored is in ``unreadable``."""
+    values, problems = read_record(row, ())
+    for name in ("wait_bins", "run_bins"):
+        values[name], problem = _bins(values[name])
+        if problem is not None:
+            problems[name] = problem
+    values["unreadable"] = problems
+    return values
 
 
 def _snapshot(
     name: str, row: Mapping[str, Any], ps: tuple[float, ...] | None
 ) -> QueueStatsSnapshot:
-    wait, run = _bins(row["wait_bins"]), _bins(row["run_bins"])
+    """A snapshot of ``row`` (a row of :func:`_read_row`, or a merged bucket)."""
+    wait, run = row["wait_bins"], row["run_bins"]
     return QueueStatsSnapshot(
         name=name,
         **{g: int(row[g] or 0) for g in _GAUGES},
@@ -134,12 +171,18 @@ def _snapshot(
         percentiles=None
         if ps is None
         else tuple(QueueStatsPercentile(p, percentile(wait, p), percentile(run, p)) for p in ps),
+        unreadable=dict(row["unreadable"]),
     )
 
 
 def _bucket(at: dt.datetime, width: int) -> dt.datetime:
     since = (at - _EPOCH).total_seconds()
-    return _EPOCH + dt.timedelta(seconds=math.floor(since / width) * width)
+    try:
+        return _EPOCH + dt.timedelta(seconds=math.floor(since / width) * width)
+    except OverflowError:
+        # A start before year 1 (a time near Python's edge, a huge width): the time
+        # itself stands in for its bucket's start.
+        return at
 
 
 def _collapse(values: list[int], aggregate: str) -> int:
@@ -155,6 +198,15 @@ def _collapse(values: list[int], aggregate: str) -> int:
 def _sum(values: list[int | None]) -> int | None:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
+
+
+def _slot_sums(histograms: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The histograms (of :func:`_bins`) summed slot by slot."""
+    out = [0] * max((len(h) for h in histograms), default=0)
+    for h in histograms:
+        for i, n in enumerate(h):
+            out[i] += n
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -213,15 +265,14 @@ def _bucketed(
         measured = [r for r in b.counters if r["wait_bins"] is not None]
         wait = run = None
         if measured:
-            wait = [0] * max(len(r["wait_bins"]) for r in measured)
-            run = [0] * max(len(r["run_bins"] or ()) for r in measured)
-            for r in measured:
-                for i, n in enumerate(r["wait_bins"]):
-                    wait[i] += n or 0
-                for i, n in enumerate(r["run_bins"] or ()):
-                    run[i] += n or 0
+            wait = _slot_sums([r["wait_bins"] for r in measured])
+            run = _slot_sums([r["run_bins"] or () for r in b.counters])
         deltas = [r["delta_on"] for r in b.counters]
         oldest = [r["ready_oldest_seconds"] for r in b.counters]
+        problems: dict[str, str] = {}
+        for r in (*b.gauges, *b.counters):
+            for key_, why in r["unreadable"].items():
+                problems.setdefault(key_, why)
         merged: dict[str, Any] = {
             **{g: _collapse([int(r[g]) for r in b.gauges], aggregate) for g in _GAUGES},
             "created_delta": _sum([r["created_delta"] for r in b.counters]),
@@ -233,6 +284,7 @@ def _bucketed(
             "run_bins": run,
             "ready_oldest_seconds": max((o for o in oldest if o is not None), default=None),
             "captured_on": key,
+            "unreadable": problems,
         }
         out.append(_snapshot(name, merged, ps))
     return out
@@ -265,7 +317,7 @@ def get_queue_stats_history(
     yield from require_queue(ctx, name)
     params = {"qname": name, "from_on": lo, "to_on": hi, "limit": limit}
     result = yield Call(sql.stats_history(for_buckets=bucketed), params)
-    rows: list[Any] = list(result.mappings().all())
+    rows = [_read_row(r) for r in result.mappings().all()]
     if not bucketed:
         return [_snapshot(name, r, ps) for r in rows]
     assert isinstance(bucket_seconds, int | None) and isinstance(max_data_points, int | None)

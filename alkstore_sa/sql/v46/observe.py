@@ -20,6 +20,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Integer,
     Select,
@@ -53,10 +54,17 @@ INSTANCE_DEAD_KEPT_PER_NAME = 20
 _TIME = TIMESTAMP(timezone=True)
 
 
+def _quiet(heartbeat_seconds: Any) -> ColumnElement[Any]:
+    """The silence after which an instance beating every ``heartbeat_seconds`` is dead,
+    as an interval; in bigint, so a row another client wrote with ``heartbeat_seconds``
+    near the top of an integer does not overflow the product."""
+    return seconds(cast(heartbeat_seconds, BigInteger) * INSTANCE_QUIET_BEATS)
+
+
 def _dead(i: Any) -> ColumnElement[bool]:
     return or_(
         i.c.stopped_on.is_not(None),
-        i.c.heartbeat_on < job_now() - seconds(i.c.heartbeat_seconds * INSTANCE_QUIET_BEATS),
+        i.c.heartbeat_on < job_now() - _quiet(i.c.heartbeat_seconds),
     )
 
 
@@ -64,7 +72,7 @@ def live(i: Any) -> ColumnElement[bool]:
     """Not stopped, and heard from within three of its heartbeats."""
     return and_(
         i.c.stopped_on.is_(None),
-        i.c.heartbeat_on >= job_now() - seconds(i.c.heartbeat_seconds * INSTANCE_QUIET_BEATS),
+        i.c.heartbeat_on >= job_now() - _quiet(i.c.heartbeat_seconds),
     )
 
 
@@ -84,24 +92,9 @@ def stats_history(*, for_buckets: bool) -> Select[Any]:
     def within(col: Any) -> ColumnElement[bool]:
         return and_(or_(lo.is_(None), col >= lo), or_(hi.is_(None), col <= hi))
 
-    stmt = select(
-        s.c.name,
-        s.c.deferred_count,
-        s.c.queued_count,
-        s.c.ready_count,
-        s.c.active_count,
-        s.c.failed_count,
-        s.c.total_count,
-        s.c.created_delta,
-        s.c.completed_delta,
-        s.c.failed_delta,
-        s.c.delta_seconds,
-        s.c.delta_on,
-        s.c.wait_bins,
-        s.c.run_bins,
-        s.c.ready_oldest_seconds,
-        s.c.captured_on,
-    ).where(s.c.name == bindparam("qname", type_=Text))
+    # readable_columns: a time Python cannot hold (``infinity``, a year past 9999) comes
+    # back as the nearest one it can, named in ``unreadable`` (read by ops/observe.py).
+    stmt = select(*readable_columns(s.c, s)).where(s.c.name == bindparam("qname", type_=Text))
     if for_buckets:
         on_delta = and_(s.c.delta_on.is_not(None), within(s.c.delta_on))
         return stmt.where(or_(within(s.c.captured_on), on_delta)).order_by(s.c.captured_on.desc())
@@ -116,9 +109,14 @@ def stats_history(*, for_buckets: bool) -> Select[Any]:
 def stats_extent() -> Select[Any]:
     """``(first, last)``: the earliest and latest capture of ``:qname``'s history."""
     s = QUEUE_STATS
+    # Over the captures Python can hold: a row captured at infinity (one another client
+    # wrote) is still read, in a bucket of its own, but does not stretch the others'.
+    rows = select(*readable_columns(s.c, s)).where(s.c.name == bindparam("qname", type_=Text))
+    r = rows.subquery("r")
+    readable = or_(r.c.unreadable.is_(None), ~r.c.unreadable.contains("captured_on="))
     return select(
-        func.min(s.c.captured_on).label("first"), func.max(s.c.captured_on).label("last")
-    ).where(s.c.name == bindparam("qname", type_=Text))
+        func.min(r.c.captured_on).label("first"), func.max(r.c.captured_on).label("last")
+    ).where(readable)
 
 
 # ------------------------------------------------------------------ warnings
@@ -311,9 +309,7 @@ def count_crash_restarts() -> Any:
         )
         .cte("streak")
     )
-    quiet = streak.c.heartbeat_on < job_now() - seconds(
-        streak.c.heartbeat_seconds * INSTANCE_QUIET_BEATS
-    )
+    quiet = streak.c.heartbeat_on < job_now() - _quiet(streak.c.heartbeat_seconds)
     dead = or_(quiet, and_(streak.c.pid == pid, streak.c.heartbeat_on < born))
     crashed = (
         select(
