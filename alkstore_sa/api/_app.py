@@ -7,15 +7,19 @@ schema other than the first), in order:
    ``Host`` (or one in ``allowed_hosts``): a page on another site whose name was rebound
    to 127.0.0.1 sends its own name and is refused.
 2. **Token.** With tokens, ``Authorization: Bearer <token>``, compared in constant time
-   with every token (or given to the application's check); else 401.
+   with every token (or given to the application's check); else 401. A token that no
+   header can carry (surrounding spaces, a character outside printable ASCII) is refused
+   by :func:`create_app`, and one under 16 characters warned about.
 3. **Browser requests.** A ``POST`` must be ``Content-Type: application/json`` (a page
    on another site cannot send that without a CORS preflight, which is never answered)
    and must not come from another site (``Sec-Fetch-Site``, ``Origin``); else 415 or 403.
 4. **Read-only** refuses every ``POST`` (403); **size**: a body over ``max_body_bytes``
-   is refused (413) before it is read whole, and a list over ``max_batch`` entries too.
+   is refused (413) before it is read whole, and a list over ``max_batch`` entries too,
+   or a ``fetch`` of more than ``max_batch`` jobs.
 5. The operation runs in one transaction of its own, with ``statement_timeout``; its
    answer is ``{"ok": true, "result": ...}``, an error ``application/problem+json``
-   naming the library's error, never a traceback or SQL.
+   naming the library's error, never a traceback or SQL; a value the database refuses
+   (SQLSTATE class 22) is the caller's 400 ``DataError``, not a 503.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import ipaddress
 import json
 import logging
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +72,11 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 data may be up to :data:`~alkstore_sa.limits.MAX_PAYLOAD_BYTES`, 1 MiB)."""
 
 DEFAULT_MAX_BATCH = 1000
-"""The most entries a list in one request may hold by default (jobs, ids, names)."""
+"""The most entries a list in one request may hold by default (jobs, ids, names), and
+the most jobs one ``fetch`` claims."""
+
+SHORT_TOKEN = 16
+"""A bearer token shorter than this is warned about (a guessable secret)."""
 
 _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 _DOCS_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'"
@@ -149,6 +158,8 @@ class Api:
                 raise InvalidOptionsError("auth", "must be a list of non-empty tokens, or a check")
             if not auth:
                 raise InvalidOptionsError("auth", "an empty list of tokens would refuse everyone")
+            for n, token in enumerate(auth, 1):
+                _check_token(n, token)
             self.tokens = tuple(t.encode() for t in auth)
         for option, value, low in (
             ("statement_timeout_ms", statement_timeout_ms, 0),
@@ -274,6 +285,25 @@ class Api:
         return in_transaction(self.engine, schema, self.backend, self.timeout_ms, work, write=write)
 
 
+def _check_token(n: int, token: str) -> None:
+    """Refuse token ``n`` if no request can carry it; warn if it is short. Never shows it."""
+    # A header value is read as Latin-1 and stripped of surrounding spaces: a token
+    # with those, or with a character outside printable ASCII, can never match.
+    if token != token.strip() or not all(" " <= c <= "~" for c in token):
+        raise InvalidOptionsError(
+            "auth",
+            f"token {n} can never match: a bearer token is printable ASCII without "
+            "surrounding spaces",
+        )
+    if len(token) < SHORT_TOKEN:
+        warnings.warn(
+            f"alkstore API: token {n} has {len(token)} character"
+            f"{'' if len(token) == 1 else 's'}; use a random one of at least {SHORT_TOKEN}",
+            UserWarning,
+            stacklevel=4,  # the caller of create_app
+        )
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -334,9 +364,16 @@ def _error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, AlkstoreError):
         return problem(409, name, str(exc))
     if isinstance(exc, DBAPIError | PoolTimeoutError):
-        code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+        orig = getattr(exc, "orig", None)
+        code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if code == "57014":
             return problem(503, "StatementTimeout", "the statement ran past the API's timeout")
+        if isinstance(code, str) and code.startswith("22"):
+            # A data exception: a value of this request the database refused. Trying
+            # again cannot help; its primary message names the problem, never the SQL.
+            diag = getattr(orig, "diag", None)
+            reason = getattr(diag, "message_primary", None) or f"SQLSTATE {code}"
+            return problem(400, "DataError", f"the database refused a value: {reason}")
         log.warning(
             "api request failed on the database: %s %s: %s",
             request.method,
@@ -402,12 +439,15 @@ def create_app(
         ``/s/<schema>/api/...``.
     :param auth: the bearer tokens a request must carry (any one of them), or the
         application's check ``(token) -> bool`` (or awaitable). Without it the API
-        answers loopback clients and loopback ``Host`` names only.
+        answers loopback clients and loopback ``Host`` names only. A token a request
+        cannot carry (surrounding spaces, a character outside printable ASCII) is
+        refused; one under 16 characters warned about.
     :param read_only: refuse every operation that writes (403).
     :param statement_timeout_ms: ``statement_timeout`` of every request's transaction
         (0: none).
     :param max_body_bytes: the largest request body (413 above).
-    :param max_batch: the most entries of a list in one request (413 above).
+    :param max_batch: the most entries of a list in one request, and the most jobs one
+        ``fetch`` claims (413 above).
     :param allowed_hosts: ``Host`` names answered besides loopback ones (``"*"``: any).
     :param backend: the database backend profile, as :class:`~alkstore_sa.QueueService`
         takes it.

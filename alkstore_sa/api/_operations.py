@@ -8,7 +8,8 @@ pg-boss's (``retryLimit`` for ``retry_limit``). Nothing is renamed or re-validat
 each value goes to the service, which refuses bad input with its own
 :class:`~alkstore_sa.InvalidOptionsError` before anything is written. What is checked
 here is only what JSON cannot carry to Python as it is: an unknown field, a time given
-as text, and the size of a batch.
+as text, an option that would land on a parameter, and the size of a batch (every list
+a request gives, and ``fetch``'s ``batch_size``; never the entries of a job's data).
 """
 
 from __future__ import annotations
@@ -169,15 +170,25 @@ def _is_datetime(hint: Any) -> bool:
     return hint is dt.datetime or dt.datetime in typing.get_args(hint)
 
 
+# A negative offset under a minute (``-00:00:00.5``), whose sign Python 3.11's
+# fromisoformat drops.
+_NEGATIVE_SECONDS = re.compile(r"-00:00:(\d\d(?:\.\d{1,6})?)$")
+
+
 def _datetime(field: str, value: object) -> object:
     if not isinstance(value, str):
         return value  # the service says what is wrong with it
     try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise InvalidOptionsError(
             field, f"expected an ISO-8601 time with its offset, not {shown(value)}"
         ) from None
+    negative = _NEGATIVE_SECONDS.search(value)
+    if negative is not None and parsed.tzinfo is not None:
+        offset = -dt.timedelta(seconds=float(negative.group(1)))
+        parsed = parsed.replace(tzinfo=dt.timezone(offset))
+    return parsed
 
 
 def _options(operation: Operation, given: object) -> dict[str, Any]:
@@ -224,12 +235,19 @@ def _settle_item(field: str, item: object) -> object:
 
 
 def _count(value: object) -> int:
-    return len(value) if isinstance(value, list | dict) else 0
+    """The entries of a list argument; any other value (a job's data included) is no
+    batch, however many entries it holds."""
+    return len(value) if isinstance(value, list) else 0
+
+
+# Arguments that ask for that many jobs at once: capped as a list is.
+_BATCH_SIZES = frozenset({("fetch", "batch_size")})
 
 
 def call_for(operation: Operation, args: Mapping[str, Any], max_batch: int) -> Call:
     """The service call ``args`` (the request's JSON fields) ask for, checked for what
-    JSON cannot carry: an unknown field, a time as text, a batch over ``max_batch``."""
+    JSON cannot carry: an unknown field, a time as text, an option that names a
+    parameter, a batch over ``max_batch`` (a list, or ``fetch``'s ``batch_size``)."""
     known = {p.name for p in operation.params} | ({"options"} if operation.options else set())
     unknown = sorted(set(args) - known)
     if unknown:
@@ -247,18 +265,27 @@ def call_for(operation: Operation, args: Mapping[str, Any], max_batch: int) -> C
         value = args[param.name]
         if _count(value) > max_batch:
             raise BatchTooLarge(param.name, _count(value), max_batch)
+        if (
+            (operation.name, param.name) in _BATCH_SIZES
+            and isinstance(value, int)
+            and value > max_batch
+        ):
+            raise BatchTooLarge(param.name, value, max_batch, asked=True)
         if _is_datetime(param.hint):
             value = _datetime(param.name, value)
         elif _takes_settlements(param.hint) and isinstance(value, list):
             value = [_settle_item(param.name, item) for item in value]
         keywords[param.name] = value
+    method = getattr(QueueService, operation.name)
     options = _options(operation, args.get("options")) if operation.options else {}
-    clash = sorted(set(options) & ({p.name for p in operation.params} | {"options"}))
+    # Every name of the method's signature (``self``, a parameter left out here, the
+    # ``**options`` name itself): an option by that name would land on it, or raise.
+    clash = sorted(set(options) & (set(inspect.signature(method).parameters) | {"options"}))
     if clash:
         raise InvalidOptionsError(
-            clash[0], f"{clash[0]!r} is a field of {operation.name}, not one of its options"
+            clash[0],
+            f"{clash[0]!r} is not an option of {operation.name} (it names one of its parameters)",
         )
-    method = getattr(QueueService, operation.name)
 
     def run(service: QueueService) -> Any:
         # Every parameter by its name, as the method declares it.
@@ -322,12 +349,10 @@ _UNIONS = (typing.Union, types.UnionType)
 class BatchTooLarge(InvalidOptionsError):
     """A list in a request holds more entries than the API takes at once (HTTP 413)."""
 
-    def __init__(self, field: str, count: int, limit: int) -> None:
-        super().__init__(
-            field,
-            f"{count} entries, over this API's batch limit of {limit}: send them in "
-            f"batches of at most {limit}",
-        )
+    def __init__(self, field: str, count: int, limit: int, *, asked: bool = False) -> None:
+        advice = f"ask for at most {limit}" if asked else f"send them in batches of at most {limit}"
+        what = "jobs asked for" if asked else "entries"
+        super().__init__(field, f"{count} {what}, over this API's batch limit of {limit}: {advice}")
         self.count = count
         self.limit = limit
 
