@@ -131,6 +131,10 @@ JSON_FIELDS = ("data", "output", "source_output", "trace_context")
 """The fields of :class:`Job` read from jsonb columns (as text, see :func:`read_job`)."""
 
 
+OUTSIDE_DATETIME = " is outside the range of Python's datetime"
+"""How :func:`read_record` ends the problem of a clamped timestamp, after its stored text."""
+
+
 def read_record(
     row: Mapping[Any, Any], json_fields: Sequence[str], quiet: Sequence[str] = ()
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -152,7 +156,7 @@ def _read_values(
     if marks:
         for mark in marks.split(";"):
             name, _, stored = mark.partition("=")
-            problems[name] = f"{stored} is outside the range of Python's datetime"
+            problems[name] = stored + OUTSIDE_DATETIME
     for name in json_fields:
         text = values.get(name)
         if text is None:

@@ -216,3 +216,87 @@ def test_an_instance_beating_every_int_max_seconds_is_read_and_shown(
     assert found.id == ident and found.heartbeat_seconds == INT_MAX and found.live
     page = pages_answer(engine, schema46, f"/s/{schema46}/instances")
     assert f'data-instance-id="{ident}"' in page[f"/s/{schema46}/instances"]
+
+
+def test_instance_times_at_infinity_are_shown_as_stored(engine: Engine, schema46: str) -> None:
+    ident = instance_row(
+        engine,
+        schema46,
+        started_on="'-infinity'",
+        heartbeat_on="'infinity'",
+        stopped_on="'infinity'",
+    )
+    [found] = service(engine, schema46, lambda q: q.get_instances())
+    assert found.id == ident and set(found.unreadable) == {
+        "started_on",
+        "heartbeat_on",
+        "stopped_on",
+    }
+    page = pages_answer(engine, schema46, f"/s/{schema46}/instances")
+    row = re.search(rf'<tr id="instance-{ident}".*?</tr>', page[f"/s/{schema46}/instances"], re.S)
+    assert row is not None
+    assert ">-infinity<" in row.group(0) and row.group(0).count(">infinity<") == 2
+    assert "9999" not in row.group(0)  # the stand-ins are not shown as times
+
+
+def test_a_warning_at_infinity_is_shown_as_stored(engine: Engine, schema46: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'INSERT INTO "{schema46}".warning (type, message, data, created_on) VALUES '
+                "('slow_queries', 'from Node', (repeat('[', 1000) || repeat(']', 1000))::jsonb,"
+                " 'infinity')"
+            )
+        )
+    [found] = service(engine, schema46, lambda q: q.get_warnings())
+    assert set(found.unreadable) == {"created_on", "data"} and found.data is None
+    page = pages_answer(engine, schema46, f"/s/{schema46}/warnings")[f"/s/{schema46}/warnings"]
+    row = re.search(r'<tr data-type="slow_queries".*?</tr>', page, re.S)
+    assert row is not None and ">infinity<" in row.group(0) and "9999" not in row.group(0)
+    assert "deeper than" in row.group(0)  # why the data is not shown
+
+
+def test_unreadable_stats_rows_are_named_on_the_queue_page(engine: Engine, queue46: str) -> None:
+    schema = queue46
+    stats_row(engine, schema, delta_on="'infinity'", wait_bins="array_fill(1, ARRAY[5000])")
+    page = pages_answer(engine, schema, f"/s/{schema}/queues/q")[f"/s/{schema}/queues/q"]
+    note = re.search(r'<p class="note" id="charts-unreadable">.*?</p>', page, re.S)
+    assert note is not None
+    assert "delta_on" in note.group(0) and "infinity" in note.group(0)
+    assert "wait_bins" in note.group(0) and "5000 slots" in note.group(0)
+
+
+def test_a_queue_row_with_odd_values_is_shown(engine: Engine, schema46: str) -> None:
+    service(engine, schema46, lambda q: q.create_queue("odd"))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'UPDATE "{schema46}".queue SET retention_seconds = {INT_MAX},'
+                f" expire_seconds = {INT_MAX}, deletion_seconds = {INT_MAX},"
+                f" retry_delay = {INT_MAX}, retry_delay_max = {INT_MAX},"
+                f" heartbeat_seconds = {INT_MAX}, warning_queued = {INT_MAX},"
+                f" retry_limit = {INT_MAX}, queued_count = {INT_MAX},"
+                f" active_count = {INT_MAX}, total_count = {INT_MAX} WHERE name = 'odd'"
+            )
+        )
+    pages = pages_answer(engine, schema46, "/", f"/s/{schema46}/queues/odd")
+    assert 'data-queue="odd"' in pages["/"]
+    assert "24855 days 3 h" in pages[f"/s/{schema46}/queues/odd"]  # the settings, as stored
+
+
+def test_a_schedule_with_odd_values_is_shown(engine: Engine, schema46: str) -> None:
+    service(engine, schema46, lambda q: q.create_queue("q"))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f'INSERT INTO "{schema46}".schedule (name, key, cron, timezone, data, options,'
+                " created_on, updated_on) VALUES ('q', 'odd', 'not a cron', 'Mars/Olympus',"
+                " (repeat('[', 1000) || repeat(']', 1000))::jsonb, '{\"priority\": 1e400}',"
+                " '-infinity', 'infinity')"
+            )
+        )
+    pages = pages_answer(engine, schema46, f"/s/{schema46}/schedules", f"/s/{schema46}/queues/q")
+    row = re.search(
+        r'<tr data-queue="q" data-key="odd">.*?</tr>', pages[f"/s/{schema46}/schedules"], re.S
+    )
+    assert row is not None and "<code>not a cron</code>" in row.group(0)

@@ -302,6 +302,12 @@ async def _queue_charts(d: Dashboard, schema: str, name: str) -> dict[str, Any] 
                 ]
                 for p in (50, 95)
             }
+            # What the rows behind the charts hold that is not read as stored (a row
+            # another client wrote): named, so a chart is never silently short of it.
+            unreadable: dict[str, str] = {}
+            for snap in snaps:
+                for field, why in snap.unreadable.items():
+                    unreadable.setdefault(field, why)
             return {
                 "source": "history",
                 "span": "the last 24 hours",
@@ -309,6 +315,7 @@ async def _queue_charts(d: Dashboard, schema: str, name: str) -> dict[str, Any] 
                 "failed": [s.failed_delta or 0 for s in snaps],
                 "wait50": waits[50],
                 "wait95": waits[95],
+                "unreadable": unreadable,
             }
         since = now - dt.timedelta(seconds=RECENT_SECONDS)
         recent = q.count_completions([name], since=since, bucket_seconds=RECENT_BUCKET)

@@ -19,6 +19,7 @@ import jinja2
 import markupsafe
 
 from .._humanize import job_attempt, job_attempt_short
+from ..records import OUTSIDE_DATETIME
 
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
@@ -75,6 +76,16 @@ def when(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def stamp(record: Any, name: str) -> str:
+    """A time field of ``record`` (a row read through ``readable_columns``), as
+    :func:`when` shows it; one Python cannot hold (``infinity``, a year past 9999)
+    as its stored text, not as the stand-in the row carries."""
+    problem = getattr(record, "unreadable", {}).get(name)
+    if isinstance(problem, str) and problem.endswith(OUTSIDE_DATETIME):
+        return problem.removesuffix(OUTSIDE_DATETIME)
+    return when(getattr(record, name))
 
 
 def segment(value: str) -> str:
@@ -180,6 +191,7 @@ def environment(directory: Path) -> jinja2.Environment:
         compact=compact,
         age=age,
         when=when,
+        stamp=stamp,
         sparkline=sparkline,
         segment=segment,
         attempt=job_attempt,
