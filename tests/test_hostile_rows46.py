@@ -300,3 +300,18 @@ def test_a_schedule_with_odd_values_is_shown(engine: Engine, schema46: str) -> N
         r'<tr data-queue="q" data-key="odd">.*?</tr>', pages[f"/s/{schema46}/schedules"], re.S
     )
     assert row is not None and "<code>not a cron</code>" in row.group(0)
+
+
+def test_a_pass_with_an_instance_beating_every_int_max_seconds(
+    engine: Engine, queue46: str
+) -> None:
+    # The Node instance persists history and is live: our pass records on its behalf
+    # (the rule of ops/stats_history.py), and trimming dead rows keeps it.
+    from alkstore_sa.supervision import Supervisor
+
+    ident = instance_row(engine, queue46, heartbeat_seconds=str(INT_MAX))
+    report = Supervisor(engine, schema=queue46, schedule=False).run_once()
+    assert report.errors == ()
+    assert report.recorded == ("q",)
+    [found] = service(engine, queue46, lambda q: q.get_instances())
+    assert found.id == ident and found.live

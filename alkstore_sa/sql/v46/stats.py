@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Float,
     Integer,
@@ -443,7 +444,9 @@ def persisted_elsewhere() -> Select[Any]:
     live = exists().where(
         i.c.persist_queue_stats,
         i.c.stopped_on.is_(None),
-        i.c.heartbeat_on >= now() - seconds(i.c.heartbeat_seconds * 3),
+        # In bigint: a row another client wrote with heartbeat_seconds near the top
+        # of an integer does not overflow the product.
+        i.c.heartbeat_on >= now() - seconds(cast(i.c.heartbeat_seconds, BigInteger) * 3),
     )
     # Queue by queue through queue_stats_i1 (name, captured_on), stopping at the
     # first queue that has such a row.

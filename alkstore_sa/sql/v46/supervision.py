@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     ColumnElement,
     Delete,
     Float,
@@ -800,7 +801,10 @@ def trim_dead_instances() -> Delete:
     i = INSTANCE.alias("i")
     dead = or_(
         i.c.stopped_on.is_not(None),
-        i.c.heartbeat_on < now() - seconds(i.c.heartbeat_seconds * INSTANCE_QUIET_BEATS),
+        # In bigint: heartbeat_seconds near the top of an integer (a row another
+        # client wrote) does not overflow the product.
+        i.c.heartbeat_on
+        < now() - seconds(cast(i.c.heartbeat_seconds, BigInteger) * INSTANCE_QUIET_BEATS),
     )
     ranked = (
         select(
