@@ -315,3 +315,24 @@ def test_a_pass_with_an_instance_beating_every_int_max_seconds(
     assert report.recorded == ("q",)
     [found] = service(engine, queue46, lambda q: q.get_instances())
     assert found.id == ident and found.live
+
+
+def test_a_job_completed_at_infinity_is_counted_and_shown(engine: Engine, queue46: str) -> None:
+    # With no history recorded, the overview and the queue page count completions
+    # from the job table: the job is counted in the last bucket (the latest there is).
+    schema = queue46
+    with engine.begin() as conn:
+        for completed in ("'infinity'", "now() - interval '1 minute'"):
+            conn.execute(
+                text(
+                    f'INSERT INTO "{schema}".job (name, state, started_on, completed_on)'
+                    f" VALUES ('q', 'completed', now() - interval '2 minutes', {completed})"
+                )
+            )
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=30)
+    counts = service(
+        engine, schema, lambda q: q.count_completions(["q"], since=since, bucket_seconds=300)
+    )
+    assert sum(counts["q"]) == 2 and counts["q"][-1] == 2
+    pages = pages_answer(engine, schema, "/", f"/s/{schema}/queues/q")
+    assert "2 in the last hour" in pages["/"]

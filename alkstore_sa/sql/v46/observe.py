@@ -52,6 +52,7 @@ INSTANCE_DEAD_KEPT_PER_NAME = 20
 """Dead rows kept per instance name (per host when unnamed) when an instance registers."""
 
 _TIME = TIMESTAMP(timezone=True)
+_INT_MAX = 2_147_483_647
 
 
 def _quiet(heartbeat_seconds: Any) -> ColumnElement[Any]:
@@ -398,13 +399,14 @@ def completions() -> Select[Any]:
     """Completed jobs of the queues ``:names`` since ``:since``, counted per bucket of
     ``:bucket`` seconds (bucket 0 starts at ``:since``): ``name, bucket, n``. A range
     read of index i16 (``name, completed_on``), never the whole table."""
-    bucket = cast(
-        func.floor(
-            func.extract("epoch", JOB.c.completed_on - bindparam("since", type_=_TIME))
-            / bindparam("bucket", type_=Integer)
-        ),
-        Integer,
-    ).label("bucket")
+    # From the epochs, not from completed_on - :since: a completion another client wrote
+    # at infinity has an infinite epoch (no interval), and least() makes it the last
+    # bucket there is (the caller counts every bucket past its last in the last).
+    since = func.extract("epoch", bindparam("since", type_=_TIME))
+    offset = (func.extract("epoch", JOB.c.completed_on) - since) / bindparam(
+        "bucket", type_=Integer
+    )
+    bucket = cast(func.floor(func.least(offset, _INT_MAX)), Integer).label("bucket")
     return (
         select(JOB.c.name, bucket, func.count().label("n"))
         .where(
