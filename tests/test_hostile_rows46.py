@@ -225,18 +225,17 @@ def test_instance_times_at_infinity_are_shown_as_stored(engine: Engine, schema46
         started_on="'-infinity'",
         heartbeat_on="'infinity'",
         stopped_on="'infinity'",
+        workers="(repeat('[', 1000) || repeat(']', 1000))::jsonb",
     )
     [found] = service(engine, schema46, lambda q: q.get_instances())
-    assert found.id == ident and set(found.unreadable) == {
-        "started_on",
-        "heartbeat_on",
-        "stopped_on",
-    }
+    assert found.id == ident and found.workers == []
+    assert set(found.unreadable) == {"started_on", "heartbeat_on", "stopped_on", "workers"}
     page = pages_answer(engine, schema46, f"/s/{schema46}/instances")
     row = re.search(rf'<tr id="instance-{ident}".*?</tr>', page[f"/s/{schema46}/instances"], re.S)
     assert row is not None
     assert ">-infinity<" in row.group(0) and row.group(0).count(">infinity<") == 2
     assert "9999" not in row.group(0)  # the stand-ins are not shown as times
+    assert ">unreadable</span>" in row.group(0)  # not "0 workers"
 
 
 def test_a_warning_at_infinity_is_shown_as_stored(engine: Engine, schema46: str) -> None:
