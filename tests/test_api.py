@@ -359,7 +359,7 @@ def test_alkstore_api_serves_until_interrupted_and_refuses_a_public_bind_without
         port = probe.getsockname()[1]
     server = subprocess.Popen(
         [*cli, "--schema", schema46, "--port", str(port)],
-        env={**env, "ALKSTORE_API_TOKENS": f"{TOKEN}, second"},
+        env={**env, "ALKSTORE_API_TOKENS": f"{TOKEN}, second-token-0123456789"},
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -368,7 +368,8 @@ def test_alkstore_api_serves_until_interrupted_and_refuses_a_public_bind_without
         line = server.stderr.readline()
         assert f"http://127.0.0.1:{port}/api" in line
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/get_queues", headers={"Authorization": "Bearer second"}
+            f"http://127.0.0.1:{port}/api/get_queues",
+            headers={"Authorization": "Bearer second-token-0123456789"},
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert json.loads(answer.read()) == {"ok": True, "result": []}
