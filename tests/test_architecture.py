@@ -81,7 +81,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "workers, dashboard and HTTP API",
         ("alkstore_sa.worker", "alkstore_sa._web", "alkstore_sa.dashboard", "alkstore_sa.api"),
     ),
-    ("entry points", ("alkstore_sa.cli", "alkstore_sa.testing", "alkstore_sa", "alkstore_sa.__main__")),
+    (
+        "entry points",
+        ("alkstore_sa.cli", "alkstore_sa.testing", "alkstore_sa", "alkstore_sa.__main__"),
+    ),
 ]
 
 KNOWN_CYCLES: list[frozenset[str]] = [
