@@ -62,6 +62,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skipped.append(report.nodeid)
 
 
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    # A module skipped whole at import (a missing tool) is a skip too.
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Under CI a skip is a test that did not run: the run fails unless it is allowed.
     found = unexpected_skips(_skipped) if under_ci() else []

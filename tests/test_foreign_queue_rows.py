@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from support.skips import require_module
 
 from alkstore_sa import UnknownPolicyError
 from alkstore_sa.models.enums import QueuePolicy
@@ -61,7 +62,7 @@ def test_a_queue_with_an_unknown_policy_is_listed_and_never_served(env46_sync: A
 
 
 def test_the_dashboard_shows_foreign_queues_beside_the_others(env46_sync: Any) -> None:
-    pytest.importorskip("starlette")
+    require_module("starlette", "the dashboard extra")
     from starlette.testclient import TestClient
 
     from alkstore_sa.dashboard import create_app
@@ -86,7 +87,7 @@ def test_the_dashboard_links_and_redirects_to_a_queue_by_any_name(env46_sync: An
     """A name with a space, ``#``, ``?`` and a letter outside ASCII is percent-encoded
     in every link and redirect: unencoded, the link pointed at another page and the
     redirect after an action was a 500 (a header holds ASCII only)."""
-    pytest.importorskip("starlette")
+    require_module("starlette", "the dashboard extra")
     import re
 
     from starlette.testclient import TestClient
@@ -121,7 +122,7 @@ DEEP = "(repeat('[', 300) || repeat(']', 300))::jsonb"  # deeper than MAX_JSON_D
 
 
 def test_warning_and_instance_rows_python_cannot_read_stop_no_listing(env46_sync: Any) -> None:
-    pytest.importorskip("starlette")
+    require_module("starlette", "the dashboard extra")
     from starlette.testclient import TestClient
 
     from alkstore_sa.dashboard import create_app

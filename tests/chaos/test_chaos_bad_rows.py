@@ -20,6 +20,7 @@ import pytest
 from chaos_support import Deadline, rows, states
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from support.skips import require_module
 
 from alkstore_sa import Job, QueueService, Worker
 
@@ -114,7 +115,7 @@ def _plant_bad_rows(engine: Engine, schema: str) -> dict[str, Any]:
 def test_bad_rows_of_every_kind_stop_no_good_work(
     database_url: str, engine: Engine, schema46: str
 ) -> None:
-    starlette = pytest.importorskip("starlette.testclient")
+    starlette = require_module("starlette.testclient", "the dashboard extra")
     from alkstore_sa.dashboard import create_app
 
     schema = schema46

@@ -25,7 +25,9 @@ def unavailable(reason: str) -> NoReturn:
     """Skip the test saying ``reason``; under CI, fail it instead."""
     if under_ci():
         pytest.fail(f"cannot run under CI: {reason}")
-    pytest.skip(reason)
+    # allow_module_level: a module may call this at import, and its tests are skipped
+    # (without it pytest reports a collection error instead).
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_module(name: str, why: str) -> ModuleType:
