@@ -41,11 +41,14 @@ import asyncio
 import datetime as dt
 import functools
 import logging
+import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._engine_cache import (
@@ -79,6 +82,67 @@ logger = logging.getLogger(__name__)
 
 MAX_SLEEP = 1.0  # the loop looks at its timers at least this often (a fake clock may jump)
 SKEW_WARNING = 60.0  # seconds of clock skew worth a warning, as pg-boss
+RETRY_FIRST = 1.0
+"""Seconds the loop waits after a pass that failed as a whole (the database or the
+pooler down) before it tries again; doubled after each failure in a row, up to
+:data:`RETRY_MAX`, with jitter."""
+RETRY_MAX = 30.0
+"""The longest wait between two passes that fail in a row."""
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached, or the connection to it
+    was lost (rather than that a statement was refused): no SQLSTATE, or a connection
+    SQLAlchemy invalidated."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    return exc.connection_invalidated or getattr(exc.orig, "sqlstate", None) is None
+
+
+class _Outage:
+    """Passes that failed in a row as a whole: how long to wait before the next one, and
+    what to log (a traceback when they start, then a line per retry, a line when a pass
+    runs again)."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+        self.since = 0.0
+
+    def failure(self, exc: BaseException) -> float:
+        """Log a failed pass; the seconds to wait before the next."""
+        self.failed += 1
+        base = min(RETRY_MAX, RETRY_FIRST * 2.0 ** min(self.failed - 1, 16))
+        delay = base * random.uniform(0.75, 1.25)
+        extra = {"action": "supervise_error", "failed": self.failed, "delay": delay}
+        if self.failed == 1:
+            self.since = time.monotonic()
+            logger.exception("supervision pass failed; retrying in %.1f s", delay, extra=extra)
+        else:
+            logger.warning(
+                "supervision pass failed again (%s, %d in a row); retrying in %.1f s",
+                _first_line(exc),
+                self.failed,
+                delay,
+                extra=extra,
+            )
+        return delay
+
+    def success(self) -> None:
+        """A pass ran: say so once if passes had failed before it."""
+        if not self.failed:
+            return
+        logger.info(
+            "supervision passes again, after %d failed in a row over %.0f s",
+            self.failed,
+            time.monotonic() - self.since,
+            extra={"action": "supervise_recovered", "failed": self.failed},
+        )
+        self.failed = 0
+
+
+def _first_line(exc: BaseException) -> str:
+    said = str(exc).strip()
+    return f"{type(exc).__name__}: {said.splitlines()[0]}" if said else type(exc).__name__
 
 
 class _Core:
@@ -220,6 +284,7 @@ class _Core:
         return self._finish(report)
 
     def _looping(self, stop: Any) -> Steps[None]:
+        outage = _Outage()
         while not stop.is_set():
             try:
                 yield Invoke(self.run_once)  # a whole pass, under the supervisor's lock
@@ -227,8 +292,12 @@ class _Core:
                 # Nothing of the pass ran; said once per version, then looked at again.
                 yield Wait(stop, self._refusals.refused(exc, self._state, self.schema))
                 continue
-            except Exception:
-                logger.exception("supervision pass failed", extra={"action": "supervise_error"})
+            except Exception as exc:
+                # The database or the pooler is down (or the pass cannot run for
+                # another reason): back off, a traceback once, then a line per retry.
+                yield Wait(stop, outage.failure(exc))
+                continue
+            outage.success()
             self._refusals.clear()
             yield Wait(stop, self._sleep_time())
 
@@ -238,8 +307,10 @@ class _Core:
 
     def _failed(self, exc: BaseException) -> None:
         """A unit failed: if as a changed schema makes statements fail, read the
-        version again before the next unit."""
-        if may_be_schema_change(exc):
+        version again before the next unit. If the database could not be reached, the
+        next pass reads the version first too: while it stays down, that pass fails as
+        a whole (one line, then a longer wait) instead of step by step."""
+        if may_be_schema_change(exc) or unreachable(exc):
             self._state.expire(self.schema)
 
     def _log_state(self, *, started: bool) -> None:
