@@ -200,29 +200,40 @@ class Fetching(Running[B]):
         go back to their queues, no attempt counted. Should that fail, they stay
         active and expire as a crashed worker's jobs do."""
         for state in self._queues.values():
-            attempts = [a for a in state.take_buffer() if a.take(ABANDONED)]
-            if not attempts:
-                continue
-            for attempt in attempts:
-                self._forget(attempt)
-                state.group_ended(attempt.job)
-            queue = state.spec.queue
-            try:
-                given = yield from self._op(
-                    ops.give_back(self._ctx, queue, [a.settlement() for a in attempts]),
-                    autocommit=True,
-                )
-            except Exception as exc:
-                self._loop_error("give_back", queue, exc, 0.0)
-                continue
-            log.debug(
-                "gave %d buffered job(s) of %r back to the queue",
-                len(given),
-                queue,
-                extra={
-                    "action": "jobs_given_back",
-                    "worker": self.name,
-                    "queue": queue,
-                    "count": len(given),
-                },
+            yield from self._give_back(state, state.take_buffer(), "at shutdown")
+
+    def _give_back(self, state: QueueState, taken: list[Attempt], why: str) -> Steps[None]:
+        """Buffered jobs ``taken`` out of ``state``'s buffer, never started: back to
+        their queue, no attempt counted, fenced on their claim. One no longer ours
+        (expired, cancelled, deleted meanwhile) is counted lost, never run."""
+        attempts = [a for a in taken if a.take(ABANDONED)]
+        if not attempts:
+            return
+        for attempt in attempts:
+            self._forget(attempt)
+            state.group_ended(attempt.job)
+        queue = state.spec.queue
+        try:
+            given = yield from self._op(
+                ops.give_back(self._ctx, queue, [a.settlement() for a in attempts]),
+                autocommit=True,
             )
+        except Exception as exc:
+            self._loop_error("give_back", queue, exc, 0.0)
+            return
+        back = set(given)
+        for attempt in attempts:
+            if attempt.job.id not in back:
+                self._lost(attempt, "was no longer active when given back unstarted")
+        log.debug(
+            "gave %d buffered job(s) of %r back to the queue %s",
+            len(back),
+            queue,
+            why,
+            extra={
+                "action": "jobs_given_back",
+                "worker": self.name,
+                "queue": queue,
+                "count": len(back),
+            },
+        )

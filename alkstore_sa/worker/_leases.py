@@ -39,6 +39,11 @@ class Leases(Fetching[B]):
             now = monotonic()
             for state in self._queues.values():
                 self._dispatch(state)  # one more runner for a job that runs long
+                late = state.take_late(now)
+                if late:
+                    # Waited in the buffer behind a long job: back before the
+                    # lease (or heartbeat) could run out, never started here.
+                    yield from self._give_back(state, late, "unstarted (waited too long)")
             due: dict[tuple[str, int], list[Attempt]] = defaultdict(list)
             for attempt in self._running():
                 if attempt.deadline is not None and now >= attempt.deadline:

@@ -4,7 +4,9 @@ ahead, and the runners that take jobs from that buffer (the "Architecture" page)
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -17,6 +19,18 @@ INLINE_SECONDS = 0.001
 (``Worker``: waking a pool thread costs about half a millisecond) runs a queue's
 jobs on one runner, one after the other, while the queue's handlers take less
 than this on average."""
+
+OVERDUE_FACTOR = 4.0
+"""A running job is past its expected time once it has run this many times the
+queue's average run time (and at least :data:`~.config.AHEAD_SECONDS`): while one
+is, the queue claims nothing ahead, since the buffer would wait behind it."""
+
+GIVE_BACK_FRACTION = 0.5
+"""A buffered job that has waited this fraction of its lease (or, schema 46, of its
+heartbeat, if shorter) is given back to its queue, never started: past it, the
+lease could run out before the job's first renewal, supervision return it and
+another worker run it. A job found so late when a runner would take it is not
+started either; it goes back too."""
 
 INLINE_OVERDUE = 0.05
 """On such a queue, a job that has run for longer than this lets one more runner
@@ -42,6 +56,7 @@ class QueueState:
         self.lock = threading.Lock()
         self.runner: Any = None  # the fetch loop's thread or task
         self.buffer: deque[Attempt] = deque()  # claimed, waiting for a runner
+        self.late: list[Attempt] = []  # out of the buffer, unstarted: to be given back
         self.executing: set[Attempt] = set()  # handed to a runner
         self.runners = 0
         self.ahead_allowed = False  # the queue's policy lets jobs be claimed ahead
@@ -91,13 +106,18 @@ class QueueState:
         avg = self.run_seconds
         return avg is not None and avg < INLINE_SECONDS
 
-    def ahead(self) -> int:
+    def ahead(self, now: float | None = None) -> int:
         """Jobs to hold claimed beyond the handler slots now: ``prefetch``, but no
         more than the handlers will start within :data:`AHEAD_SECONDS` at their
-        average run time (none before a handler has run, or when the policy does
-        not allow it)."""
+        average run time (none before a handler has run, when the policy does
+        not allow it, or while a running job is past its expected time: see
+        :data:`OVERDUE_FACTOR`)."""
         most, avg = self.spec.ahead, self.run_seconds
         if not most or not self.ahead_allowed or avg is None:
+            return 0
+        expected = max(AHEAD_SECONDS, OVERDUE_FACTOR * avg)
+        now = time.monotonic() if now is None else now
+        if any(a.running_for(now) > expected for a in self.executing):
             return 0
         if avg * most <= AHEAD_SECONDS * self.spec.concurrency:
             return most
@@ -136,9 +156,22 @@ class QueueState:
         self.executing.add(attempt)
         return attempt
 
+    def _set_aside_late(self, now: float) -> None:
+        """Move the buffered jobs that waited too long (:data:`GIVE_BACK_FRACTION`)
+        out of the buffer, to be given back. Under the lock."""
+        if not self.buffer:
+            return
+        keep: deque[Attempt] = deque()
+        for attempt in self.buffer:
+            (self.late if late(attempt, now) else keep).append(attempt)
+        if len(keep) != len(self.buffer):
+            self.in_flight -= len(self.buffer) - len(keep)
+            self.buffer = keep
+
     def new_runner(self, now: float, *, inline: bool) -> Attempt | None:
         """The first job of a new runner, if a buffered job may start on one now."""
         with self.lock:
+            self._set_aside_late(now)
             if not self.buffer or self.runners >= self._allowed(now, inline=inline):
                 return None
             self.runners += 1
@@ -147,10 +180,19 @@ class QueueState:
     def next_job(self, now: float, *, inline: bool, stopping: bool) -> Attempt | None:
         """A runner finished its job: its next one, or None (the runner ends)."""
         with self.lock:
+            self._set_aside_late(now)
             if self.buffer and not stopping and self.runners <= self._allowed(now, inline=inline):
                 return self._start(now)
             self.runners -= 1
             return None
+
+    def take_late(self, now: float) -> list[Attempt]:
+        """The buffered jobs that waited too long to be started safely: out of the
+        buffer, to be given back (see :data:`GIVE_BACK_FRACTION`)."""
+        with self.lock:
+            self._set_aside_late(now)
+            taken, self.late = self.late, []
+            return taken
 
     def ended(self, attempt: Attempt) -> bool:
         """``attempt``'s handler returned; whether the fetch loop should claim now."""
@@ -181,4 +223,18 @@ class QueueState:
             taken = list(self.buffer)
             self.buffer.clear()
             self.in_flight -= len(taken)
+            taken.extend(self.late)
+            self.late = []
             return taken
+
+
+def late(attempt: Attempt, now: float) -> bool:
+    """Whether a buffered ``attempt`` has waited too long to be started: its lease
+    (or heartbeat, if shorter) may run out before its first renewal."""
+    window = attempt.lease_seconds
+    heartbeat = getattr(attempt.job, "heartbeat_seconds", None)
+    if heartbeat:
+        window = min(window, float(heartbeat))
+    if not math.isfinite(window):
+        return False
+    return now - attempt.lease_start >= window * GIVE_BACK_FRACTION
