@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
 from support.pgbouncer import pgbouncer
 
+from alkstore_sa import QueueService
 from alkstore_sa.supervision import AsyncSupervisor, Supervisor
 
 OUTAGE_SECONDS = 2.5
@@ -80,3 +83,77 @@ def test_async_supervisor_backs_off_and_logs_one_traceback_while_the_pooler_is_d
     said, tracebacks = _said_during_outage(failed)
     assert 1 <= said <= 8, [r.getMessage() for r in failed][:10]
     assert tracebacks == 1
+
+
+# ------------------------------------------------------------------ unusable schedules
+
+
+def _sql(engine: Engine, statement: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(statement))
+
+
+def _reported(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if getattr(r, "action", None) == "invalid_schedule" and r.levelno >= logging.WARNING
+    ]
+
+
+def _cron_passes(supervisor: Supervisor, n: int) -> None:
+    for _ in range(n):
+        report = supervisor.run_once(force=True)
+        assert report.cron_checked and all("q__bad" in e for e in report.errors), report
+
+
+@pytest.mark.parametrize("version", [26, 46])
+def test_an_unusable_schedule_is_reported_once_per_change_not_per_pass(
+    engine: Engine,
+    schema_pool: Any,
+    spoken46: None,
+    version: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    schema = schema_pool.take(version)
+    try:
+        caplog.set_level(logging.WARNING, logger="alkstore_sa")
+        with Session(engine) as session, session.begin():
+            QueueService(session, schema=schema).create_queue("q")
+        _sql(
+            engine,
+            f'INSERT INTO "{schema}".schedule (name, key, cron, timezone, options) '
+            "VALUES ('q', 'bad', 'not a cron', 'UTC', '{}')",
+        )
+        supervisor = Supervisor(engine, schema=schema, supervise=False)
+        _cron_passes(supervisor, 4)
+        said = _reported(caplog)
+        assert len(said) == 1 and "q__bad" in said[0], said
+        # Each pass's report still lists it.
+        assert any("q__bad" in e for e in supervisor.run_once(force=True).errors)
+        # Changed, and still unusable: said again, once.
+        caplog.clear()
+        _sql(engine, f"UPDATE \"{schema}\".schedule SET cron = 'still not a cron'")
+        _cron_passes(supervisor, 3)
+        assert len(_reported(caplog)) == 1
+        # Fixed, then broken again as it first was: said again.
+        caplog.clear()
+        _sql(engine, f"UPDATE \"{schema}\".schedule SET cron = '0 0 1 1 *'")
+        _cron_passes(supervisor, 2)
+        assert _reported(caplog) == []
+        _sql(engine, f"UPDATE \"{schema}\".schedule SET cron = 'not a cron'")
+        _cron_passes(supervisor, 3)
+        assert len(_reported(caplog)) == 1
+        # Deleted and written again: said again.
+        caplog.clear()
+        _sql(engine, f'DELETE FROM "{schema}".schedule')
+        _cron_passes(supervisor, 1)
+        _sql(
+            engine,
+            f'INSERT INTO "{schema}".schedule (name, key, cron, timezone, options) '
+            "VALUES ('q', 'bad', 'not a cron', 'UTC', '{}')",
+        )
+        _cron_passes(supervisor, 2)
+        assert len(_reported(caplog)) == 1
+    finally:
+        schema_pool.give_back(schema)

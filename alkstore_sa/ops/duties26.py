@@ -120,6 +120,8 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
         return CronOutcome(False)
     yield from ensure_send_it(ctx)
     schedules = (yield Call(sql.all_schedules())).all()
+    if plan.reports is not None:
+        plan.reports.read(schedules)
     at = plan.cron_now or plan.now
     if at is None:
         at = dt.datetime.fromtimestamp((yield from database_epoch(ctx)), dt.UTC)
@@ -140,13 +142,14 @@ def cron(ctx: Context, plan: PassPlan) -> Op[CronOutcome]:
         except Exception as exc:
             reason = row_problem(exc)
             problems.append(f"schedule {row.name}__{row.key}: {reason}")
-            logger.warning(
-                "schedule %s__%s could not be evaluated: %s",
-                row.name,
-                row.key,
-                reason,
-                extra={"action": "invalid_schedule", "queue": row.name},
-            )
+            if plan.reports is None or plan.reports.first(row, reason):  # once per change
+                logger.warning(
+                    "schedule %s__%s could not be evaluated: %s",
+                    row.name,
+                    row.key,
+                    reason,
+                    extra={"action": "invalid_schedule", "queue": row.name},
+                )
             continue
         due.append((row, payload))
     if not due:

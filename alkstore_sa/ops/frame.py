@@ -31,7 +31,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import options as opt
 from .. import versions
@@ -41,6 +41,9 @@ from ..records import QueueWarning, SupervisionReport
 from ..sql.common import locks
 from ..sql.v26 import supervision as sql
 from ._core import Call, Context, Op
+
+if TYPE_CHECKING:
+    from .schedules import ScheduleReports
 
 # The logger the pass has always logged its failed steps on.
 logger = logging.getLogger("alkstore_sa.ops.supervision")
@@ -201,6 +204,9 @@ class PassPlan:
         them (the caller's transaction).
     :ivar flows: take the flow turn (schema 46).
     :ivar bam: take the BAM turn (schema 46; own transactions only).
+    :ivar reports: what earlier passes reported of unusable schedules (a supervisor's,
+        kept across its passes), so that each is reported once per change; ``None``
+        reports every one.
     """
 
     settings: Settings
@@ -214,6 +220,7 @@ class PassPlan:
     skew_seconds: float | None = None
     flows: bool = False
     bam: bool = False
+    reports: ScheduleReports | None = None
 
 
 @dataclass(frozen=True, slots=True)

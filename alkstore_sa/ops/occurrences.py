@@ -92,6 +92,8 @@ def _read(expr: str, kind: str, tz: str, window: dt.datetime, at: dt.datetime) -
 
 
 def _invalid(ctx: Context, plan: PassPlan, row: Any, message: str) -> Op[None]:
+    if plan.reports is not None and not plan.reports.first(row, message):
+        return  # said (and written) already, of the row as it is: once per change
     logger.warning(message, extra={"action": "invalid_schedule", "queue": row.name})
     if plan.settings.persist_warnings:
         data = {"queue": row.name, "key": row.key, "cron": row.cron, "timezone": row.timezone}
@@ -132,6 +134,8 @@ def evaluate46(ctx: Context, plan: PassPlan) -> Op[CronEvaluation | None]:
     if state.elapsed < interval:
         return None
     schedules = (yield Call(cron_sql.timekeeper_schedules())).all()
+    if plan.reports is not None:
+        plan.reports.read(schedules)
     at = plan.cron_now or plan.now
     if at is None:
         at = (yield Call(sup_sql.database_time(), {"now": plan.now})).scalar_one()

@@ -3,7 +3,7 @@ rules (firing belongs to the supervisor)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import func, select
@@ -108,3 +108,40 @@ def get_schedules(ctx: Context, name: str | None, key: str | None) -> Op[list[Sc
     stmt = ctx.sql.get_schedules(by_name=name is not None, by_key=key is not None)
     result = yield Call(stmt, params)
     return [ScheduleInfo.from_row(r) for r in result.mappings().all()]
+
+
+class ScheduleReports:
+    """What the cron turn reported of each unusable schedule, so that one is logged (and
+    at schema 46 written to the warning table) once per change of its row or of its
+    problem, not on every pass. A supervisor keeps one across its passes
+    (:attr:`~alkstore_sa.ops.frame.PassPlan.reports`); a pass without one reports every
+    problem it meets. Each pass's report lists them all either way."""
+
+    def __init__(self) -> None:
+        # (queue, key) -> (the row's fingerprint, the problems said of it)
+        self._said: dict[tuple[str, str], tuple[int, set[str]]] = {}
+
+    def read(self, rows: Iterable[Any]) -> None:
+        """The turn read ``rows`` (every schedule): forget what was said of a schedule
+        that is gone or was changed since, so that it is said again should it fail."""
+        now = {(r.name, r.key): _fingerprint(r) for r in rows}
+        self._said = {k: v for k, v in self._said.items() if now.get(k) == v[0]}
+
+    def first(self, row: Any, problem: str) -> bool:
+        """Whether ``problem`` of schedule ``row`` is to be reported (not yet said of the
+        row as it is); it counts as said from now on."""
+        key, fingerprint = (row.name, row.key), _fingerprint(row)
+        said = self._said.get(key)
+        if said is None or said[0] != fingerprint:
+            said = self._said[key] = (fingerprint, set())
+        if problem in said[1]:
+            return False
+        said[1].add(problem)
+        return True
+
+
+def _fingerprint(row: Any) -> int:
+    """What a schedule row says, as one number: another means the row was changed."""
+    return hash(
+        (row.cron, row.timezone, getattr(row, "kind", None), str(row.data), str(row.options))
+    )

@@ -65,6 +65,7 @@ from ..names import DEFAULT_SCHEMA, validate_schema
 from ..ops import Op, driver, observe
 from ..ops._core import may_be_schema_change
 from ..ops.frame import Autocommit
+from ..ops.schedules import ScheduleReports
 from ..ops.supervision import (
     PassPlan,
     QueueWarning,
@@ -179,6 +180,7 @@ class _Core:
         self._options = execution_options(self.schema)
         self._next: dict[str, dt.datetime] = {}
         self._refusals = Refusals(logger, "supervisor", "paused")
+        self._schedule_reports = ScheduleReports()  # unusable schedules: said once per change
         self.skew_seconds: float | None = None
         """Database clock minus local clock, as last measured (``None`` before)."""
 
@@ -231,6 +233,7 @@ class _Core:
             skew_seconds=self.skew_seconds,
             flows="flows" in due,
             bam="bam" in due,
+            reports=self._schedule_reports,
         )
 
     def _record_skew(self, before: dt.datetime, db_epoch: float, after: dt.datetime) -> None:
