@@ -157,3 +157,29 @@ def test_an_unusable_schedule_is_reported_once_per_change_not_per_pass(
         assert len(_reported(caplog)) == 1
     finally:
         schema_pool.give_back(schema)
+
+
+# ------------------------------------------------------------------ the orphan sweep
+
+
+def test_one_pass_sweeps_every_orphaned_attempt_however_many_there_are(
+    engine: Engine, schema46: str
+) -> None:
+    # Failed attempts of jobs retention deleted since the last pass: more than one
+    # batch of the sweep. They go in one pass, so that a steady stream of them is
+    # never left behind.
+    with Session(engine) as session, session.begin():
+        QueueService(session, schema=schema46).create_queue("q")
+    orphans = 12_345
+    _sql(
+        engine,
+        f'INSERT INTO "{schema46}".alkstore_job_attempt (name, job_id, attempt, cause, failed_on)'
+        f" SELECT 'q', gen_random_uuid(), 1, 'failed', now() FROM generate_series(1, {orphans})",
+    )
+    report = Supervisor(engine, schema=schema46, schedule=False).run_once(force=True)
+    assert report.errors == ()
+    with engine.connect() as conn:
+        left = conn.execute(
+            text(f'SELECT count(*) FROM "{schema46}".alkstore_job_attempt')
+        ).scalar_one()
+    assert left == 0

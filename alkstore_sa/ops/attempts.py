@@ -20,8 +20,11 @@ from .queues import require_queue
 log = logging.getLogger("alkstore_sa.ops.attempts")
 
 SWEEP_BATCH = 5_000
-"""Attempts a supervision pass looks at for jobs that no longer exist: the sweep walks
-the table in id order, this many a pass, and starts again at the end."""
+"""Attempts one batch of the sweep looks at for jobs that no longer exist: the sweep walks
+the table in id order, a batch at a time (each in a transaction of its own), and starts
+again at the end. A pass takes one batch, and the next while a batch deleted any, up to
+the end: a backlog of orphans goes in one pass, so a steady stream of them never grows
+one."""
 
 
 def get_job_attempts(ctx: Context, name: str, id: object) -> Op[list[JobAttempt]]:
@@ -47,16 +50,21 @@ def sweep(ctx: Context, after: int, limit: int) -> Op[tuple[int | None, int]]:
 
 
 def sweep_turn(ctx: Context, plan: PassPlan, tally: Tally) -> Generator[Op[Any], Any, None]:
-    """The attempt history's duty: one batch of :data:`SWEEP_BATCH` attempts, after where
-    the last pass on this engine stopped; nothing on a schema without the table."""
+    """The attempt history's duty: batches of :data:`SWEEP_BATCH` attempts, from where
+    the last pass on this engine stopped, while they find orphans (up to the end of
+    the table); nothing on a schema without the table."""
     if not ctx.history:
         return
-    after = ctx.sweeps.get(ctx.schema, 0)
-    done = yield from tally.attempt(sweep(ctx, after, SWEEP_BATCH), "attempts")
-    if done is None:
-        return
-    last, deleted = done
-    ctx.sweeps[ctx.schema] = 0 if last is None else last
+    deleted, found = 0, True
+    while found:
+        after = ctx.sweeps.get(ctx.schema, 0)
+        done = yield from tally.attempt(sweep(ctx, after, SWEEP_BATCH), "attempts")
+        if done is None:
+            break
+        last, batch = done
+        ctx.sweeps[ctx.schema] = 0 if last is None else last
+        deleted += batch
+        found = bool(batch) and last is not None
     if deleted:
         log.info(
             "deleted %d attempt(s) of jobs that no longer exist",
