@@ -117,3 +117,11 @@ ATTEMPTS_KEPT = 25
 #: ``name``, the first quarter of this of its ``message`` and of its ``stack``, and its size
 #: (``truncated``); the job row itself keeps the whole last output, as pg-boss does.
 MAX_ATTEMPT_ERROR_BYTES = 64 * 1024
+
+#: Largest ``message`` and largest ``stack`` a worker keeps of a handler's error, each in
+#: bytes of UTF-8: a quarter of :data:`MAX_ATTEMPT_ERROR_BYTES`, as the attempt history
+#: keeps them. An error past it (a message of megabytes, a traceback chaining several
+#: large errors) is stored with the start of each and its full size as ``truncated``, so
+#: its output stays far below :data:`MAX_PAYLOAD_BYTES` and the job is failed with its
+#: own error rather than with an error about the output's size.
+MAX_ERROR_TEXT_BYTES = MAX_ATTEMPT_ERROR_BYTES // 4

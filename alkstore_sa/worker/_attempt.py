@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
+import traceback
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +13,7 @@ from typing import Any, Literal
 
 from .. import options as opt
 from ..errors import InvalidOptionsError
+from ..limits import MAX_ERROR_TEXT_BYTES
 from ..ops import Settlement
 from ..records import Job
 from .config import HEARTBEAT_FRACTION, LEASE_FRACTION, HandlerSpec
@@ -132,6 +135,12 @@ class Pending:
     reason: str
     error: BaseException | None = None
     duration: float | None = None
+    substitute: bool = False
+    """This fails the job in place of a settlement the database refused (its output
+    is small); if the database refuses it too, the worker gives the job up."""
+    retried_change: bool = False
+    """A statement of this settlement already failed as a changed schema would; a
+    second such failure is a refusal (see :func:`refused_for_good`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,18 +165,64 @@ class QueueCounts:
     buffered: int = 0
 
 
+def cut(text: str, limit: int = MAX_ERROR_TEXT_BYTES) -> str:
+    """``text`` itself, or its start in at most ``limit`` bytes of UTF-8."""
+    if len(text) * 4 <= limit:
+        return text
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return text
+    return encoded[:limit].decode("utf-8", "ignore")
+
+
+def error_output(exc: BaseException) -> dict[str, Any]:
+    """The ``{name, message, stack}`` output of a handler's error, bounded.
+
+    Past :data:`~alkstore_sa.limits.MAX_ERROR_TEXT_BYTES` the message and the stack
+    (which holds the message again, and every error chained to it) are each kept as
+    their start, and ``truncated`` says how many bytes of JSON the whole error was, as
+    the attempt history keeps an error: a huge message fails its job with that message,
+    never with an error about the output's size.
+    """
+    output = opt.error_output(exc)
+    message, stack = output["message"], output["stack"]
+    if len(message) * 4 <= MAX_ERROR_TEXT_BYTES and len(stack) * 4 <= MAX_ERROR_TEXT_BYTES:
+        return output
+    short = {**output, "message": cut(message), "stack": cut(stack)}
+    if short["message"] == message and short["stack"] == stack:
+        return output
+    size = len(json.dumps(output, ensure_ascii=False).encode("utf-8", "replace"))
+    return {**short, "truncated": size}
+
+
+def refused_output(exc: BaseException) -> dict[str, Any]:
+    """The output of a job whose result or error could not be stored (``exc`` says
+    why): that error alone, bounded, without what it chained (the refused value's
+    own error may be megabytes)."""
+    return {
+        "name": type(exc).__name__,
+        "message": cut(str(exc)),
+        "stack": cut("".join(traceback.format_exception(exc, chain=False))),
+    }
+
+
 def prepare_output(kind: Kind, value: Any) -> tuple[Kind, Any]:
     """Map a handler result or error to its stored output.
 
-    A return value that JSON cannot encode fails the job (with an error saying
-    so) rather than being dropped on the floor.
+    An error is bounded (:func:`error_output`). A return value that JSON cannot
+    encode fails the job (with an error saying so) rather than being dropped on the
+    floor; that output is built after the ``except`` that met the refusal, so it
+    chains nothing.
     """
-    output = opt.output_value(value)
+    output = error_output(value) if isinstance(value, BaseException) else opt.output_value(value)
+    refusal: InvalidOptionsError | None = None
     try:
         opt.encode_json("output", output)
     except InvalidOptionsError as exc:
-        return "fail", opt.error_output(exc)
-    return kind, output
+        refusal = exc
+    if refusal is None:
+        return kind, output
+    return "fail", refused_output(refusal)
 
 
 def group(pendings: Sequence[Pending]) -> dict[tuple[str, Kind], list[Pending]]:

@@ -23,7 +23,7 @@ RETRY, FAILED, DEAD_LETTER = "retry", "failed", "dead_letter"
 """Values of the ``next`` field of a ``job_failed`` record."""
 
 
-def _error(output: Any) -> tuple[str, str]:
+def error_of(output: Any) -> tuple[str, str]:
     """The error's type name and first line of message, from the stored output."""
     if isinstance(output, dict):
         name, message = output.get("name"), output.get("message")
@@ -57,7 +57,7 @@ def _next_step(
 def failed(p: Pending, state: JobState | None, worker: str, *, copied: bool) -> None:
     """Log one failed attempt at WARNING (with the traceback when it was the last)."""
     job = p.attempt.job
-    error_type, message = _error(p.output)
+    error_type, message = error_of(p.output)
     step, delay, words = _next_step(p, state, copied=copied)
     attempt = attempts_made(job)  # the fetched row: the attempt that ran
     extra: dict[str, Any] = {
