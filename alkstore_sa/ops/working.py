@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,10 +21,11 @@ from ..records import FailResult as FailResult  # re-exported: the workers read 
 from ..records import Job, Settled, UnreadableJob, decode_json, read_job, read_jobs
 from ..records import Settlement as Settlement
 from ..sql.common.base import fence_list_text, id_list_text
-from ..sql.statements import Failing
+from ..sql.statements import Failing, Statements
 from ..sql.v46 import fail as fail46_sql
 from ..sql.v46 import fetch as fetch46_sql
-from ._core import Call, Conflict, Context, Op, failing
+from ._core import Call, Conflict, Context, Op
+from .attempts import recording
 from .outcomes import outcomes
 from .poison import fail_poison, fail_unclaimable_keys, key_too_large
 from .queues import queue_policy, require_queue
@@ -115,8 +116,12 @@ def fetch(
     autocommit: bool = False,
     group_concurrency: object = None,
     group_counts: Mapping[str, int] | None = None,
+    liveness: int | None = None,
 ) -> Op[list[Job]]:
     """Claim up to ``batch_size`` jobs of ``name``.
+
+    ``liveness`` (schema 46, a worker's ``liveness_seconds``): the heartbeat the
+    claim gives a job that has none.
 
     ``group_concurrency`` (schema 46, see :mod:`alkstore_sa.groups`) limits the
     active jobs of each group: those in the database, or with ``group_counts`` the
@@ -154,6 +159,7 @@ def fetch(
             ignore_start_after=ignore_start_after,
             relaxed=autocommit,
             groups=groups,
+            liveness=liveness,
         )
 
     jobs = yield from claim(policy)
@@ -178,6 +184,7 @@ def _claim(
     ignore_start_after: bool,
     relaxed: bool = False,
     groups: _Groups | None = None,
+    liveness: int | None = None,
 ) -> Op[list[Job]]:
     aware = ctx.sql.takes_key_locks(policy)
     stmt = ctx.sql.claim(
@@ -188,6 +195,8 @@ def _claim(
         groups=None if groups is None else groups.mode,
     )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
+    if liveness is not None and ctx.has("touch"):  # heartbeats: schema 46
+        params["liveness"] = liveness
     jobs: list[Job] = []
     # Poison rows (see ops/poison.py) are failed and left out; while there were
     # some, claim again for the free places, so jobs queued behind them are not
@@ -448,11 +457,14 @@ def fail_many(
     per_job: bool = False,
     worker: str | None = None,
     worker_id: uuid.UUID | None = None,
+    autocommit: bool = False,
 ) -> Op[FailResult]:
     """Fail jobs: fenced items only while ``active`` in their attempt, unfenced
     ones while not finished (pg-boss's fail by id). ``per_job`` as for
     :func:`complete_many`. ``worker`` and ``worker_id`` name the worker that failed
-    them in the attempt history (when the schema keeps one)."""
+    them in the attempt history (when the schema keeps one; the history never stands
+    in the fail's way, see :func:`~.attempts.recording`). ``autocommit``: the caller
+    runs each statement on its own (a worker)."""
     settled = settlement_items(name, items)
     opt.check_bool("per_job", per_job)
     if not settled:
@@ -460,7 +472,7 @@ def fail_many(
     params = _settle_params(name, settled)
     if ctx.history:
         params.update(worker=worker, worker_id=worker_id)
-    rows = yield from failing(ctx.sql.fail_jobs(), params)
+    rows = yield from recording(ctx, _fail_jobs, params, autocommit=autocommit)
     yield from _found_or_missing(ctx, name, rows)
     states = {r.id: JobState(r.state) for r in rows}
     each = (yield from outcomes(ctx, name, settled, states)) if per_job else None
@@ -473,8 +485,25 @@ def fail_many(
     )
 
 
+def _fail_jobs(sql: Statements) -> Failing:
+    return sql.fail_jobs()
+
+
+def _expiry(sql: Statements) -> Failing:
+    return sql.expire_jobs(heartbeat=False)
+
+
+def _heartbeat_expiry(sql: Statements) -> Failing:
+    return sql.expire_jobs(heartbeat=True)
+
+
 def _expire46(
-    ctx: Context, stmt: Failing, output: Any, names: Sequence[str], limit: int, now: Any
+    ctx: Context,
+    build: Callable[[Statements], Failing],
+    output: Any,
+    names: Sequence[str],
+    limit: int,
+    now: Any,
 ) -> Op[dict[str, int]]:
     opt.check_int("limit", limit, minimum=1)
     params = {
@@ -486,7 +515,7 @@ def _expire46(
         "now": now,
     }
     counts: dict[str, int] = {}
-    for row in (yield from failing(stmt, params)):
+    for row in (yield from recording(ctx, build, params)):
         counts[row.name] = counts.get(row.name, 0) + 1
     return counts
 
@@ -504,7 +533,7 @@ def expire_jobs46(
     """
     return (
         yield from _expire46(
-            ctx, ctx.sql.expire_jobs(heartbeat=False), fail46_sql.TIMEOUT_OUTPUT, names, limit, now
+            ctx, _expiry, fail46_sql.TIMEOUT_OUTPUT, names, limit, now
         )
     )
 
@@ -519,7 +548,7 @@ def expire_heartbeats46(
     """
     return (
         yield from _expire46(
-            ctx, ctx.sql.expire_jobs(heartbeat=True), fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
+            ctx, _heartbeat_expiry, fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
         )
     )
 
