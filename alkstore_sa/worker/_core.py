@@ -36,7 +36,13 @@ from ._attempt import (
 )
 from ._queue_state import QueueState
 from ._registry import DEFAULT_HEARTBEAT_SECONDS, Registration, check_heartbeat
-from .config import DEFAULT_SHUTDOWN_TIMEOUT, HandlerSpec, Registry
+from .config import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    LIVENESS_SECONDS,
+    MIN_LIVENESS_SECONDS,
+    HandlerSpec,
+    Registry,
+)
 from .listener import Listener, Subscription
 
 if TYPE_CHECKING:
@@ -90,6 +96,7 @@ class WorkerCore(Registry, Generic[B]):
         instance_heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
         metrics: object = None,
         backend: str | Backend | None = None,
+        liveness_seconds: int | None = LIVENESS_SECONDS,
     ) -> None:
         self.engine, self.sessions = self._bind(bind)
         super().__init__(
@@ -113,6 +120,7 @@ class WorkerCore(Registry, Generic[B]):
         self.supervise = check_bool("supervise", supervise)
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
+        self.liveness_seconds = _liveness(liveness_seconds)
         self.name = name or type(self).__name__
         self._metrics = _worker_metrics(metrics, self.schema)
         # The instance registry (schema 46): registered at start, a heartbeat every
@@ -470,6 +478,22 @@ def _seconds(option: str, value: object, *, allow_zero: bool = False) -> float:
     if value == 0 and not allow_zero:
         raise InvalidOptionsError(option, "must be positive")
     return float(value)
+
+
+def _liveness(value: object) -> int | None:
+    """``liveness_seconds``: None (off) or an integer from 10 to 3600."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not MIN_LIVENESS_SECONDS <= value <= 3600
+    ):
+        raise InvalidOptionsError(
+            "liveness_seconds",
+            f"must be None or an integer from {MIN_LIVENESS_SECONDS} to 3600, not {shown(value)}",
+        )
+    return value
 
 
 def monotonic() -> float:

@@ -164,6 +164,7 @@ class Fetching(Running[B]):
                 priority=spec.priority,
                 ignore_start_after=False,
                 autocommit=autocommit,
+                liveness=self._liveness_of(spec),
                 **options,
             )
             try:
@@ -172,6 +173,14 @@ class Fetching(Running[B]):
                 if not autocommit:
                     raise
                 autocommit = False  # again, in a transaction of its own
+
+    def _liveness_of(self, spec: HandlerSpec) -> int | None:
+        """The heartbeat a claim of ``spec``'s queue gives a job without one (schema 46;
+        the claim ignores it at 26): ``liveness_seconds``, except for a transactional
+        handler on a backend that runs none on a job with a heartbeat."""
+        if spec.transactional and self._ctx.backend.has("noTransactionalHeartbeat"):
+            return None
+        return self.liveness_seconds
 
     def _dispatch(self, state: QueueState) -> None:
         """Start runners for buffered jobs while the queue may have more runners:

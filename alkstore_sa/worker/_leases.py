@@ -22,6 +22,10 @@ B = TypeVar("B")
 TICK = 0.2
 """Seconds between checks of leases and deadlines."""
 
+RESCUE_FRACTION = 0.5
+"""A worker sweeps its queues for jobs whose heartbeat stopped every this fraction
+of its ``liveness_seconds`` (schema 46)."""
+
 
 class Leases(Fetching[B]):
     """The keeper loop."""
@@ -33,10 +37,14 @@ class Leases(Fetching[B]):
         ``heartbeat_on`` at schema 46 (pg-boss's ``touch``), so a job is touched
         at half its lease or half its ``heartbeat_seconds``, whichever comes first.
         """
+        rescue_at = monotonic()
         while not (yield Wait(self._keeper_stop, TICK)):
             if self._listener is not None and self._node_subscription is None:
                 yield from self._watching_version()
             now = monotonic()
+            if self.liveness_seconds is not None and now >= rescue_at:
+                rescue_at = now + self.liveness_seconds * RESCUE_FRACTION
+                yield from self._rescuing()
             for state in self._queues.values():
                 self._dispatch(state)  # one more runner for a job that runs long
                 late = state.take_late(now)
@@ -52,6 +60,28 @@ class Leases(Fetching[B]):
                     due[(attempt.job.name, attempt.extend_by(now))].append(attempt)
             for (queue, extend_by), attempts in due.items():
                 yield from self._extending(queue, extend_by, attempts)
+
+    def _rescuing(self) -> Steps[None]:
+        """Schema 46: fail for retry the jobs of our queues whose heartbeat stopped (a
+        worker that died or froze: ``liveness_seconds``), so they come back within
+        about a minute, not after the supervision interval (see ops/heartbeats.py)."""
+        names = [state.spec.queue for state in self._queues.values()]
+        try:
+            counts = yield from self._op(ops.heartbeats.rescue(self._ctx, names))
+        except Exception as exc:
+            self._loop_error("rescue", None, exc, TICK)
+            return
+        for queue, n in counts.items():
+            log.warning(
+                "%d job(s) of %r failed for retry: the worker running them stopped "
+                "answering (no heartbeat for its heartbeat_seconds)",
+                n,
+                queue,
+                extra={"action": "jobs_rescued", "worker": self.name, "queue": queue, "count": n},
+            )
+            state = self._queues.get(queue)
+            if state is not None:
+                state.wake.set()
 
     def _watching_version(self) -> Steps[None]:
         """Read the schema version when the engine's reading is stale, so that an idle

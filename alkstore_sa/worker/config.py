@@ -32,6 +32,16 @@ AHEAD_SECONDS = 1.0
 """A worker claims ahead of its free slots (``prefetch``) only as many jobs as its
 handlers will start within about this many seconds, at their average run time."""
 
+LIVENESS_SECONDS = 20
+"""A worker's ``liveness_seconds`` by default (schema 46): the heartbeat its claims
+give a job that has none, renewed by the worker every half of it while the job is in
+hand, so that a job whose worker died fails by heartbeat (retried, not lost) about
+this long after the death, not after its whole lease (``expire_seconds``). The
+worker sweeps its queues for such jobs every half of it (the "Guarantees" page)."""
+
+MIN_LIVENESS_SECONDS = 10
+"""The least ``liveness_seconds``: pg-boss refuses a heartbeat under 10 seconds."""
+
 HEARTBEAT_FRACTION = 0.5
 """A job with ``heartbeat_seconds`` (schema 46) is touched once this fraction of its
 heartbeat has elapsed since the last touch: pg-boss's monitor fails an active job

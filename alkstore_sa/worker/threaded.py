@@ -86,6 +86,12 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
     :param backend: the database backend profile (the "Database backends" page), as
         :class:`~alkstore_sa.QueueService` takes it; also the supervisor's. Under a
         profile without ``LISTEN``/``NOTIFY`` the worker polls (``listen`` is off).
+    :param liveness_seconds: schema 46: the heartbeat (10 to 3600 seconds, 20 by
+        default) the worker's claims give a job that has none; the worker renews it
+        while the job is in hand and, every half of it, fails for retry the jobs of
+        its queues whose heartbeat stopped, so that a job whose worker died comes
+        back within about a minute, not after its ``expire_seconds``. ``None``: no
+        heartbeat given, no sweep. Nothing at schema 26 (see the "Guarantees" page).
     """
 
     _supervisor_class = Supervisor

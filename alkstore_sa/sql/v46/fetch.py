@@ -10,7 +10,10 @@ pg-boss 12.38 does it:
   ``blocked`` jobs (flow children waiting for their parents) are never taken,
   and a job due exactly now is (``<=``, where 26 had ``<``);
 * activation also stamps ``heartbeat_on``, which Node's monitor checks against
-  ``heartbeat_seconds``;
+  ``heartbeat_seconds``; a worker's claim binds ``:liveness`` (its
+  ``liveness_seconds``) and gives a job without a heartbeat that one, so that a
+  crashed worker's jobs fail by heartbeat (ours or Node's monitor) within it
+  (unbound: NULL, no change);
 * key_strict_fifo: only each key's head (its retry job if it has one, else its
   oldest due job) is a candidate, and keys holding an active, retry or failed
   job are skipped; the activation can still collide with a client that takes no
@@ -352,8 +355,17 @@ def fetch_jobs(
     elif policy in SINGLETON_POLICIES:
         chosen = _claim.one_per_key(candidates, _order(candidates.c))
     # Activation also stamps heartbeat_on: Node's monitor measures a job's
-    # heartbeat from it.
-    claimed = _claim.activate(j, chosen, job_now(), recheck=not skip_locked, heartbeat_on=job_now())
+    # heartbeat from it. A worker's claim gives a job without a heartbeat its
+    # liveness_seconds (the "Guarantees" page); an unbound :liveness is NULL.
+    liveness = bindparam("liveness", None, type_=Integer)
+    claimed = _claim.activate(
+        j,
+        chosen,
+        job_now(),
+        recheck=not skip_locked,
+        heartbeat_on=job_now(),
+        heartbeat_seconds=func.coalesce(j.c.heartbeat_seconds, liveness),
+    )
     stmt = select(*readable_columns(claimed.c, JOB)).order_by(*_order(claimed.c), claimed.c.id)
     return _claim.commit_without_flush(stmt) if relaxed else stmt
 
