@@ -230,16 +230,21 @@ class QueueInfo:
     # these defaults.
     heartbeat_seconds: int | None = None
     notify: bool = False
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Times another client wrote that Python cannot hold (``infinity``, a year past
+    9999), with their stored text; the nearest time Python holds stands in. Empty for
+    a row that is fine."""
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> QueueInfo:
-        """From a row of the queue table; a policy this release does not know is kept
-        as its text."""
-        values = dict(row)
+        """From a row of the queue table (read through ``readable_columns``: never
+        raises for a time it holds); a policy this release does not know is kept as its
+        text."""
+        values, problems = read_record(row, ()) if "unreadable" in row else (dict(row), {})
         if values["policy"] in QueuePolicy.__members__.values():
             values["policy"] = QueuePolicy(values["policy"])
         # else kept as written (see the class)
-        return cls(**values)
+        return cls(**values, unreadable=problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +300,15 @@ class EventSubscription:
     name: str
     created_on: dt.datetime
     updated_on: dt.datetime
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Times another client wrote that Python cannot hold, with their stored text (the
+    nearest time Python holds stands in); empty for a row that is fine."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> EventSubscription:
+        """From a row of ``readable_columns``: never raises for what it holds."""
+        values, problems = read_record(row, ())
+        return cls(**values, unreadable=problems)
 
 
 # ---------------------------------------------------------------- results

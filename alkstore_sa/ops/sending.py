@@ -508,7 +508,7 @@ def get_subscriptions(
         params["event"] = _check_event(event)
     stmt = queue_sql.get_subscriptions(by_name=name is not None, by_event=event is not None)
     result = yield Call(stmt, params)
-    return [EventSubscription(**r) for r in result.mappings().all()]
+    return [EventSubscription.from_row(r) for r in result.mappings().all()]
 
 
 def unsubscribe(ctx: Context, event: str, name: str) -> Op[bool]:

@@ -57,6 +57,11 @@ def _bound(text: str, *, aware: bool) -> ColumnElement[Any]:
     return cast(literal_column(text), DateTime(timezone=aware))
 
 
+EARLIEST = _bound(_TZ_LOW, aware=True)
+"""The earliest ``timestamptz`` read as itself: where an earlier one (``-infinity``) is
+clamped to."""
+
+
 def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any]]:
     """The job columns of ``columns`` (a table's or a CTE's ``.c``), each labelled
     with its own name, plus :data:`UNREADABLE`. See the module docstring.

@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from ...models.enums import JobState
 from ..common.base import JOB, state_text
-from ..common.reading import readable_columns
+from ..common.reading import EARLIEST, readable_columns
 
 
 @functools.cache
@@ -88,7 +88,11 @@ def count_jobs(table: Table, *, named: bool) -> Select[Any]:
     queues in ``:names`` when ``named``."""
     c = table.c
     ready = (c.state < state_text(JobState.ACTIVE)) & (c.start_after <= func.now())
-    oldest = func.min(c.start_after).filter(ready)
+    # A start_after another client wrote at -infinity (or before year 1) counts from the
+    # earliest time Python holds, the stand-in readable_columns reads it as: now() minus
+    # -infinity fails the whole count ("cannot subtract infinite timestamps"), and an
+    # infinite age is no number a JSON answer or a duration can carry.
+    oldest = func.greatest(func.min(c.start_after).filter(ready), EARLIEST)
     stmt = select(
         c.name,
         cast(c.state, Text).label("state"),

@@ -27,7 +27,7 @@ from ..common.base import (
     delete_queue_fn,
     state_text,
 )
-from ..common.reading import readable_schedules
+from ..common.reading import readable_columns, readable_schedules
 
 
 @functools.cache
@@ -48,8 +48,10 @@ def delete_queue() -> Select[Any]:
 
 @functools.cache
 def get_queues(*, by_name: bool) -> Select[Any]:
-    """All queues, or those in ``:names``, ordered by name."""
-    stmt = select(*QUEUE.c).order_by(QUEUE.c.name)
+    """All queues, or those in ``:names``, ordered by name; read through
+    ``readable_columns``, so a time another client wrote that Python cannot hold
+    (``infinity``) is that row's ``unreadable``, not the read's failure."""
+    stmt = select(*readable_columns(QUEUE.c, QUEUE)).order_by(QUEUE.c.name)
     if by_name:
         stmt = stmt.where(QUEUE.c.name == func.any(bindparam("names", type_=ARRAY(Text))))
     return stmt
@@ -185,7 +187,11 @@ def unsubscribe() -> Any:
 
 @functools.cache
 def get_subscriptions(*, by_name: bool, by_event: bool) -> Select[Any]:
-    stmt = select(*SUBSCRIPTION.c).order_by(SUBSCRIPTION.c.event, SUBSCRIPTION.c.name)
+    """Subscriptions by event and queue, through ``readable_columns`` (a time Python
+    cannot hold is the row's ``unreadable``); of ``:qname`` / ``:event`` when asked."""
+    stmt = select(*readable_columns(SUBSCRIPTION.c, SUBSCRIPTION)).order_by(
+        SUBSCRIPTION.c.event, SUBSCRIPTION.c.name
+    )
     if by_name:
         stmt = stmt.where(SUBSCRIPTION.c.name == bindparam("qname", type_=Text))
     if by_event:

@@ -7,21 +7,27 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Select, Text, Update, bindparam, func, select
+from sqlalchemy import Column, MetaData, Select, Table, Text, Update, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..common.base import QUEUE as QUEUE26
+from ..common.reading import readable_columns
 from . import job_now
 from .tables import QUEUE
 
 READ_COLUMNS = (*(c.name for c in QUEUE26.c), "heartbeat_seconds", "notify")
 """The queue columns :class:`alkstore_sa.records.QueueInfo` holds at 46."""
 
+_READ = Table("queue", MetaData(), *(Column(n, QUEUE.c[n].type) for n in READ_COLUMNS))
+"""Those columns, as :func:`~alkstore_sa.sql.common.reading.readable_columns` takes them."""
+
 
 @functools.cache
 def get_queues(*, by_name: bool) -> Select[Any]:
-    """All queues, or those in ``:names``, ordered by name."""
-    stmt = select(*(QUEUE.c[name] for name in READ_COLUMNS)).order_by(QUEUE.c.name)
+    """All queues, or those in ``:names``, ordered by name; read through
+    ``readable_columns``, so a time another client wrote that Python cannot hold
+    (``infinity``) is that row's ``unreadable``, not the read's failure."""
+    stmt = select(*readable_columns(QUEUE.c, _READ)).order_by(QUEUE.c.name)
     if by_name:
         stmt = stmt.where(QUEUE.c.name == func.any(bindparam("names", type_=ARRAY(Text))))
     return stmt
