@@ -125,3 +125,9 @@ MAX_ATTEMPT_ERROR_BYTES = 64 * 1024
 #: its output stays far below :data:`MAX_PAYLOAD_BYTES` and the job is failed with its
 #: own error rather than with an error about the output's size.
 MAX_ERROR_TEXT_BYTES = MAX_ATTEMPT_ERROR_BYTES // 4
+
+#: Longest a fail that records its attempt waits for a lock on the attempt history
+#: (``lock_timeout``, in milliseconds): past it the fail is written without the attempt
+#: (the "Attempt history" page), so a session holding a lock on the table (a ``LOCK
+#: TABLE``, a long ``ALTER``) never stalls a worker's settlements or supervision's expiry.
+ATTEMPT_LOCK_WAIT_MS = 1000

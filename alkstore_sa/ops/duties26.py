@@ -74,8 +74,10 @@ def expire(ctx: Context, table: str, names: Sequence[str], plan: PassPlan) -> Op
         "timeout_output": opt.encode_json("output", fail_sql.TIMEOUT_OUTPUT),
         "now": plan.now,
     }
-    result = yield Call(fail_sql.expire_jobs(history=ctx.history), params)
-    return dict(Counter(row.name for row in result))
+    rows = yield from attempts.recording(
+        ctx, lambda s: fail_sql.expire_jobs(history=s.history), params
+    )
+    return dict(Counter(row.name for row in rows))
 
 
 def delete_old(

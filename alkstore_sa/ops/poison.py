@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import MAX_SINGLETON_KEY_BYTES
-from ._core import Call, Context, Op, failing
+from ._core import Call, Context, Op
+from .attempts import recording
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def fail_poison(
         "ids": list(outputs),
         "outputs": [json.dumps(o, separators=(",", ":")) for o in outputs.values()],
     }
-    rows = yield from failing(ctx.sql.fail_poison(), params)
+    rows = yield from recording(ctx, lambda sql: sql.fail_poison(), params)
     for row in rows:
         output = outputs[row.id]
         # Logged here, where the job is failed, so it is logged once per job

@@ -161,6 +161,7 @@ class Settling(WorkerCore[B]):
                 # The attempt history's "which worker" (when the schema keeps one).
                 worker=f"{self.name}@{socket.gethostname()}:{os.getpid()}",
                 worker_id=self._registration.id,
+                autocommit=True,
             )
         return (yield from self._op(op, autocommit=True))
 
