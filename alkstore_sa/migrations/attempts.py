@@ -13,7 +13,7 @@ before, with no history kept).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, MetaData
+from sqlalchemy import Connection, MetaData, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
@@ -21,7 +21,7 @@ from ..models.attempts import ATTEMPT
 from ..names import DEFAULT_SCHEMA
 from ..sql.common.base import schema_tables
 
-__all__ = ["exists", "install", "offline_sql", "remove"]
+__all__ = ["exists", "grants_sql", "install", "offline_sql", "remove"]
 
 
 def exists(conn: Connection, schema: str) -> bool:
@@ -30,13 +30,53 @@ def exists(conn: Connection, schema: str) -> bool:
 
 
 def install(conn: Connection, schema: str) -> bool:
-    """Create the table and its index in ``schema`` unless it is there; whether it was
-    created. Runs in the connection's transaction."""
-    if exists(conn, schema):
-        return False
-    translated = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
-    ATTEMPT.create(translated)
-    return True
+    """Create the table and its index in ``schema`` unless it is there, and grant it as
+    the job table is granted (:func:`grants_sql`); whether it was created. Runs in the
+    connection's transaction."""
+    created = False
+    if not exists(conn, schema):
+        translated = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
+        ATTEMPT.create(translated)
+        created = True
+    conn.execute(text(grants_sql(schema)))
+    return created
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def grants_sql(schema: str) -> str:
+    """A statement that grants the attempt history of ``schema`` to each role (and
+    PUBLIC) that holds privileges on the job table and none on the history: the same
+    privileges, with the same grant option.
+
+    Run where the table is made: a role granted DML on the schema's tables before an
+    upgrade added it would otherwise fail to record attempts (and, before that was
+    tolerated, to fail jobs at all). A role given something on the history already, or
+    one the table's default privileges covered, is left as it is.
+    """
+    s = _literal(schema)
+    return f"""DO $alkstore$
+DECLARE g record;
+BEGIN
+  FOR g IN
+    SELECT a.privilege_type, a.is_grantable,
+      CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END
+        AS grantee
+    FROM pg_class j, aclexplode(j.relacl) a
+    WHERE j.oid = to_regclass(format('%I.job', {s}))
+      AND a.grantee <> (SELECT h.relowner FROM pg_class h
+                        WHERE h.oid = to_regclass(format('%I.{ATTEMPT.name}', {s})))
+      AND NOT EXISTS (
+        SELECT 1 FROM pg_class h, aclexplode(h.relacl) b
+        WHERE h.oid = to_regclass(format('%I.{ATTEMPT.name}', {s})) AND b.grantee = a.grantee)
+  LOOP
+    EXECUTE format('GRANT %s ON %I.{ATTEMPT.name} TO %s%s', g.privilege_type, {s}, g.grantee,
+      CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+  END LOOP;
+END
+$alkstore$"""
 
 
 def remove(conn: Connection, schema: str) -> bool:
@@ -50,9 +90,10 @@ def remove(conn: Connection, schema: str) -> bool:
 
 def offline_sql(schema: str) -> str:
     """The statements :func:`install` runs, for an offline script (``IF NOT EXISTS``,
-    so the script may run on a schema that has the table)."""
+    so the script may run on a schema that has the table), the grants included."""
     table = ATTEMPT.to_metadata(MetaData(), schema=schema)
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     statements: list[CreateTable | CreateIndex] = [CreateTable(table, if_not_exists=True)]
     statements += [CreateIndex(index, if_not_exists=True) for index in table.indexes]
-    return "".join(f"{str(s.compile(dialect=dialect)).strip()};\n\n" for s in statements)
+    created = "".join(f"{str(s.compile(dialect=dialect)).strip()};\n\n" for s in statements)
+    return f"{created}{grants_sql(schema)};\n\n"
