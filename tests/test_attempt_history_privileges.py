@@ -132,6 +132,7 @@ def _expire_as(url: str, schema: str, engine: Engine) -> tuple[uuid.UUID, str]:
         with Session(role_engine) as session, session.begin():
             jobs = QueueService(session, schema=schema)
             job_id = jobs.send("x", expire_seconds=1)
+            assert job_id is not None
         with Session(role_engine) as session, session.begin():
             [job] = QueueService(session, schema=schema).fetch("x")
         with engine.begin() as conn:  # its lease ran out a minute ago
