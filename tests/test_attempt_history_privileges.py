@@ -261,6 +261,18 @@ def test_the_client_fail_waits_for_the_lock_no_longer_than_the_bound(
 
 
 def test_a_dropped_history_table_fails_nothing(env: Any, caplog: pytest.LogCaptureFixture) -> None:
+    _fails_without_the_table(env, caplog)
+
+
+def test_a_dropped_history_table_fails_nothing_at_46_and_split(
+    env46_or_split: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "split": the fail's statements one table each (noMultiMutationCte), the attempts
+    # recorded by statements of their own.
+    _fails_without_the_table(env46_or_split, caplog)
+
+
+def _fails_without_the_table(env: Any, caplog: pytest.LogCaptureFixture) -> None:
     env.tx(lambda q: q.create_queue("f", retry_limit=0))
     job_id = env.tx(lambda q: q.send("f"))
     [job] = env.tx(lambda q: q.fetch("f"))  # the service has read that the table is there
