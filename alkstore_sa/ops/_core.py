@@ -286,10 +286,22 @@ def is_conflict(error: BaseException) -> bool:
     return isinstance(error, DBAPIError) and code in _CONFLICT_CODES
 
 
-def failing(stmt: Failing, params: Mapping[str, Any]) -> Op[list[Any]]:
+Recorder = Callable[[Call, Call], Generator[Call, Result[Any], None]]
+"""How a split fail runs its two attempt-history statements (record, then trim)."""
+
+
+def _in_turn(record: Call, trim: Call) -> Generator[Call, Result[Any], None]:
+    yield record
+    yield trim
+
+
+def failing(
+    stmt: Failing, params: Mapping[str, Any], *, recorder: Recorder = _in_turn
+) -> Op[list[Any]]:
     """Run a fail (:meth:`Statements.fail_jobs` and the like) with ``params``; its
     rows ``(id, name, state, dead_letter, dead_lettered)``. A split fail runs its
-    statements in turn, in the caller's transaction (:class:`SplitFail`)."""
+    statements in turn, in the caller's transaction (:class:`SplitFail`), its attempt
+    history's two through ``recorder``."""
     if not isinstance(stmt, SplitFail):
         return list((yield Call(stmt, params)).all())
     picked = (yield Call(stmt.pick, params)).one()
@@ -301,8 +313,7 @@ def failing(stmt: Failing, params: Mapping[str, Any]) -> Op[list[Any]]:
     failed = list((yield Call(stmt.fail, {"rows": picked.rows, "retried": retried})).scalars())
     if stmt.record is not None and stmt.trim is not None:
         by = {k: params[k] for k in ("worker", "worker_id") if k in params}
-        yield Call(stmt.record, {"rows": picked.rows, **by})
-        yield Call(stmt.trim, keys)
+        yield from recorder(Call(stmt.record, {"rows": picked.rows, **by}), Call(stmt.trim, keys))
     if len(retried) + len(failed) != len(picked.ids):
         # Each row deleted is inserted again by one of the two: anything else is a
         # job lost, and the transaction must not commit.

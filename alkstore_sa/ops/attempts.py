@@ -5,6 +5,7 @@ page). The fails themselves record each attempt (:mod:`alkstore_sa.sql.common.fa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping
@@ -195,30 +196,19 @@ def _split(
     """:func:`~._core.failing` of a split fail, whose attempts are recorded by statements
     of their own: each in a savepoint under the lock's bound, and when the history is
     what the database refuses, the fail goes on without it."""
-    picked = (yield Call(stmt.pick, params)).one()
-    if not picked.ids:
-        return []
-    keys = {"ids": picked.ids, "names": picked.names}
-    yield Call(stmt.remove, keys)
-    retried = list((yield Call(stmt.retry, {"rows": picked.rows})).scalars())
-    failed = list((yield Call(stmt.fail, {"rows": picked.rows, "retried": retried})).scalars())
-    if stmt.record is not None and stmt.trim is not None:
-        by = {k: params[k] for k in ("worker", "worker_id") if k in params}
-        record = Call(stmt.record, {"rows": picked.rows, **by}, savepoint=True, contained=True)
+
+    def contained(record: Call, trim: Call) -> Generator[Call, Any, None]:
+        record = dataclasses.replace(record, savepoint=True, contained=True)
         try:
             yield from (_plain(record) if autocommit else _bounded(record))
-            yield Call(stmt.trim, keys, savepoint=True, contained=True)
+            yield dataclasses.replace(trim, savepoint=True, contained=True)
         except Conflict as conflict:
             assert conflict.error is not None
             yield from _troubled(ctx, conflict.error)
         else:
             _recovered(ctx.schema)
-    if len(retried) + len(failed) != len(picked.ids):
-        # Each row deleted is inserted again by one of the two: anything else is a
-        # job lost, and the transaction must not commit.
-        put_back = len(retried) + len(failed)
-        raise AssertionError(f"fail: {len(picked.ids)} jobs deleted, {put_back} put back")
-    return list((yield Call(stmt.dead_letter, keys)).all())
+
+    return (yield from failing(stmt, params, recorder=contained))
 
 
 def history_trouble(error: BaseException) -> str | None:
