@@ -19,6 +19,7 @@ from sqlalchemy import (
     Select,
     Update,
     bindparam,
+    case,
     delete,
     func,
     literal_column,
@@ -49,12 +50,24 @@ sets it to the same value as the lock timeout; a separate name lets a test
 shorten the wait for a lock without killing a slow step's connection)."""
 
 
+def _infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
+    # A stamp at +infinity or -infinity, the two a subtraction refuses.
+    return stamp.in_(
+        [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
+    )
+
+
 def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
     # pg-boss's throttle: a never-set column counts as set a week ago, so the
-    # first instance to look always wins.
+    # first instance to look always wins. A stamp at +/-infinity (another client
+    # may write one) is due now, and the claim overwrites it with a finite time:
+    # PostgreSQL cannot subtract an infinite timestamp, and would fail the step on
+    # every pass. CASE evaluates the subtraction only for a finite stamp; a finite
+    # stamp is compared exactly as pg-boss compares it.
     now = now_param()
     since = func.coalesce(column, now - literal_column("interval '1 week'"))
-    return func.extract("epoch", now - since) > bindparam("interval", type_=Float)
+    elapsed = func.extract("epoch", now - since) > bindparam("interval", type_=Float)
+    return case((_infinite(since), true()), else_=elapsed)
 
 
 @functools.cache

@@ -97,12 +97,25 @@ def _names() -> Any:
     return names.table_valued("name").render_derived(name="n")
 
 
+def _infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
+    # A stamp at +infinity or -infinity, the two a subtraction refuses.
+    return stamp.in_(
+        [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
+    )
+
+
 def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
     # pg-boss's throttle: never stamped counts as stamped a week ago, and an
-    # elapsed time equal to the interval is due (12.38 compares with >=).
+    # elapsed time equal to the interval is due (12.38 compares with >=). A stamp
+    # at +/-infinity (another client may write one) is due now, and the claim
+    # overwrites it with a finite time: PostgreSQL cannot subtract an infinite
+    # timestamp, and would fail the turn on every pass. CASE evaluates the
+    # subtraction only for a finite stamp; a finite stamp is compared exactly as
+    # pg-boss compares it.
     t = now()
     since = func.coalesce(column_, t - literal_column("interval '1 week'"))
-    return func.extract("epoch", t - since) >= bindparam("interval", type_=Float)
+    elapsed = func.extract("epoch", t - since) >= bindparam("interval", type_=Float)
+    return case((_infinite(since), true()), else_=elapsed)
 
 
 def _state_in(col: ColumnElement[Any], states: tuple[str, ...]) -> ColumnElement[bool]:
