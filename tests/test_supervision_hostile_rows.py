@@ -1,5 +1,5 @@
 """Supervision against rows it did not write: throttle stamps at ±infinity (any
-client, Node pg-boss included, may store them).
+client, Node pg-boss included, may store them), and what its expiry log says.
 
 At both schemas a pass must run the step whose stamp is infinite and leave a finite
 time behind; a finite stamp keeps its meaning exactly.
@@ -8,11 +8,14 @@ time behind; a finite stamp keeps its meaning exactly.
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from support.direct import in_tx, rows
 
+from alkstore_sa.clock import FakeClock
 from alkstore_sa.supervision import Supervisor
 
 UTC = dt.UTC
@@ -98,3 +101,80 @@ def test_an_infinite_cron_stamp_at_26_is_due_now_and_replaced(
     assert report.errors == () and report.cron_checked
     [(finite,)] = rows(engine, schema, "SELECT isfinite(cron_on) FROM {s}.version")
     assert finite is True
+
+
+# ------------------------------------------------------------------ expiry log
+
+
+def expiry_records(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    found = [r for r in caplog.records if getattr(r, "action", None) == "jobs_expired"]
+    return {r.__dict__["reason"]: r for r in found}
+
+
+def test_expiry_at_26_says_the_handler_ran_past_its_timeout(
+    engine: Engine, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    in_tx(engine, schema, lambda q: q.create_queue("q", expire_seconds=1, retry_limit=1))
+    in_tx(engine, schema, lambda q: q.send("q"))
+    in_tx(engine, schema, lambda q: q.fetch("q"))
+    clock = FakeClock(db_now(engine) + dt.timedelta(seconds=5))
+
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        report = Supervisor(engine, schema=schema, clock=clock).run_once()
+
+    assert report.expired == {"q": 1}
+    records = expiry_records(caplog)
+    assert set(records) == {"timeout"}
+    record = records["timeout"]
+    assert record.levelno == logging.WARNING
+    assert (record.__dict__["queue"], record.__dict__["count"]) == ("q", 1)
+    message = record.getMessage()
+    assert "ran past its timeout" in message and "expire_seconds" in message
+    assert "stopped answering" not in message
+
+
+def test_expiry_at_46_names_a_lapsed_heartbeat_apart_from_a_lease_run_out(
+    engine: Engine, schema46: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("q"))
+    rows(
+        engine,
+        schema46,
+        """INSERT INTO {s}.job (name, state, started_on, heartbeat_on, heartbeat_seconds,
+                                expire_seconds, retry_limit) VALUES
+        ('q', 'active', now() - interval '1 hour', now() - interval '1 hour', NULL, 60, 0),
+        ('q', 'active', now() - interval '1 minute', now() - interval '1 minute', 10, 900, 0),
+        ('q', 'active', now() - interval '1 minute', now() - interval '1 minute', 10, 900, 0),
+        ('q', 'active', now(), now(), 10, 900, 0)""",
+    )
+
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        report = Supervisor(engine, schema=schema46).run_once(force=True)
+
+    assert report.expired == {"q": 3}
+    records = expiry_records(caplog)
+    assert set(records) == {"timeout", "heartbeat"}
+    lease, heartbeat = records["timeout"], records["heartbeat"]
+    assert (lease.__dict__["queue"], lease.__dict__["count"]) == ("q", 1)
+    assert (heartbeat.__dict__["queue"], heartbeat.__dict__["count"]) == ("q", 2)
+    assert "ran past its timeout" in lease.getMessage()
+    assert "stopped answering" not in lease.getMessage()
+    # The worker's rescue words a lapsed heartbeat the same way.
+    assert "stopped answering (no heartbeat for its heartbeat_seconds)" in heartbeat.getMessage()
+    assert "ran past" not in heartbeat.getMessage()
+
+
+def test_a_pass_that_expires_nothing_logs_no_expiry(
+    engine: Engine, schema46: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    in_tx(engine, schema46, lambda q: q.create_queue("q"))
+    rows(
+        engine,
+        schema46,
+        """INSERT INTO {s}.job (name, state, started_on, heartbeat_on, heartbeat_seconds,
+                                expire_seconds) VALUES ('q', 'active', now(), now(), 10, 900)""",
+    )
+    with caplog.at_level(logging.DEBUG, logger="alkstore_sa"):
+        report = Supervisor(engine, schema=schema46).run_once(force=True)
+    assert report.expired == {} and "q" in report.monitored
+    assert expiry_records(caplog) == {}

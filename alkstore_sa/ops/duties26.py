@@ -80,6 +80,32 @@ def expire(ctx: Context, table: str, names: Sequence[str], plan: PassPlan) -> Op
     return dict(Counter(row.name for row in rows))
 
 
+EXPIRY_REASONS: Mapping[str, str] = {
+    "timeout": "the handler ran past its timeout (its lease, expire_seconds, ran out)",
+    "heartbeat": (
+        "the worker running them stopped answering (no heartbeat for its heartbeat_seconds)"
+    ),
+}
+"""What each kind of expiry says in its log line: ``timeout`` (the lease ran out,
+at 26 the only kind) and ``heartbeat`` (46); the worker's own rescue words a
+lapsed heartbeat the same way."""
+
+
+def log_expired(counts: Mapping[str, int], reason: str) -> None:
+    """One WARNING per queue with jobs expired for ``reason`` (a key of
+    :data:`EXPIRY_REASONS`): ``extra={"action": "jobs_expired", "reason": ...,
+    "queue": ..., "count": ...}``."""
+    for queue, n in sorted(counts.items()):
+        if n:
+            logger.warning(
+                "%d job(s) of %r expired (failed, or retried where retries remain): %s",
+                n,
+                queue,
+                EXPIRY_REASONS[reason],
+                extra={"action": "jobs_expired", "reason": reason, "queue": queue, "count": n},
+            )
+
+
 def delete_old(
     ctx: Context, table: str, names: Sequence[str], plan: PassPlan
 ) -> Op[dict[str, int]]:
@@ -321,9 +347,11 @@ def monitor_chunk(
         tally.monitored += watched
         warnings = yield from tally.attempt(cache_stats(ctx, watched, plan), "stats")
         tally.warnings += warnings or []
-        tally.expired += yield from frame.drain(
+        expired = yield from frame.drain(
             lambda: expire(ctx, table, watched, plan), "expire", tally, s.expire_batch_size
         )
+        log_expired(expired, "timeout")
+        tally.expired += expired
 
 
 def maintain_chunk(

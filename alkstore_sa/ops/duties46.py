@@ -76,7 +76,7 @@ from ..sql.v46 import cron as cron_sql
 from ..sql.v46 import supervision as sql
 from . import attempts, frame, stats_history, turns
 from ._core import Call, Context, Op
-from .duties26 import cron_step, send_it_rounds, timekeeping, work_send_it
+from .duties26 import cron_step, log_expired, send_it_rounds, timekeeping, work_send_it
 from .frame import Busy, Duty, PassPlan, Tally
 from .occurrences import evaluate46, file46
 from .occurrences import is_rrule as is_rrule  # re-exported
@@ -524,12 +524,14 @@ def monitor_chunk46(
                 pin.append((yield from _history46(ctx, plan, tally, history, written, late)))
         for heartbeat in (False, True):
             step = "heartbeat" if heartbeat else "expire"
-            tally.expired += yield from frame.drain(
+            expired = yield from frame.drain(
                 functools.partial(expire, ctx, table, watched, plan, heartbeat=heartbeat),
                 step,
                 tally,
                 s.expire_batch_size,
             )
+            log_expired(expired, "heartbeat" if heartbeat else "timeout")
+            tally.expired += expired
 
 
 def work_send_it46(ctx: Context, batch: int) -> Op[tuple[int, int]]:
