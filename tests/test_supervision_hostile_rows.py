@@ -103,6 +103,19 @@ def test_an_infinite_cron_stamp_at_26_is_due_now_and_replaced(
     assert finite is True
 
 
+@pytest.mark.parametrize("value", ["infinity", "-infinity"])
+def test_an_infinite_cron_stamp_at_46_is_due_now_and_replaced(
+    engine: Engine, schema46: str, value: str
+) -> None:
+    rows(engine, schema46, "UPDATE {s}.version SET cron_on = CAST(:v AS timestamptz)", v=value)
+
+    report = Supervisor(engine, schema=schema46).run_once()
+
+    assert report.errors == () and report.cron_checked
+    [(finite,)] = rows(engine, schema46, "SELECT isfinite(cron_on) FROM {s}.version")
+    assert finite is True
+
+
 # ------------------------------------------------------------------ expiry log
 
 

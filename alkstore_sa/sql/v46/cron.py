@@ -15,24 +15,27 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Float,
     Integer,
     Select,
     Text,
     Uuid,
     bindparam,
+    case,
     cast,
     column,
     exists,
     func,
     literal_column,
+    null,
     select,
     true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
 from ..common.reading import readable_schedules
-from .supervision import now
+from .supervision import infinite, now, throttle_due
 from .tables import JOB, QUEUE, SCHEDULE, VERSION
 
 
@@ -46,22 +49,17 @@ def claim_cron() -> Select[Any]:
     on) is where a ``missed: 'once'`` catch-up starts. The prior value is read in
     a CTE of its own, which sees the row as it was before the update.
     """
-    t = now()
-    prior = select(
-        VERSION.c.cron_on.label("cron_on"),
-        func.extract("epoch", t - VERSION.c.cron_on).label("elapsed"),
-    ).cte("prior")
-    since = func.coalesce(VERSION.c.cron_on, t - literal_column("interval '1 week'"))
+    prior = select(*_turn_state()).cte("prior")
     claim = (
         VERSION.update()
-        .where(func.extract("epoch", t - since) >= bindparam("interval", type_=Float))
-        .values(cron_on=t)
+        .where(throttle_due(VERSION.c.cron_on))
+        .values(cron_on=now())
         .returning(true().label("won"))
         .cte("claim")
     )
     return select(
-        prior.c.cron_on.label("prior_cron_on"),
-        cast(prior.c.elapsed, Float).label("elapsed"),
+        prior.c.prior_cron_on,
+        prior.c.elapsed,
         exists(select(claim.c.won)).label("claimed"),
     ).select_from(prior)
 
@@ -72,11 +70,23 @@ def cron_turn_state() -> Select[Any]:
     row lock): whether a claim could win now (``elapsed`` seconds since the last
     pass, a week on a database no pass has run on), and where a ``missed:
     'once'`` catch-up would start."""
+    return select(*_turn_state())
+
+
+def _turn_state() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """``(prior_cron_on, elapsed)``: the stamp and the seconds since it (a week when no
+    pass has run). A stamp at +/-infinity (another client may write one) reads as no
+    stamp and infinitely long ago: due now, where a subtraction would fail the turn on
+    every pass; the claim overwrites it with a finite time."""
     t = now()
-    since = func.coalesce(VERSION.c.cron_on, t - literal_column("interval '1 week'"))
-    return select(
-        VERSION.c.cron_on.label("prior_cron_on"),
-        cast(func.extract("epoch", t - since), Float).label("elapsed"),
+    stamp = VERSION.c.cron_on
+    since = func.coalesce(stamp, t - literal_column("interval '1 week'"))
+    return (
+        case((infinite(stamp), null()), else_=stamp).label("prior_cron_on"),
+        case(
+            (infinite(since), literal_column("'Infinity'::float8")),
+            else_=cast(func.extract("epoch", t - since), Float),
+        ).label("elapsed"),
     )
 
 

@@ -97,14 +97,14 @@ def _names() -> Any:
     return names.table_valued("name").render_derived(name="n")
 
 
-def _infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
-    # A stamp at +infinity or -infinity, the two a subtraction refuses.
+def infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether ``stamp`` is at +infinity or -infinity, the two a subtraction refuses."""
     return stamp.in_(
         [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
     )
 
 
-def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
+def throttle_due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
     # pg-boss's throttle: never stamped counts as stamped a week ago, and an
     # elapsed time equal to the interval is due (12.38 compares with >=). A stamp
     # at +/-infinity (another client may write one) is due now, and the claim
@@ -115,7 +115,7 @@ def _due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
     t = now()
     since = func.coalesce(column_, t - literal_column("interval '1 week'"))
     elapsed = func.extract("epoch", t - since) >= bindparam("interval", type_=Float)
-    return case((_infinite(since), true()), else_=elapsed)
+    return case((infinite(since), true()), else_=elapsed)
 
 
 def _state_in(col: ColumnElement[Any], states: tuple[str, ...]) -> ColumnElement[bool]:
@@ -147,7 +147,7 @@ def claim_monitor(*, skip_locked: bool = True) -> Update:
     """
     due = (
         _locked_names(
-            _due(func.coalesce(QUEUE.c.monitor_claim_on, QUEUE.c.monitor_on)),
+            throttle_due(func.coalesce(QUEUE.c.monitor_claim_on, QUEUE.c.monitor_on)),
             skip_locked=skip_locked,
         )
     ).cte("due")
@@ -165,7 +165,7 @@ def claim_maintain(*, skip_locked: bool = True) -> Update:
     """Take the maintenance turn of the queues ``:names`` (``maintain_on``);
     returns ``(name, claimed_on)``, one stamp for every queue claimed
     (``skip_locked`` as :func:`claim_monitor` has it)."""
-    due = _locked_names(_due(QUEUE.c.maintain_on), skip_locked=skip_locked).cte("due")
+    due = _locked_names(throttle_due(QUEUE.c.maintain_on), skip_locked=skip_locked).cte("due")
     return (
         QUEUE.update()
         .where(QUEUE.c.name == due.c.name)
