@@ -13,13 +13,18 @@ before, with no history kept).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, MetaData, text
+from sqlalchemy import Connection, MetaData, Table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..models.attempts import ATTEMPT
+from ..models.claims import CLAIM, CLAIMER
 from ..names import DEFAULT_SCHEMA
 from ..sql.common.base import schema_tables
+
+OWN_TABLES: tuple[Table, ...] = (ATTEMPT, CLAIM, CLAIMER)
+"""Our tables beside pg-boss's, made, granted and removed together: the attempt history
+and the workers' claims at schema 26 (:mod:`alkstore_sa.models.claims`)."""
 
 __all__ = ["exists", "grants_sql", "install", "offline_sql", "remove"]
 
@@ -32,13 +37,13 @@ def exists(conn: Connection, schema: str) -> bool:
 def install(conn: Connection, schema: str) -> bool:
     """Create the table and its index in ``schema`` unless it is there, and grant it as
     the job table is granted (:func:`grants_sql`); whether it was created. Runs in the
-    connection's transaction."""
-    created = False
-    if not exists(conn, schema):
-        translated = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
-        ATTEMPT.create(translated)
-        created = True
-    conn.execute(text(grants_sql(schema)))
+    connection's transaction. The claim tables (:data:`OWN_TABLES`) are made and granted
+    with it, each unless it is there."""
+    created = not exists(conn, schema)
+    translated = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
+    for table in OWN_TABLES:
+        table.create(translated, checkfirst=True)
+        conn.execute(text(grants_sql(schema, table.name)))
     return created
 
 
@@ -46,7 +51,7 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def grants_sql(schema: str) -> str:
+def grants_sql(schema: str, name: str = ATTEMPT.name) -> str:
     """A statement that grants the attempt history of ``schema`` to each role (and
     PUBLIC) that holds privileges on the job table and none on the history: the same
     privileges, with the same grant option.
@@ -67,12 +72,12 @@ BEGIN
     FROM pg_class j, aclexplode(j.relacl) a
     WHERE j.oid = to_regclass(format('%I.job', {s}))
       AND a.grantee <> (SELECT h.relowner FROM pg_class h
-                        WHERE h.oid = to_regclass(format('%I.{ATTEMPT.name}', {s})))
+                        WHERE h.oid = to_regclass(format('%I.{name}', {s})))
       AND NOT EXISTS (
         SELECT 1 FROM pg_class h, aclexplode(h.relacl) b
-        WHERE h.oid = to_regclass(format('%I.{ATTEMPT.name}', {s})) AND b.grantee = a.grantee)
+        WHERE h.oid = to_regclass(format('%I.{name}', {s})) AND b.grantee = a.grantee)
   LOOP
-    EXECUTE format('GRANT %s ON %I.{ATTEMPT.name} TO %s%s', g.privilege_type, {s}, g.grantee,
+    EXECUTE format('GRANT %s ON %I.{name} TO %s%s', g.privilege_type, {s}, g.grantee,
       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
   END LOOP;
 END
@@ -80,20 +85,23 @@ $alkstore$"""
 
 
 def remove(conn: Connection, schema: str) -> bool:
-    """Drop the table from ``schema`` if it is there; whether it was."""
-    if not exists(conn, schema):
-        return False
+    """Drop the table (and the claim tables) from ``schema`` if it is there; whether it was."""
+    found = exists(conn, schema)
     translated = conn.execution_options(schema_translate_map={DEFAULT_SCHEMA: schema})
-    ATTEMPT.drop(translated)
-    return True
+    for table in OWN_TABLES:
+        table.drop(translated, checkfirst=True)
+    return found
 
 
 def offline_sql(schema: str) -> str:
     """The statements :func:`install` runs, for an offline script (``IF NOT EXISTS``,
     so the script may run on a schema that has the table), the grants included."""
-    table = ATTEMPT.to_metadata(MetaData(), schema=schema)
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    statements: list[CreateTable | CreateIndex] = [CreateTable(table, if_not_exists=True)]
-    statements += [CreateIndex(index, if_not_exists=True) for index in table.indexes]
-    created = "".join(f"{str(s.compile(dialect=dialect)).strip()};\n\n" for s in statements)
-    return f"{created}{grants_sql(schema)};\n\n"
+    script = ""
+    for own in OWN_TABLES:
+        table = own.to_metadata(MetaData(), schema=schema)
+        statements: list[CreateTable | CreateIndex] = [CreateTable(table, if_not_exists=True)]
+        statements += [CreateIndex(index, if_not_exists=True) for index in table.indexes]
+        script += "".join(f"{str(s.compile(dialect=dialect)).strip()};\n\n" for s in statements)
+        script += f"{grants_sql(schema, own.name)};\n\n"
+    return script

@@ -11,12 +11,17 @@ Each class is named after its table with a ``Row`` suffix (:class:`JobRow` maps
 
 from .attempts import ATTEMPT_TABLE, JobAttemptRow
 from .base import Base, metadata
+from .claims import CLAIM_TABLE, CLAIMER_TABLE, ClaimerRow, ClaimRow
 from .enums import JobState, QueuePolicy, job_state_type
 from .tables import JobCommonRow, JobRow, QueueRow, ScheduleRow, SubscriptionRow, VersionRow
 
 __all__ = [
     "ATTEMPT_TABLE",
+    "CLAIMER_TABLE",
+    "CLAIM_TABLE",
     "Base",
+    "ClaimRow",
+    "ClaimerRow",
     "JobAttemptRow",
     "JobCommonRow",
     "JobRow",

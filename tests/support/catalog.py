@@ -23,7 +23,9 @@ from sqlalchemy import Connection, Engine, text
 
 Catalog = dict[str, list[str]]
 
-IGNORED_TABLES = frozenset({"alkstore_alembic_version", "alkstore_job_attempt"})
+IGNORED_TABLES = frozenset(
+    {"alkstore_alembic_version", "alkstore_job_attempt", "alkstore_claim", "alkstore_claimer"}
+)
 """Tables of ours that are not part of pg-boss's contract (with their indexes and sequences)."""
 
 _RELATIONS = """

@@ -22,6 +22,7 @@ from alkstore_sa.errors import SchemaVersionError
 from alkstore_sa.migrations import schema_name
 from alkstore_sa.migrations.helpers import run_sql
 from alkstore_sa.models.attempts import ATTEMPT_TABLE
+from alkstore_sa.models.claims import CLAIM_TABLE, CLAIMER_TABLE
 from alkstore_sa.names import NEWEST_KNOWN_SCHEMA_VERSION, SPOKEN_SCHEMA_VERSIONS, schema_key
 
 revision: str = "alkstore_0001"
@@ -400,7 +401,9 @@ def downgrade() -> None:
     run_sql(f"DROP TYPE IF EXISTS {_q(schema)}.job_state")
     # Our attempt history, made beside the revisions (by `alkstore db upgrade`, or by the
     # on_version_apply hook of alkstore_sa.alembic_filters), goes with the queue tables.
-    run_sql(f"DROP TABLE IF EXISTS {_q(schema)}.{ATTEMPT_TABLE}")
+    # So do our workers' claims (schema 26's rescue of a crashed worker's jobs).
+    for own in (ATTEMPT_TABLE, CLAIM_TABLE, CLAIMER_TABLE):
+        run_sql(f"DROP TABLE IF EXISTS {_q(schema)}.{own}")
     # The schema goes too, unless something else (an Alembic version table, the
     # application's own tables) still lives in it.
     run_sql(
