@@ -34,6 +34,8 @@ class _EngineState:
         # there); a version once seen is kept after its entry expires, so that a change
         # can be told from a first reading.
         self._versions: dict[str, tuple[int, float, bool]] = {}
+        # schema -> whether our workers' claim tables (models/claims.py) were usable then.
+        self._claims: dict[str, bool] = {}
         self._lock = threading.Lock()
 
     def version(self, schema: str) -> int | None:
@@ -59,7 +61,13 @@ class _EngineState:
         hit = self._versions.get(schema)
         return hit is not None and hit[2]
 
-    def remember(self, schema: str, version: int, *, history: bool = False) -> int | None:
+    def claims(self, schema: str) -> bool:
+        """Whether ``schema``'s claim tables were usable when its version was read."""
+        return self._claims.get(schema, False)
+
+    def remember(
+        self, schema: str, version: int, *, history: bool = False, claims: bool = False
+    ) -> int | None:
         """Store a version just read (and whether the attempt history table was there);
         return the version it replaces if it differs.
 
@@ -69,6 +77,7 @@ class _EngineState:
         with self._lock:
             before = self.known(schema)
             self._versions[schema] = (version, time.monotonic(), history)
+            self._claims[schema] = claims
         if before is None or before == version:
             return None
         log.warning(
@@ -159,12 +168,13 @@ def ensure_version(ctx: Context, state: _EngineState | None) -> Op[int]:
         if cached is not None:
             ctx.version = cached
             ctx.history = state.history(ctx.schema)
+            ctx.claims = state.claims(ctx.schema)
             _require_profile(ctx)
             return cached
     version = yield from check_schema(ctx)
     _require_profile(ctx)
     if state is not None:
-        state.remember(ctx.schema, version, history=ctx.history)
+        state.remember(ctx.schema, version, history=ctx.history, claims=ctx.claims)
     return version
 
 
@@ -184,6 +194,7 @@ def version_due(ctx: Context, state: _EngineState) -> Op[int] | None:
         return ensure_version(ctx, state)
     ctx.version = cached
     ctx.history = state.history(ctx.schema)
+    ctx.claims = state.claims(ctx.schema)
     _require_profile(ctx)
     return None
 
@@ -279,6 +290,7 @@ def version_unlocked(ctx: Context, state: _EngineState) -> Op[int]:
     if cached is not None:
         ctx.version = cached
         ctx.history = state.history(ctx.schema)
+        ctx.claims = state.claims(ctx.schema)
         return cached
     from sqlalchemy import text
 

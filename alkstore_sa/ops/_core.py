@@ -98,6 +98,10 @@ class Context:
     history: bool = False
     """Whether the schema holds the attempt history table (read with the version):
     the fails then record each attempt."""
+    claims: bool = False
+    """Whether our workers' claim tables are there and writable (read with the version):
+    a worker's claims at 26 then record themselves, and its sweep rescues the jobs of
+    workers that stopped answering (:mod:`alkstore_sa.models.claims`)."""
     sweeps: dict[str, int] = field(default_factory=dict)
     """Where supervision's sweep of each schema's attempt history stopped (an attempt
     id), shared by the services of one engine as ``policies`` is."""
@@ -153,6 +157,7 @@ def check_schema(ctx: Context) -> Op[int]:
     tables = (yield Call(schema_tables(ctx.schema))).one()
     _check_profile(ctx, version, tables.job_kind)
     ctx.history = bool(tables.attempts)
+    ctx.claims = bool(tables.claims)
     ctx.version = found
     return found
 

@@ -9,12 +9,18 @@ for code that runs a fetched job by itself.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
+from .. import options as opt
 from ..records import Settled
 from ..sql.common import locks
+from ..sql.statements import Failing, Statements
+from ..sql.v26 import claims as claims26
+from ..sql.v46 import fail as fail46_sql
 from . import frame
 from ._core import Call, Context, Op
+from .attempts import recording
 from .working import _found_or_missing, _settle_params, expire_heartbeats46, settlements
 
 
@@ -66,4 +72,59 @@ def rescue(ctx: Context, names: Sequence[str], limit: int = RESCUE_BATCH) -> Op[
                 continue
         for queue, n in (yield from expire_heartbeats46(ctx, queues, limit)).items():
             counts[queue] = counts.get(queue, 0) + n
+    return counts
+
+
+RESCUE26_KEY = "alkstore_claimrescue"
+"""The advisory lock key (after the schema's) of the schema-26 rescue sweep: one sweeper
+at a time, the others skip their turn."""
+
+
+def _rescue26(sql: Statements) -> Failing:
+    return sql.rescue_jobs()
+
+
+def renew_claims(ctx: Context, owner: uuid.UUID, lapse: int) -> Op[bool]:
+    """Schema 26: the worker ``owner`` is alive for ``lapse`` seconds more (one row per
+    worker, whatever it runs, see :mod:`alkstore_sa.sql.v26.claims`). Whether the schema
+    has the claim tables (nothing is written otherwise)."""
+    if not ctx.claims or ctx.has("touch"):
+        return False
+    yield Call(claims26.renew(), {"claim_owner": owner, "claim_lapse": lapse})
+    return True
+
+
+def rescue26(ctx: Context, names: Sequence[str], limit: int = RESCUE_BATCH) -> Op[dict[str, int]]:
+    """Schema 26: fail for retry (retry, failed, dead letter: the normal fail, recorded
+    in the attempt history with cause ``heartbeat``) the jobs of queues ``names`` still
+    active in an attempt one of our workers claimed, whose worker stopped renewing its
+    liveness row; then remove the claim rows of attempts that ended. Under a tried
+    advisory lock: a sweep another session runs now is left to it.
+
+    A Node worker's claims record nothing, so its jobs are never touched (the
+    "Guarantees" page). Nothing without the claim tables, nor at 46 (heartbeats, see
+    :func:`rescue`). Returns how many jobs each queue had failed or set to retry. Run
+    it in a transaction.
+    """
+    if not names or not ctx.claims or ctx.has("touch"):
+        return {}
+    opt.check_int("limit", limit, minimum=1)
+    if ctx.sql.advisory_locks:
+        params = {"lock_schema": ctx.lock_name, "lock_key": RESCUE26_KEY}
+        if not (yield Call(locks.try_xact_lock(), params)).scalar_one():
+            return {}
+    counts: dict[str, int] = {}
+    rows = yield from recording(
+        ctx,
+        _rescue26,
+        {
+            "names": list(names),
+            "limit": limit,
+            "timeout_output": opt.encode_json("output", fail46_sql.HEARTBEAT_OUTPUT),
+        },
+    )
+    for row in rows:
+        counts[row.name] = counts.get(row.name, 0) + 1
+    yield Call(claims26.forget())
+    yield Call(claims26.forget_claimers())
     return counts

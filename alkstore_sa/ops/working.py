@@ -117,11 +117,16 @@ def fetch(
     group_concurrency: object = None,
     group_counts: Mapping[str, int] | None = None,
     liveness: int | None = None,
+    claimer: tuple[uuid.UUID, int] | None = None,
 ) -> Op[list[Job]]:
     """Claim up to ``batch_size`` jobs of ``name``.
 
     ``liveness`` (schema 46, a worker's ``liveness_seconds``): the heartbeat the
     claim gives a job that has none.
+
+    ``claimer`` (schema 26, a worker's id and the seconds after its last renewal that
+    it counts as gone): the claim records the jobs it activates as that worker's
+    (:mod:`alkstore_sa.sql.v26.claims`), when the schema has the claim tables.
 
     ``group_concurrency`` (schema 46, see :mod:`alkstore_sa.groups`) limits the
     active jobs of each group: those in the database, or with ``group_counts`` the
@@ -160,6 +165,7 @@ def fetch(
             relaxed=autocommit,
             groups=groups,
             liveness=liveness,
+            claimer=claimer,
         )
 
     jobs = yield from claim(policy)
@@ -185,18 +191,24 @@ def _claim(
     relaxed: bool = False,
     groups: _Groups | None = None,
     liveness: int | None = None,
+    claimer: tuple[uuid.UUID, int] | None = None,
 ) -> Op[list[Job]]:
     aware = ctx.sql.takes_key_locks(policy)
+    # Schema 26 has no heartbeats: a worker's claim records itself instead.
+    records = claimer is not None and ctx.claims and not ctx.has("touch")
     stmt = ctx.sql.claim(
         policy=policy,
         priority=priority,
         ignore_start_after=ignore_start_after,
         relaxed=relaxed,
         groups=None if groups is None else groups.mode,
+        claims=records,
     )
     params: dict[str, Any] = {"qname": name, "limit": batch_size, "cached_policy": policy}
     if liveness is not None and ctx.has("touch"):  # heartbeats: schema 46
         params["liveness"] = liveness
+    if records and claimer is not None:
+        params["claim_owner"], params["claim_lapse"] = claimer
     jobs: list[Job] = []
     # Poison rows (see ops/poison.py) are failed and left out; while there were
     # some, claim again for the free places, so jobs queued behind them are not
@@ -531,11 +543,7 @@ def expire_jobs46(
     The caller holds the advisory lock ``<table>failJobsByTimeout`` (sql/common/locks.py)
     that pg-boss takes for the same sweep.
     """
-    return (
-        yield from _expire46(
-            ctx, _expiry, fail46_sql.TIMEOUT_OUTPUT, names, limit, now
-        )
-    )
+    return (yield from _expire46(ctx, _expiry, fail46_sql.TIMEOUT_OUTPUT, names, limit, now))
 
 
 def expire_heartbeats46(
@@ -547,9 +555,7 @@ def expire_heartbeats46(
     lock ``<table>failJobsByHeartbeat``.
     """
     return (
-        yield from _expire46(
-            ctx, _heartbeat_expiry, fail46_sql.HEARTBEAT_OUTPUT, names, limit, now
-        )
+        yield from _expire46(ctx, _heartbeat_expiry, fail46_sql.HEARTBEAT_OUTPUT, names, limit, now)
     )
 
 

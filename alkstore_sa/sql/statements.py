@@ -100,13 +100,17 @@ class Statements:
         ignore_start_after: bool,
         relaxed: bool,
         groups: str | None,
+        claims: bool = False,
     ) -> Executable:
-        """The claim of a ``policy`` queue (``groups``: a group concurrency mode, 46 on)."""
+        """The claim of a ``policy`` queue (``groups``: a group concurrency mode, 46 on;
+        ``claims``: a worker's claim that records itself, 26 only, see
+        :mod:`~alkstore_sa.sql.v26.claims`)."""
         return fetch26.fetch_jobs(
             priority=priority,
             ignore_start_after=ignore_start_after,
             singleton_aware=self.takes_key_locks(policy),
             relaxed=relaxed,
+            claims=claims,
         )
 
     def lock_keys(self, *, policy: str, priority: bool, ignore_start_after: bool) -> Executable:
@@ -137,6 +141,11 @@ class Statements:
 
     def fail_poison(self) -> Failing:
         return fail26.fail_poison(history=self.history)
+
+    def rescue_jobs(self) -> Failing:
+        """Fail a batch of the active jobs our workers claimed whose worker stopped
+        renewing its claims (26: :mod:`~alkstore_sa.sql.v26.claims`; 46 has heartbeats)."""
+        return fail26.rescue_jobs(history=self.history)
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         """Fail a batch of the active jobs whose lease ran out, or (``heartbeat``)
@@ -243,6 +252,7 @@ class Statements46(Statements):
         ignore_start_after: bool,
         relaxed: bool,
         groups: str | None,
+        claims: bool = False,
     ) -> Executable:
         # pg-boss 12.38 always orders by priority (job_i11's order): ``priority``
         # is not an option there.
@@ -277,6 +287,9 @@ class Statements46(Statements):
         if self.splits_mutations:
             return fail46.fail_poison_split(history=self.history)
         return fail46.fail_poison(history=self.history)
+
+    def rescue_jobs(self) -> Failing:
+        self._missing("rescue_jobs")
 
     def expire_jobs(self, *, heartbeat: bool) -> Failing:
         if self.splits_mutations:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    and_,
     bindparam,
     cast,
     column,
@@ -33,6 +34,8 @@ from sqlalchemy.types import NullType, TypeEngine
 
 from ...models import (
     ATTEMPT_TABLE,
+    CLAIM_TABLE,
+    CLAIMER_TABLE,
     JobRow,
     QueueRow,
     ScheduleRow,
@@ -206,13 +209,21 @@ def version_table_exists(schema: str) -> Select[Any]:
 def schema_tables(schema: str) -> Select[Any]:
     """One row: ``job_kind``, the ``pg_class.relkind`` of ``<schema>.job`` (``'p'``
     partitioned, ``'r'`` a plain table, NULL without one), and ``attempts``, whether
-    ``<schema>.alkstore_job_attempt`` (the attempt history) exists; ``schema`` is bound as
-    text, as above."""
+    ``<schema>.alkstore_job_attempt`` (the attempt history) exists, and ``claims``, whether
+    our workers' claim tables (``alkstore_claim``, ``alkstore_claimer``) exist and this
+    role may read and write both; ``schema`` is bound as text, as above."""
     c = table("pg_class", column("oid", OID), column("relkind", Text), schema="pg_catalog")
     job = func.to_regclass(literal(f'"{schema}".job', Text))
     kind = select(c.c.relkind).where(c.c.oid == job).scalar_subquery()
     attempts = func.to_regclass(literal(f'"{schema}".{ATTEMPT_TABLE}', Text)).is_not(None)
-    return select(kind.label("job_kind"), attempts.label("attempts"))
+    # Our workers' claims at 26 (models/claims.py): usable when both tables are there
+    # and this role may write them; otherwise the rescue they serve is simply off.
+    usable = [
+        func.coalesce(func.has_table_privilege(func.to_regclass(literal(t, Text)), p), False)
+        for t in (f'"{schema}".{CLAIM_TABLE}', f'"{schema}".{CLAIMER_TABLE}')
+        for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
+    ]
+    return select(kind.label("job_kind"), attempts.label("attempts"), and_(*usable).label("claims"))
 
 
 def version_row() -> Select[Any]:

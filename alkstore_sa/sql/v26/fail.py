@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from ...models.enums import JobState
 from ..common import failing as _failing
 from ..common.base import JOB, JOB_COLUMNS, QUEUE, any_name, now_param, seconds, state_text
+from . import claims as _claims
 
 TIMEOUT_OUTPUT = {"value": {"message": "job timed out"}}
 """Output written to a job failed by expiration (byte-compatible with pg-boss)."""
@@ -120,3 +121,13 @@ def fail_poison(*, history: bool = False) -> Select[Any]:
     ``history``: record each attempt (cause ``poison``).
     """
     return _fail_from(_failing.poison_delete(JOB), "poison" if history else None)
+
+
+@functools.cache
+def rescue_jobs(*, history: bool = False) -> Select[Any]:
+    """Fail, as :func:`expire_jobs` does, at most ``:limit`` jobs of queues ``:names``
+    active in an attempt one of our workers claimed and whose worker stopped renewing
+    its liveness row (:mod:`~alkstore_sa.sql.v26.claims`), with ``:timeout_output``;
+    ``history``: record each attempt (cause ``heartbeat``, the worker stopped answering).
+    """
+    return _fail_from(_claims.rescued(), "heartbeat" if history else None)

@@ -27,6 +27,7 @@ from ..common import claim as _claim
 from ..common.base import JOB, QUEUE
 from ..common.claim import in_keys
 from ..common.reading import readable_columns
+from . import claims as _claims
 
 RACY_POLICIES = ("singleton", "stately")
 """Policies whose unique index covers the ``active`` state: activating a job can conflict."""
@@ -73,7 +74,12 @@ def lock_keys(*, priority: bool, ignore_start_after: bool) -> Select[Any]:
 
 @functools.cache
 def fetch_jobs(
-    *, priority: bool, ignore_start_after: bool, singleton_aware: bool, relaxed: bool = False
+    *,
+    priority: bool,
+    ignore_start_after: bool,
+    singleton_aware: bool,
+    relaxed: bool = False,
+    claims: bool = False,
 ) -> Select[Any]:
     """Claim up to ``:limit`` queued jobs of queue ``:qname`` and return them, activated.
 
@@ -93,6 +99,10 @@ def fetch_jobs(
 
     ``relaxed``: for a worker's claim alone in autocommit, see
     :func:`alkstore_sa.sql.common.claim.commit_without_flush`.
+
+    ``claims``: a worker's claim, which also records each job it activates as
+    ``:claim_owner``'s (:func:`alkstore_sa.sql.v26.claims.record`), so that the job comes
+    back soon if that worker dies.
     """
     j = JOB
     conditions = _queued(ignore_start_after=ignore_start_after, singleton_aware=singleton_aware)
@@ -117,6 +127,8 @@ def fetch_jobs(
     # Python cannot hold must not make reading the whole batch fail (the caller
     # fails that job instead, see ops/working.py).
     stmt = select(*readable_columns(claimed.c)).order_by(*_order(claimed.c, priority=priority))
+    if claims:
+        stmt = _claims.record(stmt, claimed)
     return _claim.commit_without_flush(stmt) if relaxed else stmt
 
 
