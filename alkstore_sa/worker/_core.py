@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -121,6 +122,9 @@ class WorkerCore(Registry, Generic[B]):
         self.supervisor_options = dict(supervisor_options or {})
         self.on_error = on_error
         self.liveness_seconds = _liveness(liveness_seconds)
+        # Schema 26: the id our claims record (models/claims.py), renewed by the keeper.
+        self._claimer_id = uuid.uuid4()
+        self._claims_off_said = False
         self.name = name or type(self).__name__
         self._metrics = _worker_metrics(metrics, self.schema)
         # The instance registry (schema 46): registered at start, a heartbeat every

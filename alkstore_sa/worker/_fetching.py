@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import uuid
 from typing import Any, TypeVar
 
 from .. import ops
@@ -165,6 +166,7 @@ class Fetching(Running[B]):
                 ignore_start_after=False,
                 autocommit=autocommit,
                 liveness=self._liveness_of(spec),
+                claimer=self._claimer(),
                 **options,
             )
             try:
@@ -173,6 +175,14 @@ class Fetching(Running[B]):
                 if not autocommit:
                     raise
                 autocommit = False  # again, in a transaction of its own
+
+    def _claimer(self) -> tuple[uuid.UUID, int] | None:
+        """Schema 26: who our claims say holds the job, and the seconds after the
+        keeper's last renewal that it counts as gone (``liveness_seconds``; ``None``:
+        claims record nothing). The claim ignores it at 46 (heartbeats)."""
+        if self.liveness_seconds is None:
+            return None
+        return self._claimer_id, self.liveness_seconds
 
     def _liveness_of(self, spec: HandlerSpec) -> int | None:
         """The heartbeat a claim of ``spec``'s queue gives a job without one (schema 46;

@@ -23,8 +23,12 @@ TICK = 0.2
 """Seconds between checks of leases and deadlines."""
 
 RESCUE_FRACTION = 0.5
-"""A worker sweeps its queues for jobs whose heartbeat stopped every this fraction
-of its ``liveness_seconds`` (schema 46)."""
+"""A worker sweeps its queues for jobs whose heartbeat stopped (schema 46), or whose
+claimer stopped renewing (26), every this fraction of its ``liveness_seconds``."""
+
+RENEW_FRACTION = 0.25
+"""Schema 26: a worker renews its claimer row every this fraction of its
+``liveness_seconds``, so a live worker's claims lapse only after four missed renewals."""
 
 
 class Leases(Fetching[B]):
@@ -37,11 +41,14 @@ class Leases(Fetching[B]):
         ``heartbeat_on`` at schema 46 (pg-boss's ``touch``), so a job is touched
         at half its lease or half its ``heartbeat_seconds``, whichever comes first.
         """
-        rescue_at = monotonic()
+        rescue_at = renew_at = monotonic()
         while not (yield Wait(self._keeper_stop, TICK)):
             if self._listener is not None and self._node_subscription is None:
                 yield from self._watching_version()
             now = monotonic()
+            if self.liveness_seconds is not None and now >= renew_at:
+                renew_at = now + self.liveness_seconds * RENEW_FRACTION
+                yield from self._renewing_claims(self.liveness_seconds)
             if self.liveness_seconds is not None and now >= rescue_at:
                 rescue_at = now + self.liveness_seconds * RESCUE_FRACTION
                 yield from self._rescuing()
@@ -61,13 +68,39 @@ class Leases(Fetching[B]):
             for (queue, extend_by), attempts in due.items():
                 yield from self._extending(queue, extend_by, attempts)
 
-    def _rescuing(self) -> Steps[None]:
-        """Schema 46: fail for retry the jobs of our queues whose heartbeat stopped (a
-        worker that died or froze: ``liveness_seconds``), so they come back within
-        about a minute, not after the supervision interval (see ops/heartbeats.py)."""
-        names = [state.spec.queue for state in self._queues.values()]
+    def _renewing_claims(self, lapse: int) -> Steps[None]:
+        """Schema 26: this worker is alive (its claimer row, one statement for all its
+        claims, see sql/v26/claims.py); nothing at 46 or without the claim tables."""
+        if self._ctx.has("touch"):
+            return
         try:
-            counts = yield from self._op(ops.heartbeats.rescue(self._ctx, names))
+            renewed = yield from self._op(
+                ops.heartbeats.renew_claims(self._ctx, self._claimer_id, lapse), autocommit=True
+            )
+        except Exception as exc:
+            self._loop_error("claim_renewal", None, exc, TICK)
+            return
+        if not renewed and not self._claims_off_said:
+            self._claims_off_said = True
+            log.info(
+                "schema %r has no usable claim tables (alkstore_claim, alkstore_claimer): "
+                "a crashed worker's jobs come back when their lease runs out; "
+                "`alkstore db upgrade` makes and grants them",
+                self.schema,
+                extra={"action": "claims_unavailable", "worker": self.name},
+            )
+        elif renewed:
+            self._claims_off_said = False
+
+    def _rescuing(self) -> Steps[None]:
+        """Fail for retry the jobs of our queues whose worker died or froze: at 46 their
+        heartbeat stopped (``liveness_seconds``), at 26 their claimer stopped renewing, so
+        they come back within about a minute, not after their lease or the supervision
+        interval (see ops/heartbeats.py)."""
+        names = [state.spec.queue for state in self._queues.values()]
+        sweep = ops.heartbeats.rescue26 if not self._ctx.has("touch") else ops.heartbeats.rescue
+        try:
+            counts = yield from self._op(sweep(self._ctx, names))
         except Exception as exc:
             self._loop_error("rescue", None, exc, TICK)
             return

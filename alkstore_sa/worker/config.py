@@ -33,11 +33,13 @@ AHEAD_SECONDS = 1.0
 handlers will start within about this many seconds, at their average run time."""
 
 LIVENESS_SECONDS = 20
-"""A worker's ``liveness_seconds`` by default (schema 46): the heartbeat its claims
+"""A worker's ``liveness_seconds`` by default. At schema 46: the heartbeat its claims
 give a job that has none, renewed by the worker every half of it while the job is in
 hand, so that a job whose worker died fails by heartbeat (retried, not lost) about
 this long after the death, not after its whole lease (``expire_seconds``). The
-worker sweeps its queues for such jobs every half of it (the "Guarantees" page)."""
+worker sweeps its queues for such jobs every half of it (the "Guarantees" page). At 26,
+where jobs have no heartbeat: how long after the worker's last renewal of its claim
+records (``alkstore_claim``) its jobs are swept."""
 
 MIN_LIVENESS_SECONDS = 10
 """The least ``liveness_seconds``: pg-boss refuses a heartbeat under 10 seconds."""

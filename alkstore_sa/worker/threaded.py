@@ -91,7 +91,10 @@ class Worker(WorkerBase[Engine | sessionmaker[Session]]):
         while the job is in hand and, every half of it, fails for retry the jobs of
         its queues whose heartbeat stopped, so that a job whose worker died comes
         back within about a minute, not after its ``expire_seconds``. ``None``: no
-        heartbeat given, no sweep. Nothing at schema 26 (see the "Guarantees" page).
+        heartbeat given, no sweep. At schema 26 (no heartbeats) the worker's claims
+        record themselves in our ``alkstore_claim`` table instead and the worker renews
+        one row of its own every quarter of it; the sweep fails the jobs of workers
+        that stopped renewing for their ``liveness_seconds`` (the "Guarantees" page).
     """
 
     _supervisor_class = Supervisor
