@@ -63,8 +63,10 @@ def _attempt_history_option(parser: argparse.ArgumentParser) -> None:
         "--no-attempt-history",
         dest="attempt_history",
         action="store_false",
-        help="leave out the attempt history table, alkstore_job_attempt (every failed "
-        "attempt's error, kept beside pg-boss's tables; on by default)",
+        help="leave out our tables beside pg-boss's: the attempt history, "
+        "alkstore_job_attempt (every failed attempt's error), and at schema 26 the claim "
+        "records alkstore_claim and alkstore_claimer (a crashed worker's jobs back within "
+        "a minute); on by default",
     )
 
 
