@@ -20,11 +20,14 @@
 //       given as a "job" event ({queue, id, data, retryCount, at}), then fails the batch when
 //       behaviour.fail (or a job's data.fail) is set, else returns behaviour.output;
 //       calls run concurrently; closing stdin stops the instance gracefully and ends the process.
+//       options.clock = {"$testClock": "<ISO-8601>"} runs the instance on pg-boss's TestClock from
+//       that time (its statements read it through job_now()); clockSetTime(date) jumps it,
+//       firing nothing, clockTick(ms) advances it firing each timer due, clockNow() reads it.
 //
 // Migrating a database with background builds inline is pg-boss's own command line:
 //   node node_modules/pg-boss/dist/cli.js migrate --connection-string URL --schema SCHEMA
 import readline from 'node:readline'
-import { PgBoss, getConstructionPlans, getMigrationPlans, getRollbackPlans } from 'pg-boss'
+import { PgBoss, TestClock, getConstructionPlans, getMigrationPlans, getRollbackPlans } from 'pg-boss'
 import { firstLine } from '../interop/stdin.js'
 
 function write (message) {
@@ -69,10 +72,15 @@ function handler (name, behaviour) {
 }
 
 async function rpc (config) {
+  const options = revive(config.options || {})
+  const clock = options.clock && typeof options.clock.$testClock === 'string'
+    ? new TestClock(new Date(options.clock.$testClock))
+    : null
+  if (clock) options.clock = clock
   const boss = new PgBoss({
     connectionString: config.connectionString,
     schema: config.schema,
-    ...revive(config.options || {})
+    ...options
   })
   boss.on('error', err => write({ event: 'error', message: describe(err) }))
   boss.on('warning', warning => write({ event: 'warning', message: warning.message, data: warning.data }))
@@ -89,6 +97,17 @@ async function rpc (config) {
     },
     async ping () {
       return true
+    },
+    async clockSetTime (date) {
+      await clock.setTime(date)
+      return new Date(clock.now()).toISOString()
+    },
+    async clockTick (ms) {
+      await clock.tick(ms)
+      return new Date(clock.now()).toISOString()
+    },
+    async clockNow () {
+      return new Date(clock.now()).toISOString()
     }
   }
 
