@@ -1,5 +1,6 @@
-"""Interop, cron and rrule across the nights the clocks change (schema 46): Node
-pg-boss supervising, and Node and Python both, in a zone of each hemisphere.
+"""Interop, cron and rrule across the nights the clocks change, in a zone of each
+hemisphere: at schema 46 Node pg-boss supervising, Python, and both; at 26 what
+pg-boss 11.1.2's timekeeper reads (it has no fake clock, and runs on real time).
 
 Node runs on pg-boss's own ``TestClock`` (its statements read the fake time
 through ``job_now()``, its timers fire as the clock is ticked); Python on a
@@ -18,20 +19,31 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from support.interop46 import schema46_by, sql
-from support.node import in_tx, node46, node46_modules, node_url, py_engine, run_node46
+from support.node import (
+    INTEROP_DIR,
+    in_tx,
+    node46,
+    node46_modules,
+    node_modules,
+    node_url,
+    py_engine,
+    run_node46,
+)
 from test_cron_dst import HOUR, MINUTE, ZONES, every, fired, transitions
 
 from alkstore_sa.clock import FakeClock
+from alkstore_sa.cron import previous_fire
 from alkstore_sa.ops.occurrences import _due, slot_of
 from alkstore_sa.supervision import Supervisor
 
-__all__ = ["node46", "node46_modules", "node_url", "py_engine", "schema46_by"]
+__all__ = ["node46", "node46_modules", "node_modules", "node_url", "py_engine", "schema46_by"]
 
 pytestmark = pytest.mark.interop
 
@@ -170,6 +182,73 @@ def test_both_timekeepers_read_the_same_occurrences_across_the_night(
     else:
         assert ours == as_isos(spring_forward(spring, python=True))
         assert theirs == as_isos(spring_forward(spring, python=False))
+
+
+# pg-boss 11.1.2's timekeeper (schema 26) reads a schedule as due when cron-parser's prev()
+# from now, in the schedule's zone, is under 60 seconds ago: the same call, at a given instant.
+NODE11_READS = """
+const { CronExpressionParser } = require('cron-parser')
+const [cases, instants] = JSON.parse(process.argv[1])
+console.log(JSON.stringify(cases.map(([expr, tz]) => {
+  const due = new Set()
+  for (const at of instants) {
+    const now = Date.parse(at)
+    const options = { tz, strict: false, currentDate: new Date(now) }
+    const prev = CronExpressionParser.parse(expr, options).prev()
+    if ((now - prev.getTime()) / 1000 < 60) due.add(prev.toISOString())
+  }
+  return [...due].sort()
+})))
+"""
+
+
+@pytest.mark.parametrize(("tz", "repeated", "skipped"), ZONES)
+@pytest.mark.parametrize("night", ["fall", "spring"])
+def test_pgboss_11_reads_the_night_as_12_38_0_does(
+    node_modules: None, tz: str, repeated: int, skipped: int, night: str
+) -> None:
+    # At 26 a due schedule is filed in the slot of the pass that found it; what is
+    # compared is which occurrences the passes of the night find due.
+    spring, fall = transitions(tz)
+    change = fall if night == "fall" else spring
+    table = {k: e for k, (kind, e) in schedules(repeated if night == "fall" else skipped).items()}
+    table = {k: e for k, e in table.items() if not k.startswith("r")}  # no rules at 26
+    instants = [
+        t + dt.timedelta(seconds=7) for t in every(change - 70 * MINUTE, change + 70 * MINUTE)
+    ]
+    done = subprocess.run(
+        [
+            "node",
+            "-e",
+            NODE11_READS,
+            json.dumps([[(e, tz) for e in table.values()], [iso(t) for t in instants]]),
+        ],
+        cwd=INTEROP_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    theirs = {k: v for k, v in zip(table, json.loads(done.stdout), strict=True) if v}
+    ours: dict[str, list[str]] = {}
+    for key, expr in table.items():
+        due = set()
+        for at in instants:
+            last = previous_fire(expr, tz, at)
+            if last is not None and at - last < MINUTE:
+                due.add(iso(last).replace("Z", ".000Z"))
+        if due:
+            ours[key] = sorted(due)
+    if night == "fall":
+        assert ours == {k: v for k, v in as_isos(fall_back(fall)).items() if k in table}
+        assert theirs == {k: v for k, v in as_isos(fall_back_1238_0(fall)).items() if k in table}
+    else:
+        assert ours == {
+            k: v for k, v in as_isos(spring_forward(spring, python=True)).items() if k in table
+        }
+        assert theirs == {
+            k: v for k, v in as_isos(spring_forward(spring, python=False)).items() if k in table
+        }
 
 
 # ------------------------------------------------------------------ supervising, on fake clocks
