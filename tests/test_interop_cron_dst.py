@@ -36,7 +36,7 @@ from support.node import (
     py_engine,
     run_node46,
 )
-from test_cron_dst import HOUR, MINUTE, ZONES, every, fired, transitions
+from test_cron_dst import HOUR, MINUTE, ZONES, every, fired, local_day, transitions
 
 from alkstore_sa.clock import FakeClock
 from alkstore_sa.cron import previous_fire
@@ -264,17 +264,18 @@ def run_night(
     *,
     node: bool,
     python: bool,
+    instants: list[dt.datetime] | None = None,
 ) -> Any:
-    """Pass over ``start`` to ``end`` a half minute at a time: Node's clock ticked
-    to each instant (its timers fire), or a Python pass at it; with both, they take
-    turns, Node on the whole minutes and Python on the half minutes, so each reads
-    every occurrence and files those due by its own rule."""
+    """Pass over ``start`` to ``end`` a half minute at a time (or at ``instants``):
+    Node's clock ticked to each instant (its timers fire), or a Python pass at it;
+    with both, they take turns, Node on the whole minutes and Python on the half
+    minutes, so each reads every occurrence and files those due by its own rule."""
     boss = None
     if node:
         boss = node46(schema, clock={"$testClock": iso(start)}, **NODE_CRON)
     clock = FakeClock(start)
     supervisor = Supervisor(py_engine, schema=schema, clock=clock, **PY_CRON)
-    for i, at in enumerate(every(start, end, STEP)):
+    for i, at in enumerate(instants or every(start, end, STEP)):
         if boss is not None and (not python or i % 2 == 0):
             boss.call("clockSetTime", {"$date": iso(at - dt.timedelta(seconds=1))})
             boss.call("clockTick", 1000)
@@ -367,3 +368,45 @@ def test_supervising_the_spring_forward_night(
     assert got == spring_forward(spring, python=who != "node")
     if who != "python":
         assert sent_to_queue(engine, schema) == {k: len(v) for k, v in got.items()}
+
+
+@pytest.mark.parametrize(("tz", "repeated", "skipped"), ZONES)
+@pytest.mark.parametrize("night", ["fall", "spring"])
+@pytest.mark.parametrize("who", WHO)
+def test_every_hour_fires_each_real_hour_of_the_day(
+    engine: Engine,
+    py_engine: Engine,
+    schema46_by: str,
+    node46: Any,
+    tz: str,
+    repeated: int,
+    skipped: int,
+    night: str,
+    who: str,
+) -> None:
+    # Two passes at the top of each real hour of the local day (Node's and Python's
+    # when both run): an expression naming every hour fires 25 times on the fall-back
+    # day and 23 on the spring-forward one; an hourly rule once per local hour.
+    schema = schema46_by
+    spring, fall = transitions(tz)
+    start, end = local_day(tz, fall if night == "fall" else spring)
+    hours = int((end - start) / HOUR)
+    schedule_all(engine, schema, tz, repeated if night == "fall" else skipped)
+    instants = [start + h * HOUR + dt.timedelta(seconds=s) for h in range(hours) for s in (5, 35)]
+    run_night(
+        engine, py_engine, schema, node46, start, end,
+        node=who != "python", python=who != "node", instants=instants,
+    )  # fmt: skip
+    got = fired(engine, schema)
+    every_hour = [start + h * HOUR for h in range(hours)]
+    assert (len(every_hour), got["hourly"], got["allhours"]) == (
+        25 if night == "fall" else 23,
+        every_hour,
+        every_hour,
+    )
+    # the rule's repeated hour is its first instant only
+    repeated_hour = [fall] if night == "fall" else []
+    assert got["rhourly"] == [t for t in every_hour if t not in repeated_hour]
+    if who != "python":
+        sent = sent_to_queue(engine, schema)
+        assert (sent["hourly"], sent["allhours"]) == (hours, hours)
