@@ -244,3 +244,24 @@ def test_rrule_on_the_spring_forward_night(
     assert "rdaily" not in got
     assert got["rhourly"] == [spring - HOUR, spring, spring + HOUR]
     assert delivered(engine, schema46) == {"rhourly": 3}
+
+
+@pytest.mark.parametrize(("tz", "repeated", "skipped"), ZONES)
+def test_missed_once_catches_up_across_the_repeated_hour(
+    engine: Engine, schema46: str, tz: str, repeated: int, skipped: int
+) -> None:
+    # No pass from 20 minutes into the first run of the repeated hour to 20 minutes
+    # into the second: the first 0x:30 was missed, and is caught up (a local-time
+    # reading at the second 0x:20 would find the day before's, and catch up nothing).
+    _, fall = transitions(tz)
+
+    def setup(q: Any) -> None:
+        q.create_queue("dst")
+        q.schedule(
+            "dst", f"30 {repeated} * * *", {"key": "daily"}, key="daily", tz=tz, missed="once"
+        )
+        q.schedule("dst", "0 * * * *", {"key": "hourly"}, key="hourly", tz=tz, missed="once")
+
+    in_tx(engine, schema46, setup)
+    sweep(engine, schema46, [fall - 40 * MINUTE, fall + 20 * MINUTE])
+    assert fired(engine, schema46) == {"daily": [fall - 30 * MINUTE], "hourly": [fall]}
