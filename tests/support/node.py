@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session
 
 from alkstore_sa import QueueService
 
+from .npm import npm_ci
 from .skips import unavailable
 
 INTEROP_DIR = Path(__file__).resolve().parents[1] / "interop"
@@ -77,14 +78,7 @@ def installed_pgboss_version() -> str | None:
 
 def ensure_node_modules() -> None:
     """Install the pinned ``pg-boss`` with ``npm ci`` unless it is already there."""
-    if installed_pgboss_version() == PGBOSS_VERSION:
-        return
-    subprocess.run(
-        ["npm", "ci", "--prefix", str(INTEROP_DIR), "--no-audit", "--no-fund"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    npm_ci(INTEROP_DIR, lambda: installed_pgboss_version() == PGBOSS_VERSION, timeout=300)
     found = installed_pgboss_version()
     if found != PGBOSS_VERSION:
         raise NodeError(f"npm ci installed pg-boss {found}, expected {PGBOSS_VERSION}")
@@ -100,14 +94,7 @@ def installed_pgboss46_version() -> str | None:
 
 def ensure_node46_modules() -> None:
     """Install pg-boss 12.38.0 and Node 22 with ``npm ci`` unless they are there already."""
-    if installed_pgboss46_version() == PGBOSS46_VERSION:
-        return
-    subprocess.run(
-        ["npm", "ci", "--prefix", str(INTEROP46_DIR), "--no-audit", "--no-fund"],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
+    npm_ci(INTEROP46_DIR, lambda: installed_pgboss46_version() == PGBOSS46_VERSION, timeout=600)
     found = installed_pgboss46_version()
     if found != PGBOSS46_VERSION:
         raise NodeError(f"npm ci installed pg-boss {found}, expected {PGBOSS46_VERSION}")

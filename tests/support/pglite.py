@@ -30,6 +30,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, event
 
+from .npm import npm_ci
 from .skips import unavailable
 
 PGLITE_DIR = Path(__file__).resolve().parents[1] / "pglite"
@@ -63,14 +64,7 @@ def installed_versions() -> dict[str, str | None]:
 
 def ensure_pglite_modules() -> None:
     """Install the pinned packages with ``npm ci`` unless they are there already."""
-    if installed_versions() == PINNED:
-        return
-    subprocess.run(
-        ["npm", "ci", "--prefix", str(PGLITE_DIR), "--no-audit", "--no-fund"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    npm_ci(PGLITE_DIR, lambda: installed_versions() == PINNED, timeout=300)
     found = installed_versions()
     if found != PINNED:
         raise PGliteError(f"npm ci installed {found}, expected {PINNED}")
