@@ -90,29 +90,18 @@ def test_a_finite_stamp_far_ahead_still_means_not_due(
     assert stamp == dt.datetime(9999, 1, 1, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("version", ["schema", "schema46"], ids=["26", "46"])
 @pytest.mark.parametrize("value", ["infinity", "-infinity"])
-def test_an_infinite_cron_stamp_at_26_is_due_now_and_replaced(
-    engine: Engine, schema: str, value: str
+def test_an_infinite_cron_stamp_is_due_now_and_replaced(
+    engine: Engine, request: pytest.FixtureRequest, version: str, value: str
 ) -> None:
+    schema: str = request.getfixturevalue(version)
     rows(engine, schema, "UPDATE {s}.version SET cron_on = CAST(:v AS timestamptz)", v=value)
 
     report = Supervisor(engine, schema=schema).run_once()
 
     assert report.errors == () and report.cron_checked
     [(finite,)] = rows(engine, schema, "SELECT isfinite(cron_on) FROM {s}.version")
-    assert finite is True
-
-
-@pytest.mark.parametrize("value", ["infinity", "-infinity"])
-def test_an_infinite_cron_stamp_at_46_is_due_now_and_replaced(
-    engine: Engine, schema46: str, value: str
-) -> None:
-    rows(engine, schema46, "UPDATE {s}.version SET cron_on = CAST(:v AS timestamptz)", v=value)
-
-    report = Supervisor(engine, schema=schema46).run_once()
-
-    assert report.errors == () and report.cron_checked
-    [(finite,)] = rows(engine, schema46, "SELECT isfinite(cron_on) FROM {s}.version")
     assert finite is True
 
 
