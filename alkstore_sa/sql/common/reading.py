@@ -62,6 +62,14 @@ EARLIEST = _bound(_TZ_LOW, aware=True)
 clamped to."""
 
 
+def infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether ``stamp`` is at +infinity or -infinity, the two a subtraction refuses (a
+    throttle stamp another client wrote: the supervision claims read it as due now)."""
+    return stamp.in_(
+        [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
+    )
+
+
 def readable_columns(columns: Any, table: Table = JOB) -> list[ColumnElement[Any]]:
     """The job columns of ``columns`` (a table's or a CTE's ``.c``), each labelled
     with its own name, plus :data:`UNREADABLE`. See the module docstring.

@@ -38,7 +38,7 @@ from ..common.base import (
     seconds,
     state_text,
 )
-from ..common.reading import readable_schedules
+from ..common.reading import infinite, readable_schedules
 
 LOCK_TIMEOUT_MS = 30_000
 """``lock_timeout`` of a supervisor transaction, as pg-boss sets it around its
@@ -48,13 +48,6 @@ IDLE_TIMEOUT_MS = 30_000
 """``idle_in_transaction_session_timeout`` of a supervisor transaction (pg-boss
 sets it to the same value as the lock timeout; a separate name lets a test
 shorten the wait for a lock without killing a slow step's connection)."""
-
-
-def _infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
-    # A stamp at +infinity or -infinity, the two a subtraction refuses.
-    return stamp.in_(
-        [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
-    )
 
 
 def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -67,7 +60,7 @@ def _elapsed_over(column: ColumnElement[Any]) -> ColumnElement[bool]:
     now = now_param()
     since = func.coalesce(column, now - literal_column("interval '1 week'"))
     elapsed = func.extract("epoch", now - since) > bindparam("interval", type_=Float)
-    return case((_infinite(since), true()), else_=elapsed)
+    return case((infinite(since), true()), else_=elapsed)
 
 
 @functools.cache

@@ -34,8 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 
-from ..common.reading import readable_schedules
-from .supervision import infinite, now, throttle_due
+from ..common.reading import infinite, readable_schedules
+from .supervision import now, throttle_due
 from .tables import JOB, QUEUE, SCHEDULE, VERSION
 
 

@@ -60,6 +60,7 @@ from sqlalchemy.sql.elements import Grouping
 from ...models.enums import JobState
 from ..common import locks
 from ..common.base import any_name, now_param, seconds, state_text
+from ..common.reading import infinite
 from . import job_now
 from . import stats as stats_sql
 from .tables import INSTANCE, JOB, JOB_DEPENDENCY, QUEUE, VERSION, WARNING
@@ -95,13 +96,6 @@ def _names() -> Any:
     # cuts longer queue names short.
     names = func.unnest(bindparam("names", type_=ARRAY(Text)))
     return names.table_valued("name").render_derived(name="n")
-
-
-def infinite(stamp: ColumnElement[Any]) -> ColumnElement[bool]:
-    """Whether ``stamp`` is at +infinity or -infinity, the two a subtraction refuses."""
-    return stamp.in_(
-        [literal_column("timestamptz 'infinity'"), literal_column("timestamptz '-infinity'")]
-    )
 
 
 def throttle_due(column_: ColumnElement[Any]) -> ColumnElement[bool]:
